@@ -1,0 +1,8 @@
+//! The benchmark harness's building blocks: deterministic workloads and a bounded load client.
+//! (Trace replay, the virtual-time evaluator and reports grow here.)
+
+pub mod load;
+pub mod workload;
+
+pub use load::{LoadOptions, LoadReport, Sample, Targets, run_shared_prefix};
+pub use workload::{Conversation, SharedPrefixWorkload, words};

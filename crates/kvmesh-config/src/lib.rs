@@ -1,0 +1,167 @@
+//! The one configuration struct of kvmesh.
+//!
+//! Every default of every subcommand lives here, in the `Default` impls below, and nowhere
+//! else: the TOML file is deserialised into these structs (missing keys take these defaults),
+//! the CLI overrides single fields on top, and `--help` prints the defaults read from here.
+//!
+//! Unknown keys are rejected (`deny_unknown_fields`) and values are checked by
+//! [`KvmeshConfig::validate`], so a typo or a bad value stops start-up with an error that names
+//! the key.
+
+mod serve;
+mod sim;
+
+pub use kvmesh_policy::{PolicyConfig, PolicyKind, RoutingConfig};
+pub use serve::{DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, valid_base_url};
+pub use sim::{
+    EngineModelConfig, FaultConfig, KvEventsConfig, KvEventsFormat, SimConfig, TimingOverrides,
+};
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The whole configuration file: one section per subcommand.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvmeshConfig {
+    /// `kvmesh sim`: the engine simulator.
+    pub sim: SimConfig,
+    /// `kvmesh serve`: the router.
+    pub serve: ServeConfig,
+}
+
+/// A configuration error that names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Io {
+        /// The path that failed.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has an unknown key or a value of the wrong type.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The path of the file.
+        path: String,
+        /// The parser's message, which names the key and line.
+        message: String,
+    },
+    /// A value is out of its allowed range.
+    #[error("invalid value for `{key}`: {message}")]
+    Invalid {
+        /// Dotted path of the key, e.g. `sim.engine.block_size`.
+        key: String,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    pub(crate) fn invalid(key: &str, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+impl KvmeshConfig {
+    /// Parses a TOML document (the contents of a config file) and validates it.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let cfg: KvmeshConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads, parses and validates a TOML config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Checks every value; the error names the first bad key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.sim.validate("sim")?;
+        self.serve.validate("serve")
+    }
+
+    /// The defaults rendered as a TOML document (for `kvmesh config defaults`).
+    pub fn defaults_toml() -> String {
+        KvmeshConfig::default().to_toml()
+    }
+
+    /// This configuration as a TOML document.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+pub(crate) fn check(ok: bool, key: &str, message: &str) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::invalid(key, message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_round_trip_through_toml() {
+        let cfg = KvmeshConfig::default();
+        cfg.validate().expect("defaults are valid");
+        let text = KvmeshConfig::defaults_toml();
+        let back = KvmeshConfig::from_toml_str(&text, "defaults").expect("defaults parse");
+        assert_eq!(back, cfg);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = KvmeshConfig::from_toml_str("[sim.engine]\nblok_size = 16\n", "t.toml")
+            .expect_err("unknown key must fail");
+        let msg = err.to_string();
+        assert!(msg.contains("blok_size"), "{msg}");
+    }
+
+    #[test]
+    fn bad_value_is_named() {
+        let err = KvmeshConfig::from_toml_str("[sim.engine]\nblock_size = 0\n", "t.toml")
+            .expect_err("zero block size must fail");
+        assert!(err.to_string().contains("sim.engine.block_size"), "{err}");
+        let err = KvmeshConfig::from_toml_str("[sim]\ntime_scale = -1.0\n", "t.toml")
+            .expect_err("negative time scale must fail");
+        assert!(err.to_string().contains("sim.time_scale"), "{err}");
+        let err = KvmeshConfig::from_toml_str("[sim.engine]\nblock_size = \"x\"\n", "t.toml")
+            .expect_err("wrong type must fail");
+        assert!(err.to_string().contains("block_size"), "{err}");
+    }
+
+    #[test]
+    fn partial_file_keeps_other_defaults() {
+        let cfg = KvmeshConfig::from_toml_str("[sim]\nmodel = \"m\"\n", "t.toml").expect("valid");
+        assert_eq!(cfg.sim.model, "m");
+        assert_eq!(cfg.sim.engine, EngineModelConfig::default());
+    }
+}
+
+#[cfg(test)]
+mod example_files {
+    use super::*;
+
+    #[test]
+    fn shipped_example_configs_are_valid() {
+        let text = include_str!("../../../configs/sim.toml");
+        KvmeshConfig::from_toml_str(text, "configs/sim.toml").expect("configs/sim.toml is valid");
+    }
+}

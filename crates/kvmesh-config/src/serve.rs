@@ -1,0 +1,338 @@
+//! `[serve]`: the router (`kvmesh serve`).
+
+use crate::{ConfigError, check};
+use kvmesh_policy::{PolicyConfig, RoutingConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Configuration of one router node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    /// HTTP address of the OpenAI-compatible API and of `/metrics` and `/admin/*`.
+    pub listen: String,
+    /// Engines known at start-up.
+    pub engines: Vec<EngineEntry>,
+    /// DNS names that resolve to many engines, re-resolved periodically.
+    pub dns: Vec<DnsEntry>,
+    /// Default routing: the policy (for models without their own), health, retry budget.
+    pub routing: RoutingConfig,
+    /// Per-model policy overrides, keyed by model name.
+    pub models: BTreeMap<String, PolicyConfig>,
+    /// Timeouts towards the engines.
+    pub timeouts: TimeoutConfig,
+    /// Retries on another engine.
+    pub retry: RetryConfig,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Bearer token protecting `/admin/*`; empty = the admin API is disabled. The
+    /// `KVMESH_ADMIN_TOKEN` environment variable sets it too.
+    pub admin_token: String,
+    /// How long a shutdown waits for in-flight requests to finish, ms.
+    pub drain_timeout_ms: u64,
+    /// How often each engine's `/v1/models` and `/metrics` are read, ms.
+    pub discovery_interval_ms: u64,
+    /// Header carrying the request id (taken from the client or generated).
+    pub request_id_header: String,
+    /// Seed of the routing randomness (0 = from the clock).
+    pub seed: u64,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            listen: "127.0.0.1:8080".to_string(),
+            engines: Vec::new(),
+            dns: Vec::new(),
+            routing: RoutingConfig::default(),
+            models: BTreeMap::new(),
+            timeouts: TimeoutConfig::default(),
+            retry: RetryConfig::default(),
+            max_body_bytes: 32 * 1024 * 1024,
+            admin_token: String::new(),
+            drain_timeout_ms: 30_000,
+            discovery_interval_ms: 5_000,
+            request_id_header: "x-request-id".to_string(),
+            seed: 0,
+        }
+    }
+}
+
+/// One engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EngineEntry {
+    /// Base URL, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// The engine's KV-event ZMQ endpoint (for precise routing), or empty.
+    pub kv_events: String,
+    /// Relative capacity (e.g. 2 for a GPU twice as fast).
+    pub weight: f64,
+    /// Models it serves; empty = discovered from its `/v1/models`.
+    pub models: Vec<String>,
+}
+
+impl Default for EngineEntry {
+    fn default() -> Self {
+        EngineEntry {
+            url: String::new(),
+            kv_events: String::new(),
+            weight: 1.0,
+            models: Vec::new(),
+        }
+    }
+}
+
+impl EngineEntry {
+    /// Parses the CLI form: a bare URL, or `url=URL,kv_events=ENDPOINT,weight=N,models=a;b`.
+    pub fn parse(s: &str) -> Result<EngineEntry, String> {
+        let mut e = EngineEntry::default();
+        if !s.contains('=') {
+            e.url = s.to_string();
+        } else {
+            for part in s.split(',') {
+                let (k, v) = part
+                    .split_once('=')
+                    .ok_or_else(|| format!("`{part}` in `{s}` is not key=value"))?;
+                match k.trim() {
+                    "url" => e.url = v.trim().to_string(),
+                    "kv_events" => e.kv_events = v.trim().to_string(),
+                    "weight" => {
+                        e.weight = v
+                            .trim()
+                            .parse()
+                            .map_err(|_| format!("weight `{v}` is not a number"))?
+                    }
+                    "models" => {
+                        e.models = v
+                            .split(';')
+                            .map(str::trim)
+                            .filter(|m| !m.is_empty())
+                            .map(str::to_string)
+                            .collect()
+                    }
+                    other => {
+                        return Err(format!(
+                            "unknown engine key `{other}` (url, kv_events, weight, models)"
+                        ));
+                    }
+                }
+            }
+        }
+        e.validate("engine").map_err(|e| e.to_string())?;
+        Ok(e)
+    }
+
+    /// Checks the entry; `at` is the key prefix.
+    pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        check(
+            valid_base_url(&self.url),
+            &format!("{at}.url"),
+            "must be an http:// base URL such as http://127.0.0.1:8000",
+        )?;
+        check(
+            self.weight.is_finite() && self.weight > 0.0 && self.weight <= 1e6,
+            &format!("{at}.weight"),
+            "must be a positive number",
+        )?;
+        check(
+            self.kv_events.is_empty() || self.kv_events.starts_with("tcp://"),
+            &format!("{at}.kv_events"),
+            "must be empty or a tcp:// endpoint",
+        )
+    }
+}
+
+/// Whether `u` is an `http://host:port` base URL (no path beyond `/`).
+pub fn valid_base_url(u: &str) -> bool {
+    let Some(rest) = u.strip_prefix("http://") else {
+        return false;
+    };
+    let rest = rest.trim_end_matches('/');
+    !rest.is_empty() && !rest.contains('/') && !rest.contains(' ') && !rest.contains('@')
+}
+
+/// A DNS name resolving to many engines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DnsEntry {
+    /// `host:port` to resolve.
+    pub name: String,
+    /// How often to re-resolve, ms.
+    pub refresh_ms: u64,
+    /// Weight of every engine found.
+    pub weight: f64,
+}
+
+impl Default for DnsEntry {
+    fn default() -> Self {
+        DnsEntry {
+            name: String::new(),
+            refresh_ms: 10_000,
+            weight: 1.0,
+        }
+    }
+}
+
+/// Timeouts towards the engines, ms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimeoutConfig {
+    /// TCP connect.
+    pub connect_ms: u64,
+    /// From sending the request to the response head (an engine queues before answering).
+    pub first_byte_ms: u64,
+    /// Whole request, including the streamed body (SGLang's gateway default: 1800 s).
+    pub total_ms: u64,
+}
+
+impl Default for TimeoutConfig {
+    fn default() -> Self {
+        TimeoutConfig {
+            connect_ms: 2_000,
+            first_byte_ms: 120_000,
+            total_ms: 1_800_000,
+        }
+    }
+}
+
+/// Retries on another engine (only before any byte reached the client).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Attempts per request including the first (bounded by the policy's `candidates`).
+    pub max_attempts: u32,
+    /// First backoff, ms (doubles each retry).
+    pub backoff_base_ms: u64,
+    /// Backoff cap, ms.
+    pub backoff_max_ms: u64,
+    /// Random ± fraction applied to each backoff.
+    pub jitter: f64,
+    /// Retry 429 answers (the engine is overloaded, another may not be).
+    pub on_429: bool,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            max_attempts: 3,
+            backoff_base_ms: 10,
+            backoff_max_ms: 500,
+            jitter: 0.2,
+            on_429: true,
+        }
+    }
+}
+
+impl ServeConfig {
+    pub(crate) fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        check(
+            self.listen.parse::<std::net::SocketAddr>().is_ok(),
+            &format!("{at}.listen"),
+            "must be an IP:port address such as 127.0.0.1:8080",
+        )?;
+        for (i, e) in self.engines.iter().enumerate() {
+            e.validate(&format!("{at}.engines[{i}]"))?;
+        }
+        for (i, d) in self.dns.iter().enumerate() {
+            check(
+                d.name
+                    .rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
+                &format!("{at}.dns[{i}].name"),
+                "must be host:port",
+            )?;
+            check(
+                d.refresh_ms >= 100,
+                &format!("{at}.dns[{i}].refresh_ms"),
+                "must be at least 100",
+            )?;
+            check(
+                d.weight.is_finite() && d.weight > 0.0,
+                &format!("{at}.dns[{i}].weight"),
+                "must be a positive number",
+            )?;
+        }
+        self.routing
+            .validate(&format!("{at}.routing"))
+            .map_err(|e| ConfigError::invalid(&e.key, e.message))?;
+        for (m, p) in &self.models {
+            p.validate(&format!("{at}.models.{m}"))
+                .map_err(|e| ConfigError::invalid(&e.key, e.message))?;
+        }
+        let t = &self.timeouts;
+        check(
+            t.connect_ms >= 1,
+            &format!("{at}.timeouts.connect_ms"),
+            "must be at least 1",
+        )?;
+        check(
+            t.first_byte_ms >= 1,
+            &format!("{at}.timeouts.first_byte_ms"),
+            "must be at least 1",
+        )?;
+        check(
+            t.total_ms >= t.first_byte_ms,
+            &format!("{at}.timeouts.total_ms"),
+            "must be at least first_byte_ms",
+        )?;
+        let r = &self.retry;
+        check(
+            (1..=8).contains(&r.max_attempts),
+            &format!("{at}.retry.max_attempts"),
+            "must be between 1 and 8",
+        )?;
+        check(
+            r.backoff_max_ms >= r.backoff_base_ms,
+            &format!("{at}.retry.backoff_max_ms"),
+            "must be at least backoff_base_ms",
+        )?;
+        check(
+            (0.0..=1.0).contains(&r.jitter),
+            &format!("{at}.retry.jitter"),
+            "must be between 0 and 1",
+        )?;
+        check(
+            self.max_body_bytes >= 1024,
+            &format!("{at}.max_body_bytes"),
+            "must be at least 1024",
+        )?;
+        check(
+            self.discovery_interval_ms >= 100,
+            &format!("{at}.discovery_interval_ms"),
+            "must be at least 100",
+        )?;
+        check(
+            !self.request_id_header.is_empty() && http_header_name_ok(&self.request_id_header),
+            &format!("{at}.request_id_header"),
+            "must be a valid header name",
+        )
+    }
+}
+
+fn http_header_name_ok(s: &str) -> bool {
+    s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_cli_forms() {
+        let e = EngineEntry::parse("http://127.0.0.1:8000").expect("bare");
+        assert_eq!((e.url.as_str(), e.weight), ("http://127.0.0.1:8000", 1.0));
+        let e = EngineEntry::parse(
+            "url=http://127.0.0.1:8001,kv_events=tcp://127.0.0.1:5557,weight=2,models=a;b",
+        )
+        .expect("long form");
+        assert_eq!(e.weight, 2.0);
+        assert_eq!(e.kv_events, "tcp://127.0.0.1:5557");
+        assert_eq!(e.models, vec!["a".to_string(), "b".to_string()]);
+        assert!(EngineEntry::parse("url=http://x:1,wieght=2").is_err());
+        assert!(EngineEntry::parse("ftp://x").is_err());
+        assert!(EngineEntry::parse("url=http://x:1,weight=-1").is_err());
+        assert!(EngineEntry::parse("http://x:1/v1").is_err());
+    }
+}

@@ -1,0 +1,151 @@
+//! `/admin/engines`: list, add and remove engines at run time, behind a bearer token.
+
+use crate::Gateway;
+use crate::probe;
+use crate::registry::Source;
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+use kvmesh_config::EngineEntry;
+use kvmesh_http::{Body, bearer_ok, error, json, read_body};
+use kvmesh_openai::{ApiError, parse_body};
+use kvmesh_policy::BreakerState;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+/// `GET | POST | DELETE /admin/engines`.
+pub async fn engines(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    if gw.cfg.admin_token.is_empty() {
+        return error(&ApiError::with_status(
+            403,
+            "the admin API is disabled: start the router with --admin-token (or KVMESH_ADMIN_TOKEN)",
+        ));
+    }
+    if !bearer_ok(req.headers(), &gw.cfg.admin_token) {
+        return error(&ApiError::unauthorized());
+    }
+    let method = req.method().clone();
+    let query = req.uri().query().map(str::to_string);
+    let result = match method {
+        Method::GET => Ok(list(gw)),
+        Method::POST => add(gw, req).await,
+        Method::DELETE => remove(gw, req, query).await,
+        m => Err(ApiError::method_not_allowed(m.as_str(), "/admin/engines")),
+    };
+    result.unwrap_or_else(|e| error(&e))
+}
+
+fn list(gw: &Gateway) -> Response<Body> {
+    let now = gw.clock.now_us();
+    let fleet = gw.registry.fleet_latency_us();
+    let engines: Vec<serde_json::Value> = gw
+        .registry
+        .members()
+        .iter()
+        .map(|e| {
+            let t = e.tracker();
+            let breaker = match t.breaker().state(now) {
+                BreakerState::Closed => "closed",
+                BreakerState::Open { .. } => "open",
+                BreakerState::HalfOpen => "half_open",
+            };
+            let healthy = t.health().is_healthy();
+            drop(t);
+            serde_json::json!({
+                "url": e.url,
+                "weight": e.base_weight,
+                "effective_weight": e.view(now, fleet).weight,
+                "kv_events": e.kv_events,
+                "models": e.models(),
+                "source": e.source.label(),
+                "in_flight": e.in_flight.load(Ordering::Relaxed),
+                "healthy": healthy,
+                "breaker": breaker,
+                "queue": e.reported_waiting(),
+                "kv_cache_usage": e.kv_usage(),
+            })
+        })
+        .collect();
+    json(200, serde_json::json!({ "engines": engines }).to_string())
+}
+
+async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let (parts, body) = req.into_parts();
+    let body = read_body(&parts.headers, body, 64 * 1024).await?;
+    let entry: EngineEntry = parse_body(&body)?;
+    entry
+        .validate("engine")
+        .map_err(|e| ApiError::bad_request("invalid_value", e.to_string()))?;
+    let e = probe::add_engine(gw, &entry, Source::Admin, true)
+        .map_err(|m| ApiError::with_status(409, m))?;
+    // Learn its models now so that it takes traffic without waiting for the next round.
+    probe::discover(gw, &e).await;
+    Ok(json(
+        201,
+        serde_json::json!({ "url": e.url, "models": e.models() }).to_string(),
+    ))
+}
+
+async fn remove(
+    gw: &Arc<Gateway>,
+    req: Request<Incoming>,
+    query: Option<String>,
+) -> Result<Response<Body>, ApiError> {
+    #[derive(serde::Deserialize)]
+    struct Del {
+        url: String,
+    }
+    let from_query = query.as_deref().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("url="))
+            .map(percent_decode)
+    });
+    let url = match from_query {
+        Some(u) => u,
+        None => {
+            let (parts, body) = req.into_parts();
+            let body = read_body(&parts.headers, body, 64 * 1024).await?;
+            parse_body::<Del>(&body)?.url
+        }
+    };
+    match gw.registry.remove(&url) {
+        Some(e) => {
+            tracing::info!(engine = %e.url, "engine removed by the admin API");
+            Ok(json(
+                200,
+                serde_json::json!({ "removed": e.url }).to_string(),
+            ))
+        }
+        None => Err(ApiError::with_status(404, format!("no engine {url}"))),
+    }
+}
+
+/// Decodes `%XX` escapes (URLs in a query string).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(v) =
+                u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+        {
+            out.push(v);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(super::percent_decode("http%3A%2F%2Fa%3A1"), "http://a:1");
+        assert_eq!(super::percent_decode("abc%2"), "abc%2");
+        assert_eq!(super::percent_decode("%zz"), "%zz");
+    }
+}

@@ -1,0 +1,293 @@
+//! `kvmesh serve`: the router's HTTP shell around the pure policies of [`kvmesh_policy`].
+//!
+//! - `POST /v1/chat/completions`, `POST /v1/completions`: routed per model, proxied with
+//!   retries on another engine before the first byte, streamed through unbuffered;
+//! - `GET /v1/models` (union of the engines' models), `GET /health`, `GET /metrics`;
+//! - `GET/POST/DELETE /admin/engines` behind a bearer token.
+//!
+//! Per engine a background loop runs active health checks and reads `/v1/models` and
+//! `/metrics`; DNS names are re-resolved periodically.
+
+mod admin;
+mod clock;
+mod metrics;
+mod probe;
+mod proxy;
+mod registry;
+mod track;
+
+pub use clock::Clock;
+pub use probe::scrape;
+pub use registry::{Engine, Registry, Snapshot, Source};
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kvmesh_config::ServeConfig;
+use kvmesh_http::{Body, error, json, ok_empty, prometheus};
+use kvmesh_openai::{ApiError, ModelCard, ModelList};
+use kvmesh_policy::{EjectionGuard, RetryBudget, mix64};
+use metrics::GatewayMetrics;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// Shared state of one router.
+pub struct Gateway {
+    /// The configuration it started with.
+    pub cfg: Arc<ServeConfig>,
+    /// Engines and the routing snapshot.
+    pub registry: Registry,
+    /// Upstream HTTP client (pooled keep-alive connections).
+    pub client: Client<HttpConnector, Full<Bytes>>,
+    /// Metrics.
+    pub metrics: GatewayMetrics,
+    /// Time base.
+    pub clock: Clock,
+    /// Caps how much of the fleet breakers may eject.
+    pub ejection: EjectionGuard,
+    /// Set on shutdown: background loops stop.
+    pub stopping: AtomicBool,
+    retry_budget: Mutex<RetryBudget>,
+    seed: AtomicU64,
+    started_unix: u64,
+}
+
+impl Gateway {
+    fn new(cfg: ServeConfig) -> Gateway {
+        let clock = Clock::default();
+        let cfg = Arc::new(cfg);
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_millis(cfg.timeouts.connect_ms)));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1024)
+            .build(connector);
+        let seed = if cfg.seed == 0 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        } else {
+            cfg.seed
+        };
+        Gateway {
+            registry: Registry::new(cfg.clone(), clock),
+            ejection: EjectionGuard::new(&cfg.routing.health.ejection),
+            retry_budget: Mutex::new(RetryBudget::new(&cfg.routing.retry_budget, clock.now_us())),
+            client,
+            metrics: GatewayMetrics::default(),
+            clock,
+            stopping: AtomicBool::new(false),
+            seed: AtomicU64::new(seed),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            cfg,
+        }
+    }
+
+    /// A fresh per-request random seed.
+    pub fn next_seed(&self) -> u64 {
+        mix64(
+            self.seed
+                .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed),
+        )
+    }
+
+    /// The retry budget (locked briefly).
+    pub fn retry_budget(&self) -> MutexGuard<'_, RetryBudget> {
+        match self.retry_budget.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Jittered exponential backoff before retry number `retry` (1-based).
+    pub fn backoff(&self, retry: usize) -> Duration {
+        let r = &self.cfg.retry;
+        let exp = r
+            .backoff_base_ms
+            .saturating_mul(1u64 << (retry.saturating_sub(1)).min(16));
+        let base = exp.min(r.backoff_max_ms) as f64;
+        let u = kvmesh_policy::unit_f64(self.next_seed());
+        let jittered = base * (1.0 + r.jitter * (2.0 * u - 1.0));
+        Duration::from_micros((jittered.max(0.0) * 1000.0) as u64)
+    }
+}
+
+/// Why the router could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// Invalid configuration.
+    #[error("{0}")]
+    Config(String),
+    /// The listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A running router.
+pub struct GatewayServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its shared state (tests read metrics and the registry).
+    pub gateway: Arc<Gateway>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GatewayServer {
+    /// `http://ADDR`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, drains in-flight requests (bounded by the config's drain timeout).
+    pub async fn shutdown(mut self) {
+        self.gateway.stopping.store(true, Ordering::Relaxed);
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let drain = Duration::from_millis(self.gateway.cfg.drain_timeout_ms + 1000);
+        let _ = tokio::time::timeout(drain, &mut self.task).await;
+    }
+}
+
+impl Drop for GatewayServer {
+    fn drop(&mut self) {
+        self.gateway.stopping.store(true, Ordering::Relaxed);
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Starts a router: registers the engines, runs a first discovery round (so that models are
+/// known before the first request), starts the background loops and the listener.
+pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
+    let whole = kvmesh_config::KvmeshConfig {
+        serve: cfg.clone(),
+        ..Default::default()
+    };
+    whole
+        .validate()
+        .map_err(|e| GatewayError::Config(e.to_string()))?;
+    let gw = Arc::new(Gateway::new(cfg));
+    for e in gw.cfg.engines.clone() {
+        probe::add_engine(&gw, &e, Source::Static, false).map_err(GatewayError::Config)?;
+    }
+    for d in gw.cfg.dns.clone() {
+        probe::resolve_once(&gw, &d).await;
+        probe::spawn_dns_loop(gw.clone(), d);
+    }
+    // First discovery, bounded: engines that do not answer are picked up by their loops.
+    let members = gw.registry.members();
+    let first = futures_join(members.iter().map(|e| {
+        let gw = gw.clone();
+        let e = e.clone();
+        async move { probe::discover(&gw, &e).await }
+    }));
+    let _ = tokio::time::timeout(Duration::from_secs(3), first).await;
+    gw.registry.refresh_fleet_latency();
+
+    let listener = tokio::net::TcpListener::bind(&gw.cfg.listen)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: gw.cfg.listen.clone(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| GatewayError::Bind {
+        addr: gw.cfg.listen.clone(),
+        source,
+    })?;
+    let (tx, rx) = oneshot::channel();
+    let drain = Duration::from_millis(gw.cfg.drain_timeout_ms);
+    let task = tokio::spawn(kvmesh_http::serve(listener, gw.clone(), route, rx, drain));
+    tracing::info!(%addr, engines = members.len(), models = ?gw.registry.models(), "kvmesh serve listening");
+    Ok(GatewayServer {
+        addr,
+        gateway: gw,
+        shutdown: Some(tx),
+        task,
+    })
+}
+
+async fn futures_join<F: std::future::Future<Output = ()>>(futs: impl Iterator<Item = F>) {
+    let mut set = Vec::new();
+    for f in futs {
+        set.push(f);
+    }
+    for f in set {
+        f.await;
+    }
+}
+
+fn request_id(gw: &Gateway, req: &Request<Incoming>) -> String {
+    req.headers()
+        .get(gw.cfg.request_id_header.as_str())
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("kvm-{:016x}", gw.next_seed()))
+}
+
+async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    match (&method, path.as_str()) {
+        (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
+            let rid = request_id(&gw, &req);
+            proxy::inference(gw, req, rid).await
+        }
+        (&Method::GET, "/v1/models") => models(&gw),
+        (&Method::GET, "/health") => {
+            if gw.registry.models().is_empty() {
+                error(&ApiError::unavailable("no engine serves any model yet"))
+            } else {
+                ok_empty()
+            }
+        }
+        (&Method::GET, "/metrics") => {
+            prometheus(gw.metrics.render(&gw.registry, gw.clock.now_us()))
+        }
+        (_, "/admin/engines") => admin::engines(&gw, req).await,
+        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
+            error(&ApiError::method_not_allowed(method.as_str(), &path))
+        }
+        _ => error(&ApiError::not_found(method.as_str(), &path)),
+    }
+}
+
+fn models(gw: &Gateway) -> Response<Body> {
+    let list = ModelList {
+        object: "list".into(),
+        data: gw
+            .registry
+            .models()
+            .into_iter()
+            .map(|id| ModelCard {
+                root: Some(id.clone()),
+                id,
+                object: "model".into(),
+                created: gw.started_unix,
+                owned_by: "kvmesh".into(),
+                max_model_len: None,
+            })
+            .collect(),
+    };
+    json(200, serde_json::to_string(&list).unwrap_or_default())
+}

@@ -1,0 +1,202 @@
+//! Background work per engine and per DNS name: active health checks, model discovery
+//! (`/v1/models`), load scraping (`/metrics`: running, waiting, KV usage), re-resolution.
+
+use crate::Gateway;
+use crate::registry::{Engine, Source};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use kvmesh_config::{DnsEntry, EngineEntry};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// GET `url` with a timeout; returns (status, body up to 4 MiB).
+async fn get(gw: &Gateway, url: &str, timeout: Duration) -> Result<(u16, Bytes), String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+    let req = http::Request::get(uri)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let fut = async {
+        let resp = gw.client.request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let body = http_body_util::Limited::new(resp.into_body(), 4 << 20)
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok((status, body))
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| format!("{url}: no answer within {timeout:?}"))?
+}
+
+/// One active health check.
+pub async fn check_health(gw: &Gateway, e: &Engine) {
+    let a = &gw.cfg.routing.health.active;
+    if !a.enabled {
+        return;
+    }
+    let ok = matches!(
+        get(
+            gw,
+            &format!("{}{}", e.url, a.path),
+            Duration::from_millis(a.timeout_ms)
+        )
+        .await,
+        Ok((200..=299, _))
+    );
+    let ev = e.tracker().on_health_check(gw.clock.now_us(), ok);
+    if let Some(ev) = ev {
+        tracing::info!(engine = %e.url, event = ?ev, "health check state changed");
+    }
+}
+
+/// Reads `/v1/models` and `/metrics`.
+pub async fn discover(gw: &Gateway, e: &Engine) {
+    let t = Duration::from_millis(gw.cfg.routing.health.active.timeout_ms.max(500));
+    if e.static_models.is_empty()
+        && let Ok((200, body)) = get(gw, &format!("{}/v1/models", e.url), t).await
+        && let Ok(list) = serde_json::from_slice::<kvmesh_openai::ModelList>(&body)
+    {
+        gw.registry
+            .set_discovered_models(e, list.data.into_iter().map(|m| m.id).collect());
+    }
+    if let Ok((200, body)) = get(gw, &format!("{}/metrics", e.url), t).await {
+        let text = String::from_utf8_lossy(&body);
+        e.set_reported(
+            scrape(&text, "vllm:num_requests_running").map(|v| v as u32),
+            scrape(&text, "vllm:num_requests_waiting").map(|v| v as u32),
+            scrape(&text, "vllm:kv_cache_usage_perc"),
+        );
+    }
+}
+
+/// Sums the samples of one metric in a Prometheus text page.
+pub fn scrape(page: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in page.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok())
+            && v.is_finite()
+        {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+/// The loop of one engine: until it is removed, check health every interval and discover
+/// every discovery interval.
+pub fn spawn_engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
+    tokio::spawn(async move {
+        let health_every = Duration::from_millis(gw.cfg.routing.health.active.interval_ms);
+        let discover_every = Duration::from_millis(gw.cfg.discovery_interval_ms);
+        let mut health = tokio::time::interval(health_every);
+        let mut disc = tokio::time::interval(discover_every);
+        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        disc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if e.removed.load(Ordering::Relaxed) || gw.stopping.load(Ordering::Relaxed) {
+                break;
+            }
+            tokio::select! {
+                _ = health.tick() => check_health(&gw, &e).await,
+                _ = disc.tick() => {
+                    discover(&gw, &e).await;
+                    gw.registry.refresh_fleet_latency();
+                }
+            }
+        }
+    });
+}
+
+/// Adds an engine and starts its loop; returns it.
+pub fn add_engine(
+    gw: &Arc<Gateway>,
+    entry: &EngineEntry,
+    source: Source,
+    ramp: bool,
+) -> Result<Arc<Engine>, String> {
+    let e = gw.registry.add(entry, source, ramp)?;
+    spawn_engine_loop(gw.clone(), e.clone());
+    tracing::info!(engine = %e.url, weight = e.base_weight, "engine added");
+    Ok(e)
+}
+
+/// The loop of one DNS name: resolve, add new addresses, remove vanished ones.
+pub fn spawn_dns_loop(gw: Arc<Gateway>, d: DnsEntry) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(d.refresh_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if gw.stopping.load(Ordering::Relaxed) {
+                break;
+            }
+            resolve_once(&gw, &d).await;
+        }
+    });
+}
+
+/// Resolves a DNS entry once and reconciles the engines it owns.
+pub async fn resolve_once(gw: &Arc<Gateway>, d: &DnsEntry) {
+    let addrs = match tokio::net::lookup_host(d.name.as_str()).await {
+        Ok(a) => a.collect::<Vec<_>>(),
+        Err(e) => {
+            // Keep the current engines: a resolver hiccup must not empty the fleet.
+            tracing::warn!(name = %d.name, error = %e, "DNS resolution failed");
+            return;
+        }
+    };
+    let want: BTreeSet<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let source = Source::Dns(d.name.clone());
+    let have: BTreeSet<String> = gw
+        .registry
+        .members()
+        .iter()
+        .filter(|e| e.source == source)
+        .map(|e| e.url.clone())
+        .collect();
+    for url in want.difference(&have) {
+        let entry = EngineEntry {
+            url: url.clone(),
+            weight: d.weight,
+            ..EngineEntry::default()
+        };
+        if let Err(e) = add_engine(gw, &entry, source.clone(), true) {
+            tracing::warn!(%url, error = %e, "cannot add resolved engine");
+        }
+    }
+    for url in have.difference(&want) {
+        gw.registry.remove(url);
+        tracing::info!(%url, name = %d.name, "engine no longer resolved: removed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scrape;
+
+    #[test]
+    fn scrapes_vllm_metrics() {
+        let page = "# HELP vllm:num_requests_waiting x\n\
+                    vllm:num_requests_waiting{model_name=\"a\",engine=\"0\"} 3\n\
+                    vllm:num_requests_waiting_other 9\n\
+                    vllm:num_requests_running{model_name=\"a\"} 2\n\
+                    vllm:kv_cache_usage_perc{model_name=\"a\"} 0.25\n";
+        assert_eq!(scrape(page, "vllm:num_requests_waiting"), Some(3.0));
+        assert_eq!(scrape(page, "vllm:num_requests_running"), Some(2.0));
+        assert_eq!(scrape(page, "vllm:kv_cache_usage_perc"), Some(0.25));
+        assert_eq!(scrape(page, "vllm:nothing"), None);
+    }
+}

@@ -1,0 +1,390 @@
+//! The engines this router knows, and the routing snapshot built from them.
+//!
+//! Membership changes (start-up list, admin API, DNS, model discovery) go through
+//! [`Registry`], which rebuilds an immutable [`Snapshot`] — per model: its engines and a
+//! prepared policy — and swaps it in atomically. The request path only loads the current
+//! snapshot (one atomic load, no lock) and reads per-engine counters.
+
+use crate::clock::Clock;
+use crate::metrics::EngineMetrics;
+use arc_swap::ArcSwap;
+use kvmesh_config::{EngineEntry, ServeConfig};
+use kvmesh_policy::{
+    EngineMember, EngineSet, EngineTracker, EngineView, Policy, PolicyConfig, stable_hash,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Where an engine came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The config file or `--engine`.
+    Static,
+    /// `POST /admin/engines`.
+    Admin,
+    /// A DNS name.
+    Dns(String),
+}
+
+impl Source {
+    /// Label for the admin API.
+    pub fn label(&self) -> String {
+        match self {
+            Source::Static => "static".into(),
+            Source::Admin => "admin".into(),
+            Source::Dns(n) => format!("dns:{n}"),
+        }
+    }
+}
+
+const UNKNOWN: u32 = u32::MAX;
+
+/// One engine and its live state. Shared (`Arc`) by the snapshot, in-flight requests and its
+/// probe task; a removed engine lives on until its last request ends.
+pub struct Engine {
+    /// Base URL, `http://host:port`.
+    pub url: String,
+    /// `host:port`.
+    pub authority: http::uri::Authority,
+    /// Stable identity for consistent hashing (same on every router).
+    pub key: u64,
+    /// Configured weight.
+    pub base_weight: f64,
+    /// KV-event endpoint (precise routing), or empty.
+    pub kv_events: String,
+    /// Where it came from.
+    pub source: Source,
+    /// Models given in its config (empty = discovered).
+    pub static_models: Vec<String>,
+    /// Requests this router has in flight to it, until the end of each stream.
+    pub in_flight: AtomicU32,
+    /// Breaker, health, latency, slow start.
+    pub tracker: Mutex<EngineTracker>,
+    /// Running + waiting requests the engine last reported (`UNKNOWN` if never).
+    reported_load: AtomicU32,
+    /// Waiting requests the engine last reported.
+    reported_waiting: AtomicU32,
+    /// KV-cache usage × 1e6 the engine last reported.
+    kv_usage_ppm: AtomicU32,
+    /// Models discovered from `/v1/models`.
+    discovered: Mutex<Vec<String>>,
+    /// Set when removed: its probe task stops.
+    pub removed: AtomicBool,
+    /// Counters and histograms.
+    pub metrics: EngineMetrics,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Engine {
+    fn new(entry: &EngineEntry, source: Source, tracker: EngineTracker) -> Result<Engine, String> {
+        let url = entry.url.trim_end_matches('/').to_string();
+        let authority: http::uri::Authority = url
+            .strip_prefix("http://")
+            .unwrap_or(&url)
+            .parse()
+            .map_err(|e| format!("bad engine URL {url}: {e}"))?;
+        Ok(Engine {
+            key: stable_hash(url.as_bytes()),
+            url,
+            authority,
+            base_weight: entry.weight,
+            kv_events: entry.kv_events.clone(),
+            source,
+            static_models: entry.models.clone(),
+            in_flight: AtomicU32::new(0),
+            tracker: Mutex::new(tracker),
+            reported_load: AtomicU32::new(UNKNOWN),
+            reported_waiting: AtomicU32::new(UNKNOWN),
+            kv_usage_ppm: AtomicU32::new(UNKNOWN),
+            discovered: Mutex::new(Vec::new()),
+            removed: AtomicBool::new(false),
+            metrics: EngineMetrics::default(),
+        })
+    }
+
+    /// The breaker/health/latency state, locked briefly (never across an await).
+    pub fn tracker(&self) -> MutexGuard<'_, EngineTracker> {
+        lock(&self.tracker)
+    }
+
+    /// The models it serves: its static list, else what discovery found.
+    pub fn models(&self) -> Vec<String> {
+        if self.static_models.is_empty() {
+            lock(&self.discovered).clone()
+        } else {
+            self.static_models.clone()
+        }
+    }
+
+    /// Records what the engine's `/metrics` said.
+    pub fn set_reported(&self, running: Option<u32>, waiting: Option<u32>, kv_usage: Option<f64>) {
+        let load = match (running, waiting) {
+            (Some(r), Some(w)) => r.saturating_add(w),
+            (Some(r), None) => r,
+            (None, Some(w)) => w,
+            (None, None) => UNKNOWN,
+        };
+        self.reported_load
+            .store(load.min(UNKNOWN - 1), Ordering::Relaxed);
+        self.reported_waiting.store(
+            waiting.map_or(UNKNOWN, |w| w.min(UNKNOWN - 1)),
+            Ordering::Relaxed,
+        );
+        self.kv_usage_ppm.store(
+            kv_usage.map_or(UNKNOWN, |u| (u.clamp(0.0, 1.0) * 1e6) as u32),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Engine-reported running + waiting.
+    pub fn reported_load(&self) -> Option<u32> {
+        let v = self.reported_load.load(Ordering::Relaxed);
+        (v != UNKNOWN).then_some(v)
+    }
+
+    /// Engine-reported waiting (queue depth).
+    pub fn reported_waiting(&self) -> Option<u32> {
+        let v = self.reported_waiting.load(Ordering::Relaxed);
+        (v != UNKNOWN).then_some(v)
+    }
+
+    /// Engine-reported KV-cache usage (0..=1).
+    pub fn kv_usage(&self) -> Option<f32> {
+        let v = self.kv_usage_ppm.load(Ordering::Relaxed);
+        (v != UNKNOWN).then_some(v as f32 / 1e6)
+    }
+
+    /// The view a policy reads.
+    pub fn view(&self, now_us: u64, fleet_latency_us: f64) -> EngineView {
+        self.tracker().view(
+            now_us,
+            self.base_weight,
+            self.in_flight.load(Ordering::Relaxed),
+            self.reported_load(),
+            self.kv_usage(),
+            fleet_latency_us,
+        )
+    }
+}
+
+/// The engines of one model and its prepared policy.
+pub struct ModelRoute {
+    /// Model name.
+    pub model: String,
+    /// Engines serving it (indices of the policy's picks).
+    pub engines: Vec<Arc<Engine>>,
+    /// The prepared policy.
+    pub policy: Policy,
+    /// The policy's config (its name labels metrics; its hash settings pick the key).
+    pub policy_cfg: PolicyConfig,
+}
+
+/// What a request reads: immutable, swapped whole.
+pub struct Snapshot {
+    /// Increases with every rebuild.
+    pub version: u64,
+    /// Every engine, in registry order.
+    pub engines: Vec<Arc<Engine>>,
+    /// Routes by model name.
+    pub routes: BTreeMap<String, Arc<ModelRoute>>,
+}
+
+/// A route's engines as a policy reads them, at one instant.
+pub struct RouteView<'a> {
+    /// The engines.
+    pub engines: &'a [Arc<Engine>],
+    /// Now (µs).
+    pub now_us: u64,
+    /// The fleet's median latency (µs), 0 when unknown.
+    pub fleet_latency_us: f64,
+}
+
+impl EngineSet for RouteView<'_> {
+    fn len(&self) -> usize {
+        self.engines.len()
+    }
+
+    fn view(&self, i: usize) -> EngineView {
+        self.engines[i].view(self.now_us, self.fleet_latency_us)
+    }
+}
+
+/// The membership, the current snapshot, and what it is built from.
+pub struct Registry {
+    cfg: Arc<ServeConfig>,
+    clock: Clock,
+    members: Mutex<Vec<Arc<Engine>>>,
+    snapshot: ArcSwap<Snapshot>,
+    version: AtomicU64,
+    /// Median latency of the fleet (f64 bits), refreshed by the probe loop.
+    fleet_latency_bits: AtomicU64,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new(cfg: Arc<ServeConfig>, clock: Clock) -> Registry {
+        Registry {
+            cfg,
+            clock,
+            members: Mutex::new(Vec::new()),
+            snapshot: ArcSwap::from_pointee(Snapshot {
+                version: 0,
+                engines: Vec::new(),
+                routes: BTreeMap::new(),
+            }),
+            version: AtomicU64::new(0),
+            fleet_latency_bits: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    /// The health configuration every tracker was built from.
+    pub fn health_cfg(&self) -> &kvmesh_policy::HealthConfig {
+        &self.cfg.routing.health
+    }
+
+    /// The current snapshot (lock-free).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// Adds an engine; `ramp` = slow start (engines added while running). Fails on a
+    /// duplicate URL or a bad entry.
+    pub fn add(
+        &self,
+        entry: &EngineEntry,
+        source: Source,
+        ramp: bool,
+    ) -> Result<Arc<Engine>, String> {
+        entry.validate("engine").map_err(|e| e.to_string())?;
+        let tracker = EngineTracker::new(&self.cfg.routing.health, self.clock.now_us(), ramp);
+        let engine = Arc::new(Engine::new(entry, source, tracker)?);
+        {
+            let mut m = lock(&self.members);
+            if m.iter().any(|e| e.url == engine.url) {
+                return Err(format!("engine {} is already registered", engine.url));
+            }
+            m.push(engine.clone());
+        }
+        self.rebuild();
+        Ok(engine)
+    }
+
+    /// Removes an engine by URL; its in-flight requests finish.
+    pub fn remove(&self, url: &str) -> Option<Arc<Engine>> {
+        let url = url.trim_end_matches('/');
+        let removed = {
+            let mut m = lock(&self.members);
+            let i = m.iter().position(|e| e.url == url)?;
+            m.remove(i)
+        };
+        removed.removed.store(true, Ordering::Relaxed);
+        self.rebuild();
+        Some(removed)
+    }
+
+    /// Every engine (the authoritative list).
+    pub fn members(&self) -> Vec<Arc<Engine>> {
+        lock(&self.members).clone()
+    }
+
+    /// Records discovered models; rebuilds when they changed.
+    pub fn set_discovered_models(&self, engine: &Engine, mut models: Vec<String>) {
+        models.sort();
+        models.dedup();
+        let changed = {
+            let mut d = lock(&engine.discovered);
+            if *d != models {
+                *d = models;
+                true
+            } else {
+                false
+            }
+        };
+        if changed {
+            self.rebuild();
+        }
+    }
+
+    /// Rebuilds the snapshot from the members and swaps it in.
+    pub fn rebuild(&self) {
+        let members = self.members();
+        let mut by_model: BTreeMap<String, Vec<Arc<Engine>>> = BTreeMap::new();
+        for e in &members {
+            for m in e.models() {
+                by_model.entry(m).or_default().push(e.clone());
+            }
+        }
+        let version = self.version.fetch_add(1, Ordering::Relaxed) + 1;
+        let routes = by_model
+            .into_iter()
+            .map(|(model, engines)| {
+                let policy_cfg = self
+                    .cfg
+                    .models
+                    .get(&model)
+                    .cloned()
+                    .unwrap_or_else(|| self.cfg.routing.policy.clone());
+                let members: Vec<EngineMember> = engines
+                    .iter()
+                    .map(|e| {
+                        let mut m = EngineMember::new(e.key);
+                        m.base_weight = e.base_weight;
+                        m
+                    })
+                    .collect();
+                let seed = self.cfg.seed ^ stable_hash(model.as_bytes()) ^ version;
+                let policy = Policy::new(&policy_cfg, &members, seed);
+                let route = ModelRoute {
+                    model: model.clone(),
+                    engines,
+                    policy,
+                    policy_cfg,
+                };
+                (model, Arc::new(route))
+            })
+            .collect();
+        self.snapshot.store(Arc::new(Snapshot {
+            version,
+            engines: members,
+            routes,
+        }));
+    }
+
+    /// Models served by at least one engine.
+    pub fn models(&self) -> BTreeSet<String> {
+        self.snapshot().routes.keys().cloned().collect()
+    }
+
+    /// The fleet's median latency (µs), 0 when unknown.
+    pub fn fleet_latency_us(&self) -> f64 {
+        f64::from_bits(self.fleet_latency_bits.load(Ordering::Relaxed))
+    }
+
+    /// Recomputes the fleet's median latency (off the request path).
+    pub fn refresh_fleet_latency(&self) {
+        let now = self.clock.now_us();
+        let mut lat: Vec<f64> = self
+            .members()
+            .iter()
+            .map(|e| e.tracker().latency().latency_us(now))
+            .collect();
+        let v = kvmesh_policy::fleet_reference_latency(&mut lat);
+        self.fleet_latency_bits
+            .store(v.to_bits(), Ordering::Relaxed);
+    }
+
+    /// How many engines breakers currently eject (for the ejection guard).
+    pub fn ejected_count(&self) -> usize {
+        self.members()
+            .iter()
+            .filter(|e| e.tracker().breaker().is_ejected())
+            .count()
+    }
+}

@@ -1,0 +1,184 @@
+//! Accounting of one attempt on one engine, from sending to the end of the streamed body:
+//! in-flight count (RAII: it returns to zero whatever happens), breaker permit, TTFT at the
+//! first data frame, end-to-end latency and the success/failure verdict at the end.
+
+use crate::Gateway;
+use crate::metrics::FailKind;
+use crate::registry::Engine;
+use bytes::Bytes;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use kvmesh_policy::{BreakerEvent, Permit};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// One attempt. Dropping it without a verdict (client gone) counts as a cancel.
+pub struct Attempt {
+    gw: Arc<Gateway>,
+    engine: Arc<Engine>,
+    permit: Option<Permit>,
+    sent_us: u64,
+    first_byte_seen: bool,
+}
+
+impl Attempt {
+    /// Counts the attempt in flight.
+    pub fn start(gw: Arc<Gateway>, engine: Arc<Engine>, permit: Permit) -> Attempt {
+        engine.in_flight.fetch_add(1, Ordering::Relaxed);
+        engine.metrics.requests.fetch_add(1, Ordering::Relaxed);
+        let sent_us = gw.clock.now_us();
+        Attempt {
+            gw,
+            engine,
+            permit: Some(permit),
+            sent_us,
+            first_byte_seen: false,
+        }
+    }
+
+    /// A failure that counts against the engine (5xx, connect error, timeout, broken stream).
+    pub fn fail(mut self, kind: FailKind) {
+        self.engine.metrics.failed(kind);
+        if let Some(p) = self.permit.take() {
+            let fleet = self.gw.registry.members().len();
+            let may_open = self
+                .gw
+                .ejection
+                .may_eject(self.gw.registry.ejected_count(), fleet);
+            let ev = self
+                .engine
+                .tracker()
+                .on_failure(self.gw.clock.now_us(), p, may_open);
+            match ev {
+                Some(BreakerEvent::Opened { for_us }) => {
+                    self.engine
+                        .metrics
+                        .ejections
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(engine = %self.engine.url, open_ms = for_us / 1000, "circuit breaker opened");
+                }
+                Some(BreakerEvent::OpenSuppressed) => {
+                    tracing::warn!(engine = %self.engine.url, "breaker would open but too much of the fleet is ejected");
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A failure that does not count against the engine's health (429: busy, not broken).
+    pub fn cancel_with(mut self, kind: FailKind) {
+        self.engine.metrics.failed(kind);
+        if let Some(p) = self.permit.take() {
+            self.engine.tracker().on_cancel(p);
+        }
+    }
+
+    fn first_byte(&mut self) {
+        if self.first_byte_seen {
+            return;
+        }
+        self.first_byte_seen = true;
+        let now = self.gw.clock.now_us();
+        let ttft = now.saturating_sub(self.sent_us);
+        self.engine.tracker().on_first_byte(now, ttft);
+        self.engine.metrics.ttft.observe_us(ttft);
+        self.gw.metrics.observe_ttft(now, ttft);
+    }
+
+    fn succeed(mut self) {
+        let now = self.gw.clock.now_us();
+        let e2e = now.saturating_sub(self.sent_us);
+        self.engine.metrics.e2e.observe_us(e2e);
+        if let Some(p) = self.permit.take() {
+            let ev = self.engine.tracker().on_success(now, p, e2e);
+            if ev == Some(BreakerEvent::Closed) {
+                tracing::info!(engine = %self.engine.url, "circuit breaker closed: engine recovered");
+            }
+        }
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if let Some(p) = self.permit.take() {
+            // No verdict: the client went away (or the router is shutting down).
+            self.engine.tracker().on_cancel(p);
+        }
+        self.engine.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The engine's response body passed through frame by frame (never buffered), reporting the
+/// first data frame and the end to the attempt. Dropping it (client disconnect) drops the
+/// upstream body, which closes the upstream connection: the engine aborts the request.
+pub struct TrackedBody {
+    inner: Incoming,
+    attempt: Option<Attempt>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl TrackedBody {
+    /// Wraps `inner`; `total` bounds the whole body.
+    pub fn new(inner: Incoming, attempt: Attempt, total: Duration) -> Self {
+        TrackedBody {
+            inner,
+            attempt: Some(attempt),
+            deadline: Box::pin(tokio::time::sleep(total)),
+        }
+    }
+}
+
+impl HttpBody for TrackedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if frame.is_data()
+                    && let Some(a) = this.attempt.as_mut()
+                {
+                    a.first_byte();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                if let Some(a) = this.attempt.take() {
+                    a.fail(FailKind::Stream);
+                }
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            Poll::Ready(None) => {
+                if let Some(a) = this.attempt.take() {
+                    a.succeed();
+                }
+                Poll::Ready(None)
+            }
+            Poll::Pending => {
+                if this.attempt.is_some() && this.deadline.as_mut().poll(cx).is_ready() {
+                    if let Some(a) = this.attempt.take() {
+                        a.fail(FailKind::Stream);
+                    }
+                    return Poll::Ready(Some(Err("the request exceeded the total timeout".into())));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // Never claim the end before the inner body said so: the verdict is taken there.
+        self.attempt.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,212 @@
+//! HTTP plumbing shared by `kvmesh sim` and `kvmesh serve` (thin, no policy).
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use kvmesh_openai::ApiError;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// Response body type of every handler.
+pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A complete body.
+pub fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into())
+        .map_err(|e: Infallible| match e {})
+        .boxed_unsync()
+}
+
+/// An empty 200.
+pub fn ok_empty() -> Response<Body> {
+    Response::new(full(Bytes::new()))
+}
+
+/// A JSON response.
+pub fn json(status: u16, body: String) -> Response<Body> {
+    let mut r = Response::new(full(body));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The OpenAI-shaped error response.
+pub fn error(e: &ApiError) -> Response<Body> {
+    json(e.status, e.to_json())
+}
+
+/// A Prometheus text response.
+pub fn prometheus(text: String) -> Response<Body> {
+    let mut r = Response::new(full(text));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
+
+/// Reads the whole body under the size limit (413 above it, checked against Content-Length
+/// first so that an oversized body is refused before it is read).
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Incoming,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(ApiError::body_too_large(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::body_too_large(limit))
+        }
+        Err(e) => Err(ApiError::bad_request(
+            "body_read_error",
+            format!("failed to read the request body: {e}"),
+        )),
+    }
+}
+
+/// Headers that describe one connection and must not be forwarded by a proxy (RFC 9110
+/// §7.6.1), plus every header the `Connection` header names.
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+    ] {
+        h.remove(n);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+}
+
+/// Compares secrets in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether the request carries `Authorization: Bearer <token>` (false when `token` is empty).
+pub fn bearer_ok(h: &HeaderMap, token: &str) -> bool {
+    if token.is_empty() {
+        return false;
+    }
+    h.get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), token.as_bytes()))
+}
+
+/// Serves HTTP/1.1 until `shutdown` resolves, then stops accepting and waits up to `drain`
+/// for open connections (and the requests on them) to finish.
+pub async fn serve<S, H, F>(
+    listener: TcpListener,
+    state: Arc<S>,
+    handler: H,
+    mut shutdown: oneshot::Receiver<()>,
+    drain: Duration,
+) where
+    S: Send + Sync + 'static,
+    H: Fn(Arc<S>, Request<Incoming>) -> F + Send + Sync + Copy + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let st = state.clone();
+                let svc = service_fn(move |req| {
+                    let fut = handler(st.clone(), req);
+                    async move { Ok::<_, Infallible>(fut.await) }
+                });
+                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(?drain, "drain timeout: closing the remaining connections");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            "keep-alive, x-private".parse().expect("v"),
+        );
+        h.insert("keep-alive", "timeout=5".parse().expect("v"));
+        h.insert("x-private", "1".parse().expect("v"));
+        h.insert(header::TRANSFER_ENCODING, "chunked".parse().expect("v"));
+        h.insert("x-request-id", "abc".parse().expect("v"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-request-id"));
+    }
+
+    #[test]
+    fn bearer_tokens() {
+        let mut h = HeaderMap::new();
+        assert!(!bearer_ok(&h, "s3cret"));
+        h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().expect("v"));
+        assert!(bearer_ok(&h, "s3cret"));
+        assert!(!bearer_ok(&h, "s3cre"));
+        assert!(!bearer_ok(&h, ""));
+    }
+}

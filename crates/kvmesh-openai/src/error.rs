@@ -1,0 +1,220 @@
+//! OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
+
+use serde::Serialize;
+
+/// An error returned to an API client. Building one never fails; [`ApiError::to_json`] renders
+/// the body the OpenAI clients understand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: u16,
+    /// Human-readable message.
+    pub message: String,
+    /// OpenAI error type, e.g. `invalid_request_error`.
+    pub kind: &'static str,
+    /// Machine-readable code, e.g. `model_not_found`.
+    pub code: &'static str,
+    /// The request parameter at fault, when there is one.
+    pub param: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: &'a str,
+}
+
+impl ApiError {
+    /// A 400 `invalid_request_error`.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            code,
+            param: None,
+        }
+    }
+
+    /// A 400 naming the parameter at fault.
+    pub fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            param: Some(param),
+            ..Self::bad_request("invalid_value", message)
+        }
+    }
+
+    /// Malformed JSON or a body that does not match the request schema.
+    pub fn invalid_json(detail: impl std::fmt::Display) -> Self {
+        Self::bad_request("invalid_json", format!("invalid JSON body: {detail}"))
+    }
+
+    /// The body exceeds the configured limit.
+    pub fn body_too_large(limit: usize) -> Self {
+        ApiError {
+            status: 413,
+            message: format!("request body exceeds the limit of {limit} bytes"),
+            kind: "invalid_request_error",
+            code: "body_too_large",
+            param: None,
+        }
+    }
+
+    /// The named model is not served here.
+    pub fn model_not_found(model: &str) -> Self {
+        ApiError {
+            status: 404,
+            message: format!("The model `{model}` does not exist."),
+            kind: "invalid_request_error",
+            code: "model_not_found",
+            param: Some("model"),
+        }
+    }
+
+    /// No route for this method and path.
+    pub fn not_found(method: &str, path: &str) -> Self {
+        ApiError {
+            status: 404,
+            message: format!("no route for {method} {path}"),
+            kind: "invalid_request_error",
+            code: "not_found",
+            param: None,
+        }
+    }
+
+    /// Wrong method on a known path.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        ApiError {
+            status: 405,
+            message: format!("method {method} is not allowed on {path}"),
+            kind: "invalid_request_error",
+            code: "method_not_allowed",
+            param: None,
+        }
+    }
+
+    /// Missing or wrong bearer token.
+    pub fn unauthorized() -> Self {
+        ApiError {
+            status: 401,
+            message: "missing or invalid bearer token".to_string(),
+            kind: "authentication_error",
+            code: "invalid_api_key",
+            param: None,
+        }
+    }
+
+    /// A server-side failure.
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 500,
+            message: message.into(),
+            kind: "server_error",
+            code: "internal_error",
+            param: None,
+        }
+    }
+
+    /// Rate limited / overloaded.
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 429,
+            message: message.into(),
+            kind: "rate_limit_error",
+            code: "rate_limit_exceeded",
+            param: None,
+        }
+    }
+
+    /// The service cannot serve right now.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 503,
+            message: message.into(),
+            kind: "server_error",
+            code: "service_unavailable",
+            param: None,
+        }
+    }
+
+    /// An error with an arbitrary status (e.g. injected faults); type and code follow the status.
+    pub fn with_status(status: u16, message: impl Into<String>) -> Self {
+        let (kind, code) = match status {
+            429 => ("rate_limit_error", "rate_limit_exceeded"),
+            401 | 403 => ("authentication_error", "forbidden"),
+            400..=499 => ("invalid_request_error", "invalid_request"),
+            503 => ("server_error", "service_unavailable"),
+            _ => ("server_error", "internal_error"),
+        };
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            code,
+            param: None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&Body {
+            error: Inner {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param,
+                code: self.code,
+            },
+        })
+        .unwrap_or_else(|_| {
+            r#"{"error":{"message":"error","type":"server_error","param":null,"code":"internal_error"}}"#
+                .to_string()
+        })
+    }
+
+    /// The body as an SSE `data:` event, for errors after a stream has started.
+    pub fn to_sse(&self) -> String {
+        format!("data: {}\n\n", self.to_json())
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status, self.code, self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_is_openai() {
+        let e = ApiError::model_not_found("x\"y");
+        let v: serde_json::Value = serde_json::from_str(&e.to_json()).expect("valid json");
+        assert_eq!(v["error"]["message"], "The model `x\"y` does not exist.");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(e.status, 404);
+    }
+
+    #[test]
+    fn status_mapping() {
+        assert_eq!(ApiError::with_status(429, "x").kind, "rate_limit_error");
+        assert_eq!(ApiError::with_status(500, "x").kind, "server_error");
+        assert_eq!(
+            ApiError::with_status(404, "x").kind,
+            "invalid_request_error"
+        );
+    }
+}

@@ -1,0 +1,112 @@
+//! Decision time per policy at 64 and 4,096 engines.
+//!
+//! `cargo bench -p kvmesh-policy --bench decision`. The engine set keeps running totals, as
+//! the gateway will (`consistent_hash` reads them once per decision); `consistent_hash/scan`
+//! shows the cost without them. `tracker_view` is the cost of building one engine's view
+//! from its `EngineTracker`.
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use kvmesh_policy::{
+    EngineMember, EngineSet, EngineTracker, EngineView, HealthConfig, MAX_CANDIDATES, Policy,
+    PolicyConfig, PolicyKind, RequestCtx, Rng, Totals, stable_hash,
+};
+use std::hint::black_box;
+use std::time::Duration;
+
+struct Fleet {
+    views: Vec<EngineView>,
+    totals: Totals,
+}
+
+impl EngineSet for Fleet {
+    fn len(&self) -> usize {
+        self.views.len()
+    }
+    fn view(&self, i: usize) -> EngineView {
+        self.views[i]
+    }
+    fn totals(&self) -> Totals {
+        self.totals
+    }
+}
+
+fn fleet(n: usize) -> (Fleet, Vec<EngineMember>) {
+    let mut rng = Rng::new(n as u64);
+    let views: Vec<EngineView> = (0..n)
+        .map(|_| {
+            let mut v = EngineView::new(0.5 + rng.unit());
+            v.in_flight = rng.below(32) as u32;
+            v.eligible = rng.unit() < 0.98;
+            v.latency_us = 1e5 * (1.0 + rng.unit());
+            v
+        })
+        .collect();
+    let totals = views.as_slice().totals();
+    let members = (0..n)
+        .map(|i| EngineMember::new(stable_hash(format!("http://engine-{i}:8000").as_bytes())))
+        .collect();
+    (Fleet { views, totals }, members)
+}
+
+fn decision(c: &mut Criterion) {
+    for n in [64usize, 4096] {
+        let (fleet, members) = fleet(n);
+        let mut group = c.benchmark_group(format!("decision/{n}"));
+        for kind in PolicyKind::ALL {
+            let cfg = PolicyConfig {
+                policy: kind,
+                ..PolicyConfig::default()
+            };
+            let policy = Policy::new(&cfg, &members, 1);
+            let mut out = Vec::with_capacity(MAX_CANDIDATES);
+            let mut seed = 0u64;
+            group.bench_function(BenchmarkId::from_parameter(kind.as_str()), |b| {
+                b.iter(|| {
+                    seed = seed.wrapping_add(1);
+                    let ctx = RequestCtx::new(seed, seed)
+                        .with_hash_key(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    black_box(policy.pick(&fleet, &ctx, &mut out));
+                    black_box(out.first().copied())
+                })
+            });
+        }
+        let cfg = PolicyConfig {
+            policy: PolicyKind::ConsistentHash,
+            ..PolicyConfig::default()
+        };
+        let policy = Policy::new(&cfg, &members, 1);
+        let mut out = Vec::with_capacity(MAX_CANDIDATES);
+        let mut seed = 0u64;
+        group.bench_function("consistent_hash/scan_totals", |b| {
+            b.iter(|| {
+                seed = seed.wrapping_add(1);
+                let ctx = RequestCtx::new(seed, seed)
+                    .with_hash_key(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                black_box(policy.pick(fleet.views.as_slice(), &ctx, &mut out))
+            })
+        });
+        group.finish();
+    }
+    let tracker = EngineTracker::new(&HealthConfig::default(), 0, true);
+    let mut now = 0u64;
+    c.bench_function("tracker_view", |b| {
+        b.iter(|| {
+            now += 1_000;
+            black_box(tracker.view(black_box(now), 1.0, 3, Some(4), Some(0.5), 300_000.0))
+        })
+    });
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20)
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = decision
+}
+criterion_main!(benches);

@@ -1,0 +1,163 @@
+//! Load- and latency-aware policies: `least_request`, `power_of_two`, `peak_ewma`.
+
+use super::{Filter, Picks, sample};
+use crate::config::MAX_CANDIDATES;
+use crate::rng::{Rng, mix64};
+use crate::view::{EngineSet, EngineView};
+
+/// `(load + 1) / weight`: in-flight requests per unit of weight, counting the new one.
+#[inline]
+pub(crate) fn load_score(v: &EngineView) -> f64 {
+    (f64::from(v.load()) + 1.0) / v.safe_weight()
+}
+
+/// `latency × (load + 1) / weight`: the Finagle/Linkerd peak-EWMA cost, per unit of weight.
+#[inline]
+pub(crate) fn latency_score(v: &EngineView) -> f64 {
+    v.latency_us.max(1.0) * (f64::from(v.load()) + 1.0) / v.safe_weight()
+}
+
+/// Power of two choices: the better of two random engines first; then the worse one and
+/// further random engines as fallbacks, best first. Ties keep the first drawn, which is random.
+pub(crate) fn power_of_two<S: EngineSet + ?Sized>(
+    engines: &S,
+    rng: &mut Rng,
+    filter: Filter,
+    k: usize,
+    score: fn(&EngineView) -> f64,
+    out: &mut Vec<usize>,
+) {
+    let mut picks = Picks::new();
+    sample(engines, rng, filter, k.max(2), &mut picks);
+    let items = picks.as_mut_slice();
+    if items.len() >= 2 && score(&items[1].1) < score(&items[0].1) {
+        items.swap(0, 1);
+    }
+    if items.len() > 2 {
+        // Fallbacks: sort by score (insertion sort, at most 8 items; stable, so ties keep
+        // their random draw order).
+        let rest = &mut items[1..];
+        for a in 1..rest.len() {
+            let mut b = a;
+            while b > 0 && score(&rest[b].1) < score(&rest[b - 1].1) {
+                rest.swap(b, b - 1);
+                b -= 1;
+            }
+        }
+    }
+    for &(i, _) in items.iter().take(k) {
+        out.push(i);
+    }
+}
+
+/// Least request: the `k` engines of lowest `(load + 1) / weight`, ties broken by a random key
+/// per engine and request (uniform among the tied, never toward index 0).
+///
+/// Scans the whole fleet when it has at most `max_scan` engines, otherwise a window of
+/// `max_scan` consecutive engines starting at a random position.
+pub(crate) fn least_request<S: EngineSet + ?Sized>(
+    engines: &S,
+    rng: &mut Rng,
+    seed: u64,
+    filter: Filter,
+    k: usize,
+    max_scan: usize,
+    out: &mut Vec<usize>,
+) {
+    let n = engines.len();
+    let k = k.min(MAX_CANDIDATES);
+    let (start, len) = if n <= max_scan {
+        (0, n)
+    } else {
+        (rng.below(n), max_scan)
+    };
+    let tie_seed = mix64(seed ^ 0x7E1E_B4EA);
+    // Best k so far, sorted ascending by (score, tie).
+    let mut best = [(f64::INFINITY, u64::MAX, usize::MAX); MAX_CANDIDATES];
+    let mut have = 0usize;
+    for j in 0..len {
+        let i = if start + j < n {
+            start + j
+        } else {
+            start + j - n
+        };
+        let v = engines.view(i);
+        if !filter.ok(&v) {
+            continue;
+        }
+        let s = load_score(&v);
+        if have == k {
+            let worst = best[k - 1];
+            if s > worst.0 {
+                continue;
+            }
+            let tie = mix64(tie_seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            if s == worst.0 && tie >= worst.1 {
+                continue;
+            }
+            insert(&mut best, k, (s, tie, i));
+        } else {
+            let tie = mix64(tie_seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            have += 1;
+            insert(&mut best, have, (s, tie, i));
+        }
+    }
+    for &(_, _, i) in &best[..have] {
+        out.push(i);
+    }
+}
+
+/// Inserts `item` into the sorted prefix `best[..len]`, dropping what falls off the end.
+#[inline]
+fn insert(best: &mut [(f64, u64, usize); MAX_CANDIDATES], len: usize, item: (f64, u64, usize)) {
+    let mut p = len - 1;
+    best[p] = item;
+    while p > 0 && (best[p].0, best[p].1) < (best[p - 1].0, best[p - 1].1) {
+        best.swap(p, p - 1);
+        p -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn views(loads: &[u32]) -> Vec<EngineView> {
+        loads
+            .iter()
+            .map(|&l| {
+                let mut v = EngineView::new(1.0);
+                v.in_flight = l;
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn least_request_orders_by_load_and_skips_ineligible() {
+        let mut vs = views(&[5, 1, 3, 0, 2]);
+        vs[3].eligible = false;
+        let mut out = Vec::new();
+        least_request(&vs, &mut Rng::new(1), 9, Filter::Eligible, 3, 512, &mut out);
+        assert_eq!(out, [1, 4, 2]);
+    }
+
+    #[test]
+    fn least_request_weight_divides_load() {
+        let mut vs = views(&[3, 1]);
+        vs[0].weight = 8.0; // (3+1)/8 = 0.5 < (1+1)/1
+        let mut out = Vec::new();
+        least_request(&vs, &mut Rng::new(1), 9, Filter::Eligible, 2, 512, &mut out);
+        assert_eq!(out, [0, 1]);
+    }
+
+    #[test]
+    fn engine_reported_load_is_not_added_twice() {
+        let mut v = EngineView::new(1.0);
+        v.in_flight = 3;
+        v.engine_load = Some(5);
+        assert_eq!(v.load(), 5);
+        v.engine_load = Some(1);
+        assert_eq!(v.load(), 3);
+    }
+}

@@ -1,0 +1,119 @@
+//! The KV-event side of the simulator: turns the engine's events into vLLM batches and hands
+//! them to the ZMQ publisher (non-blocking: the engine thread never waits on the network).
+
+use crate::SimError;
+use crate::metrics::SimMetrics;
+use kvmesh_config::{KvEventsConfig, KvEventsFormat};
+use kvmesh_engine::EngineEvent;
+use kvmesh_kvevents::{BlockHash, EventBatch, KvEvent, Publisher, PublisherConfig, WireEncoding};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Publishes one batch per engine step, as vLLM does.
+pub struct EventSink {
+    publisher: Publisher,
+    encoding: WireEncoding,
+    int_hashes: bool,
+    drop_events: Arc<AtomicBool>,
+    metrics: Arc<SimMetrics>,
+}
+
+impl EventSink {
+    /// Binds the PUB socket (and the replay socket when configured).
+    pub async fn start(
+        cfg: &KvEventsConfig,
+        drop_events: Arc<AtomicBool>,
+        metrics: Arc<SimMetrics>,
+    ) -> Result<EventSink, SimError> {
+        let mut pc = PublisherConfig::new(cfg.endpoint.clone());
+        pc.replay_endpoint = (!cfg.replay_endpoint.is_empty()).then(|| cfg.replay_endpoint.clone());
+        pc.topic = cfg.topic.clone();
+        pc.buffer_len = cfg.replay_buffer;
+        let publisher = Publisher::start(pc)
+            .await
+            .map_err(|e| SimError::Events(e.to_string()))?;
+        tracing::info!(endpoint = publisher.endpoint(), replay = ?publisher.replay_endpoint(), "KV events publisher bound");
+        Ok(EventSink {
+            publisher,
+            encoding: match cfg.format {
+                KvEventsFormat::Array => WireEncoding::Array,
+                KvEventsFormat::Map => WireEncoding::Map,
+            },
+            int_hashes: cfg.int_block_hashes,
+            drop_events,
+            metrics,
+        })
+    }
+
+    fn hash(&self, h: u64) -> BlockHash {
+        if self.int_hashes {
+            BlockHash::Int(h)
+        } else {
+            BlockHash::Bytes(h.to_be_bytes().to_vec())
+        }
+    }
+
+    /// Publishes one step's events as one batch, stamped with the wall clock (Unix seconds)
+    /// as vLLM stamps them.
+    pub fn publish(&self, events: Vec<EngineEvent>) {
+        if events.is_empty() {
+            return;
+        }
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let events = events
+            .into_iter()
+            .map(|e| match e {
+                EngineEvent::BlockStored {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    lora_name,
+                } => {
+                    let mut ev = KvEvent::stored(
+                        block_hashes.into_iter().map(|h| self.hash(h)).collect(),
+                        parent_block_hash.map(|h| self.hash(h)),
+                        token_ids,
+                        block_size,
+                    );
+                    if let KvEvent::BlockStored { lora_name: l, .. } = &mut ev {
+                        *l = lora_name;
+                    }
+                    ev
+                }
+                EngineEvent::BlockRemoved { block_hashes } => {
+                    KvEvent::removed(block_hashes.into_iter().map(|h| self.hash(h)).collect())
+                }
+                EngineEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
+            })
+            .collect();
+        let batch = EventBatch {
+            ts,
+            events,
+            data_parallel_rank: None,
+        };
+        let res = if self.drop_events.load(Ordering::Relaxed) {
+            // The seq is consumed and the batch kept for replay, but never sent: subscribers
+            // see a gap, as when a PUB socket drops messages.
+            self.metrics.event_batch_dropped();
+            self.publisher.publish_dropped(&batch, self.encoding)
+        } else {
+            self.publisher.publish(&batch, self.encoding)
+        };
+        if let Err(e) = res {
+            // Accepted events are never lost silently: count and log.
+            self.metrics.event_batch_dropped();
+            tracing::warn!(error = %e, "KV-event batch not published");
+        }
+    }
+
+    /// The engine restarted: seq back to 0, replay buffer cleared.
+    pub fn restarted(&self) {
+        if let Err(e) = self.publisher.reset_seq() {
+            tracing::warn!(error = %e, "KV-event seq reset failed");
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The `kvmesh` command.
+
+mod serve_cmd;
+mod sim_cmd;
+mod up_cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// kvmesh: a cluster of LLM-inference routers that share prefix-cache and load state without a
+/// central store. Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) for more.
+#[derive(Debug, Parser)]
+#[command(name = "kvmesh", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run a router in front of inference engines (OpenAI API).
+    Serve(serve_cmd::ServeArgs),
+    /// Run one simulated inference engine (OpenAI API, vLLM metrics and KV events).
+    Sim(sim_cmd::SimArgs),
+    /// Run a local cluster on loopback and serve a demo workload through it.
+    Up(up_cmd::UpArgs),
+    /// Configuration helpers.
+    #[command(subcommand)]
+    Config(ConfigCmd),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCmd {
+    /// Print every key with its default value, as TOML.
+    Defaults,
+    /// Check a config file and print the effective configuration.
+    Check {
+        /// The file.
+        file: std::path::PathBuf,
+    },
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let result = match cli.cmd {
+        Cmd::Sim(args) => {
+            if args.list_profiles {
+                sim_cmd::list_profiles();
+                return ExitCode::SUCCESS;
+            }
+            match args.resolve() {
+                Ok(cfg) => runtime().and_then(|rt| rt.block_on(sim_cmd::run(cfg))),
+                Err(e) => Err(e),
+            }
+        }
+        Cmd::Serve(args) => match args.resolve() {
+            Ok(cfg) => runtime().and_then(|rt| rt.block_on(serve_cmd::run(cfg))),
+            Err(e) => Err(e),
+        },
+        Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(up_cmd::run(args))),
+        Cmd::Config(ConfigCmd::Defaults) => {
+            print!("{}", kvmesh_config::KvmeshConfig::defaults_toml());
+            Ok(())
+        }
+        Cmd::Config(ConfigCmd::Check { file }) => kvmesh_config::KvmeshConfig::load(&file)
+            .map(|c| {
+                print!("{}", toml_of(&c));
+            })
+            .map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvmesh: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn toml_of(c: &kvmesh_config::KvmeshConfig) -> String {
+    c.to_toml()
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}

@@ -1,0 +1,126 @@
+//! `kvmesh serve`: flags, their merge over the config file, and the run loop.
+
+use clap::Args;
+use kvmesh_config::{DnsEntry, EngineEntry, KvmeshConfig, PolicyKind, ServeConfig};
+use std::path::PathBuf;
+
+fn d() -> ServeConfig {
+    ServeConfig::default()
+}
+
+fn policy_names() -> String {
+    PolicyKind::ALL
+        .iter()
+        .map(|p| p.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    PolicyKind::ALL
+        .iter()
+        .copied()
+        .find(|p| p.as_str() == s)
+        .ok_or_else(|| format!("unknown policy `{s}` (one of: {})", policy_names()))
+}
+
+/// Flags of `kvmesh serve`. Every flag overrides the same key of the config file; defaults
+/// come from `kvmesh_config::ServeConfig`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML config file (section `[serve]`); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[arg(long, value_name = "IP:PORT", help = format!("HTTP address of the router [default: {}]", d().listen))]
+    pub listen: Option<String>,
+    /// An engine: a base URL, or url=URL,kv_events=ENDPOINT,weight=N,models=a;b (repeatable;
+    /// added to the file's engines).
+    #[arg(long = "engine", value_name = "ENGINE", value_parser = EngineEntry::parse)]
+    pub engines: Vec<EngineEntry>,
+    /// A DNS name (host:port) resolving to many engines, re-resolved periodically (repeatable).
+    #[arg(long = "dns", value_name = "HOST:PORT")]
+    pub dns: Vec<String>,
+    #[arg(long, value_name = "NAME", value_parser = parse_policy, help = format!("Default routing policy: {} [default: {}]", policy_names(), d().routing.policy.policy.as_str()))]
+    pub policy: Option<PolicyKind>,
+    /// Bearer token protecting /admin/* (empty = admin API disabled).
+    #[arg(
+        long,
+        env = "KVMESH_ADMIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
+    #[arg(long, value_name = "N", help = format!("Attempts per request including the first [default: {}]", d().retry.max_attempts))]
+    pub max_attempts: Option<u32>,
+    #[arg(
+        long,
+        value_name = "N",
+        help = "Seed of the routing randomness; 0 = from the clock [default: 0]"
+    )]
+    pub seed: Option<u64>,
+    /// Turn the circuit breakers off.
+    #[arg(long)]
+    pub no_breakers: bool,
+}
+
+impl ServeArgs {
+    /// The effective configuration: defaults ← file ← flags, validated.
+    pub fn resolve(&self) -> Result<ServeConfig, String> {
+        let mut file = match &self.config {
+            Some(p) => KvmeshConfig::load(p).map_err(|e| e.to_string())?,
+            None => KvmeshConfig::default(),
+        };
+        let c = &mut file.serve;
+        if let Some(v) = &self.listen {
+            c.listen = v.clone();
+        }
+        c.engines.extend(self.engines.iter().cloned());
+        for name in &self.dns {
+            c.dns.push(DnsEntry {
+                name: name.clone(),
+                ..DnsEntry::default()
+            });
+        }
+        if let Some(p) = self.policy {
+            c.routing.policy.policy = p;
+        }
+        if let Some(t) = &self.admin_token {
+            c.admin_token = t.clone();
+        }
+        if let Some(n) = self.max_attempts {
+            c.retry.max_attempts = n;
+        }
+        if let Some(s) = self.seed {
+            c.seed = s;
+        }
+        if self.no_breakers {
+            c.routing.health.breaker.enabled = false;
+        }
+        file.validate().map_err(|e| e.to_string())?;
+        if file.serve.engines.is_empty() && file.serve.dns.is_empty() {
+            return Err(
+                "no engines: give --engine URL (repeatable), --dns HOST:PORT, or [serve] engines in --config"
+                    .into(),
+            );
+        }
+        Ok(file.serve)
+    }
+}
+
+/// Runs the router until Ctrl-C / SIGTERM, then drains.
+pub async fn run(cfg: ServeConfig) -> Result<(), String> {
+    let server = kvmesh_gateway::start(cfg.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    eprintln!(
+        "kvmesh serve: {} with {} engine(s), policy {}, models {:?}",
+        server.base_url(),
+        server.gateway.registry.members().len(),
+        cfg.routing.policy.policy.as_str(),
+        server.gateway.registry.models()
+    );
+    crate::wait_for_signal().await;
+    eprintln!("kvmesh serve: shutting down, draining in-flight requests");
+    server.shutdown().await;
+    Ok(())
+}
