@@ -163,5 +163,10 @@ mod example_files {
     fn shipped_example_configs_are_valid() {
         let text = include_str!("../../../configs/sim.toml");
         KvmeshConfig::from_toml_str(text, "configs/sim.toml").expect("configs/sim.toml is valid");
+        let text = include_str!("../../../configs/single-node.toml");
+        let c = KvmeshConfig::from_toml_str(text, "configs/single-node.toml")
+            .expect("configs/single-node.toml is valid");
+        assert_eq!(c.serve.engines.len(), 2);
+        assert!(c.serve.models.contains_key("Qwen/Qwen3-8B"));
     }
 }

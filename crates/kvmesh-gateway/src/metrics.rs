@@ -94,8 +94,8 @@ pub struct GatewayMetrics {
     pub budget_exhausted: AtomicU64,
     /// Requests that ended in an error answer from the router (by status).
     responses_by_status: Mutex<BTreeMap<u16, u64>>,
-    /// Routing decisions by (model, policy, reason).
-    decisions: Mutex<BTreeMap<(String, &'static str, &'static str), u64>>,
+    /// Routing decisions by model, then (policy, reason).
+    decisions: Mutex<BTreeMap<String, BTreeMap<(&'static str, &'static str), u64>>>,
     /// Time spent deciding (policy only).
     pub decision_time: Histogram,
     /// TTFT of all requests in the current window, for the p99 gauge.
@@ -132,9 +132,13 @@ impl GatewayMetrics {
     /// Counts one routing decision.
     pub fn decision(&self, model: &str, policy: &'static str, reason: &'static str, took_us: u64) {
         self.decision_time.observe_us(took_us);
-        *lock(&self.decisions)
-            .entry((model.to_string(), policy, reason))
-            .or_default() += 1;
+        let mut d = lock(&self.decisions);
+        // No allocation once the model is known (the common case).
+        let per_model = match d.get_mut(model) {
+            Some(m) => m,
+            None => d.entry(model.to_string()).or_default(),
+        };
+        *per_model.entry((policy, reason)).or_default() += 1;
     }
 
     /// Counts an answer the router gave with an error status (its own or an engine's).
@@ -207,16 +211,18 @@ impl GatewayMetrics {
             "Routing decisions by model, policy and reason.",
             "counter",
         );
-        for ((model, policy, reason), n) in lock(&self.decisions).iter() {
-            sample(
-                &mut out,
-                "kvmesh_routing_decisions_total",
-                &format!(
-                    "model=\"{}\",policy=\"{policy}\",reason=\"{reason}\"",
-                    escape_label(model)
-                ),
-                n,
-            );
+        for (model, per) in lock(&self.decisions).iter() {
+            for ((policy, reason), n) in per {
+                sample(
+                    &mut out,
+                    "kvmesh_routing_decisions_total",
+                    &format!(
+                        "model=\"{}\",policy=\"{policy}\",reason=\"{reason}\"",
+                        escape_label(model)
+                    ),
+                    n,
+                );
+            }
         }
         self.decision_time.render(
             &mut out,

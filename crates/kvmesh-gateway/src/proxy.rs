@@ -153,21 +153,22 @@ async fn forward(
         .max(1);
     let mut last: Option<Outcome> = None;
     let mut attempts = 0usize;
-    for (i, &idx) in candidates.iter().enumerate() {
+    for &idx in &candidates {
         if attempts >= max_attempts {
             break;
         }
         let engine = &route.engines[idx];
-        let Some(permit) = engine.tracker().try_acquire(gw.clock.now_us()) else {
-            // The breaker refuses (open, or half-open with its probe out): next candidate,
-            // unless it is the only one we have.
-            if i + 1 < candidates.len() {
-                continue;
-            }
-            return error(&ApiError::unavailable(format!(
-                "every engine for model `{}` is refusing traffic (circuit breakers open)",
-                route.model
-            )));
+        let now = gw.clock.now_us();
+        let permit = if reason == Reason::AllIneligible {
+            // Panic mode: every engine failed its health checks; try them anyway rather than
+            // refuse everything (a broken health endpoint must not take the fleet down).
+            engine.tracker().try_acquire_ignoring_health(now)
+        } else {
+            engine.tracker().try_acquire(now)
+        };
+        let Some(permit) = permit else {
+            // The breaker refuses (open, or half-open with its probe out): next candidate.
+            continue;
         };
         if attempts > 0 {
             if !gw.retry_budget().try_retry(gw.clock.now_us()) {
@@ -213,7 +214,7 @@ async fn forward(
         }
         Some(Outcome::Answer(r)) => r,
         None => error(&ApiError::unavailable(format!(
-            "no engine accepted the request for model `{}`",
+            "every engine chosen for model `{}` is refusing traffic (circuit breakers open or unhealthy)",
             route.model
         ))),
     }

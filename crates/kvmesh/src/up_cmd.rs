@@ -1,12 +1,10 @@
-//! `kvmesh up`: a local cluster on loopback, with a demo workload that serves real requests.
-//!
-//! Today the cluster is N simulated engines and the demo spreads a shared-prefix multi-turn
-//! chat workload over them round robin (what independent replicas behind DNS give); the
-//! routers join this command as they land.
+//! `kvmesh up`: a local cluster on loopback — simulated engines and routers in front of them —
+//! with a demo workload (shared-prefix multi-turn chats) that serves real requests through the
+//! routers. Routers do not share state yet (the mesh comes later): each routes on its own view.
 
 use clap::Args;
 use kvmesh_bench::{LoadOptions, SharedPrefixWorkload, Targets};
-use kvmesh_config::SimConfig;
+use kvmesh_config::{EngineEntry, PolicyKind, ServeConfig, SimConfig};
 use std::time::Duration;
 
 fn w() -> SharedPrefixWorkload {
@@ -19,6 +17,12 @@ pub struct UpArgs {
     /// Simulated engines to start.
     #[arg(long, default_value_t = 4)]
     pub engines: u32,
+    /// Routers to start in front of all engines (0 = clients spread requests over the engines
+    /// round robin, the no-router baseline).
+    #[arg(long, default_value_t = 1)]
+    pub routers: u32,
+    #[arg(long, value_name = "NAME", value_parser = parse_policy, help = format!("Routing policy of the routers [default: {}]", ServeConfig::default().routing.policy.policy.as_str()))]
+    pub policy: Option<PolicyKind>,
     /// Time scale of the engines (0.1 = ten times faster than real time).
     #[arg(long, default_value_t = 0.1)]
     pub time_scale: f64,
@@ -36,6 +40,14 @@ pub struct UpArgs {
     pub serve: bool,
 }
 
+fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+    PolicyKind::ALL
+        .iter()
+        .copied()
+        .find(|p| p.as_str() == s)
+        .ok_or_else(|| format!("unknown policy `{s}`"))
+}
+
 /// Runs the local cluster and the demo.
 pub async fn run(a: UpArgs) -> Result<(), String> {
     if a.engines == 0 {
@@ -51,6 +63,32 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         eprintln!("engine {i}: {}", s.base_url());
         sims.push(s);
     }
+    let mut routers = Vec::new();
+    for i in 0..a.routers {
+        let mut cfg = ServeConfig::default();
+        cfg.listen = "127.0.0.1:0".into();
+        cfg.engines = sims
+            .iter()
+            .map(|s| EngineEntry {
+                url: s.base_url(),
+                ..EngineEntry::default()
+            })
+            .collect();
+        if let Some(p) = a.policy {
+            cfg.routing.policy.policy = p;
+        }
+        cfg.seed = 1 + i as u64;
+        let r = kvmesh_gateway::start(cfg)
+            .await
+            .map_err(|e| e.to_string())?;
+        eprintln!("router {i}: {}", r.base_url());
+        routers.push(r);
+    }
+    let targets = if routers.is_empty() {
+        Targets::RoundRobin(sims.iter().map(|s| s.base_url()).collect())
+    } else {
+        Targets::RoundRobin(routers.iter().map(|r| r.base_url()).collect())
+    };
     let model = SimConfig::default().model;
     let wl = SharedPrefixWorkload {
         groups: a.groups.unwrap_or(w().groups),
@@ -59,16 +97,25 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
         ..w()
     };
     eprintln!(
-        "demo: {} conversations × {} turns ({} requests), {} groups sharing system prompts, round robin over {} engines",
+        "demo: {} conversations × {} turns ({} requests), {} groups sharing system prompts, {} engines, {}",
         wl.groups * wl.users,
         wl.turns,
         wl.requests(),
         wl.groups,
-        a.engines
+        a.engines,
+        if routers.is_empty() {
+            "no router (clients round robin over the engines)".to_string()
+        } else {
+            format!(
+                "{} router(s), policy {}",
+                routers.len(),
+                a.policy.unwrap_or_default().as_str()
+            )
+        }
     );
     let report = kvmesh_bench::run_shared_prefix(
         &wl,
-        Targets::RoundRobin(sims.iter().map(|s| s.base_url()).collect()),
+        targets,
         LoadOptions {
             model,
             concurrency: a.concurrency,
@@ -96,6 +143,9 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     if a.serve {
         eprintln!("serving until Ctrl-C");
         crate::wait_for_signal().await;
+    }
+    for r in routers {
+        r.shutdown().await;
     }
     for s in sims {
         s.shutdown(Duration::from_secs(5)).await;

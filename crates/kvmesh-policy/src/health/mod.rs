@@ -277,6 +277,13 @@ impl EngineTracker {
         self.breaker.try_acquire(now_us)
     }
 
+    /// Like [`try_acquire`](Self::try_acquire) but ignoring active health: for panic mode,
+    /// when every engine is ineligible and the request tries them anyway (the breaker still
+    /// applies).
+    pub fn try_acquire_ignoring_health(&mut self, now_us: u64) -> Option<Permit> {
+        self.breaker.try_acquire(now_us)
+    }
+
     /// The first data frame arrived `ttft_us` after sending.
     pub fn on_first_byte(&mut self, now_us: u64, ttft_us: u64) {
         self.latency.on_ttft(now_us, ttft_us);

@@ -1,0 +1,110 @@
+//! Helpers of the process-level tests: spawn `kvmesh` subcommands on loopback ports, wait for
+//! health, run the Python interop scripts.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A `kvmesh` child process (sim or serve), killed on drop.
+pub struct Proc {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Proc {
+    pub fn start(extra: &[&str]) -> Proc {
+        Self::spawn("sim", extra)
+    }
+
+    /// Spawns `kvmesh SUBCOMMAND --listen 127.0.0.1:PORT EXTRA…` and waits for /health.
+    pub fn spawn(sub: &str, extra: &[&str]) -> Proc {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+            .args([sub, "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kvmesh");
+        let mut sim = Proc { child, port };
+        sim.wait_healthy();
+        sim
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let mut err = String::new();
+                if let Some(e) = self.child.stderr.as_mut() {
+                    let _ = e.read_to_string(&mut err);
+                }
+                panic!("kvmesh exited early ({status}): {err}");
+            }
+            if http_status("GET", &format!("{}/health", self.base())) == Some(200) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "kvmesh never became healthy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Minimal blocking HTTP/1.1 request on loopback; returns the status.
+pub fn http_status(method: &str, url: &str) -> Option<u16> {
+    use std::io::Write;
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}")))?;
+    let mut s = std::net::TcpStream::connect(host).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.split_whitespace().nth(1)?.parse().ok()
+}
+
+pub fn python(script: &str, args: &[&str]) -> String {
+    let path = repo_root().join("tests/python").join(script);
+    let out = Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("python3 not runnable ({e}); run scripts/install-test-deps.sh"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{stdout}\n{stderr}\n(missing modules? run scripts/install-test-deps.sh)",
+        out.status
+    );
+    stdout
+}
