@@ -1,0 +1,110 @@
+//! The simulator's KV events seen by the project's own Rust subscriber: one batch per step
+//! from seq 0, AllBlocksCleared on cache reset, seq back to 0 on restart.
+
+mod common;
+
+use common::*;
+use kvmesh_kvevents::{KvEvent, Subscriber};
+use serde_json::json;
+use std::time::Duration;
+
+fn port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+/// Sends requests until a batch arrives (ZMQ subscriptions take a moment to reach the
+/// publisher), then returns every batch until the stream is quiet.
+async fn drive_and_collect(
+    c: &HttpClient,
+    base: &str,
+    sub: &mut Subscriber,
+    prompt: &str,
+) -> Vec<(u64, Vec<KvEvent>)> {
+    let url = format!("{base}/v1/completions");
+    let mut out = Vec::new();
+    for _ in 0..50 {
+        let (s, v) = post(
+            c,
+            &url,
+            json!({"model": "sim-model", "prompt": prompt, "max_tokens": 2}),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        while let Some(f) = sub
+            .recv_timeout(Duration::from_millis(300))
+            .await
+            .expect("decodable frame")
+        {
+            out.push((f.seq, f.batch.batch.events));
+        }
+        if !out.is_empty() {
+            return out;
+        }
+    }
+    panic!("no KV-event batch arrived");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seq_counts_batches_and_restarts_at_zero() {
+    let mut cfg = cfg();
+    let ep = format!("tcp://127.0.0.1:{}", port());
+    cfg.kv_events.endpoint = ep.clone();
+    let sim = kvmesh_sim::start(cfg).await.expect("start");
+    let base = sim.base_url();
+    let c = client();
+    let mut sub = Subscriber::connect(&ep, "").await.expect("subscribe");
+
+    let first = drive_and_collect(&c, &base, &mut sub, &long_text(1, 200)).await;
+    let seqs: Vec<u64> = first.iter().map(|(s, _)| *s).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "consecutive seqs {seqs:?}"
+    );
+    assert!(
+        first
+            .iter()
+            .flat_map(|(_, e)| e)
+            .any(|e| matches!(e, KvEvent::BlockStored { .. }))
+    );
+
+    // Cache reset → AllBlocksCleared in the next batch.
+    let (s, _) = request(
+        &c,
+        "POST",
+        &format!("{base}/reset_prefix_cache"),
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let f = sub
+        .recv_timeout(Duration::from_secs(5))
+        .await
+        .expect("frame")
+        .expect("a batch after the reset");
+    assert_eq!(f.seq, seqs.last().copied().unwrap_or(0) + 1);
+    assert!(matches!(
+        f.batch.batch.events.as_slice(),
+        [KvEvent::AllBlocksCleared]
+    ));
+
+    // Restart → the next batch has seq 0 again.
+    let (s, _) = request(
+        &c,
+        "POST",
+        &format!("{base}/admin/restart"),
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let after = drive_and_collect(&c, &base, &mut sub, &long_text(2, 200)).await;
+    assert_eq!(
+        after[0].0,
+        0,
+        "seq after restart: {:?}",
+        after.iter().map(|b| b.0).collect::<Vec<_>>()
+    );
+    sim.shutdown(Duration::from_secs(5)).await;
+}
