@@ -5,7 +5,7 @@
 //! of building the bundled tokenizer. Kept short: a few seconds per benchmark.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use kvmesh_tokenize::{ChatRenderRequest, Tokenizer};
+use kvmesh_tokenize::{ChatRenderRequest, SegmentCache, Tokenizer};
 use serde_json::{Value, json};
 use std::hint::black_box;
 use std::time::Duration;
@@ -98,6 +98,33 @@ fn benches(c: &mut Criterion) {
                 }
             }
             black_box(n)
+        })
+    });
+    g.finish();
+
+    // A later turn of the same conversation: every earlier message is a cached piece, only
+    // the new question is tokenized (what the router does for multi-turn chats).
+    let mut g = c.benchmark_group("chat_32k_next_turn");
+    g.throughput(Throughput::Bytes(prompt.len() as u64));
+    let cache = SegmentCache::new(1 << 20);
+    let earlier = ChatRenderRequest::new(&messages[..messages.len() - 1]);
+    let warm = tok.render_chat(&earlier).expect("render");
+    buf.clear();
+    tok.encode_cached(&warm, &cache, &mut buf).expect("warm");
+    g.bench_function("render_and_encode_cached", |b| {
+        b.iter(|| {
+            let text = tok.render_chat(black_box(&req)).expect("render");
+            buf.clear();
+            tok.encode_cached(&text, &cache, &mut buf).expect("encode");
+            black_box(buf.len())
+        })
+    });
+    g.bench_function("encode_cached_only", |b| {
+        b.iter(|| {
+            buf.clear();
+            tok.encode_cached(black_box(&prompt), &cache, &mut buf)
+                .expect("encode");
+            black_box(buf.len())
         })
     });
     g.finish();

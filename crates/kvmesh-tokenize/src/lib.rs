@@ -35,12 +35,14 @@ mod error;
 mod jinja_env;
 mod messages;
 mod pyfmt;
+mod segments;
 mod stream;
 mod strftime;
 mod template;
 mod tokenizer;
 
 pub use error::TokenizeError;
+pub use segments::SegmentCache;
 pub use stream::StreamDecoder;
 pub use template::{ChatRenderRequest, ChatTemplate};
 pub use tokenizer::Tokenizer;

@@ -42,6 +42,8 @@ struct Inner {
     vocab: OnceLock<HashMap<Box<str>, u32>>,
     opts_plain: EncodeOptions,
     opts_special: EncodeOptions,
+    /// Added tokens that cut the input into independently tokenized pieces.
+    splitters: crate::segments::Splitters,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -181,6 +183,7 @@ impl Tokenizer {
                 vocab: OnceLock::new(),
                 opts_plain: encode_options(false),
                 opts_special: encode_options(true),
+                splitters: inner.splitters.clone(),
             }),
         })
     }
@@ -208,6 +211,8 @@ impl Tokenizer {
                 .or_else(|| pipeline.get_token_for_role(name))?;
             added.get(token).copied()
         };
+        let splitters =
+            crate::segments::Splitters::from_tokenizer_json(json, |t| added.get(t).copied());
         let eos_token_id = added_id("eos_token");
         let bos_token_id = added_id("bos_token");
         let mut stop_token_ids: Vec<u32> = eos_token_id.into_iter().collect();
@@ -230,6 +235,7 @@ impl Tokenizer {
                 vocab: OnceLock::new(),
                 opts_plain: encode_options(false),
                 opts_special: encode_options(true),
+                splitters,
             }),
         };
         Ok(tokenizer)
@@ -384,6 +390,10 @@ impl Tokenizer {
     /// Qwen3, whose model embedding table is padded to 151936).
     pub fn vocab_size(&self) -> usize {
         self.inner.vocab_size
+    }
+
+    pub(crate) fn splitters(&self) -> &crate::segments::Splitters {
+        &self.inner.splitters
     }
 
     /// The underlying Hugging Face pipeline, for anything this wrapper does not expose.
