@@ -84,6 +84,9 @@ impl EngineMetrics {
     }
 }
 
+/// Decisions of one model by (policy, reason).
+type DecisionCounts = BTreeMap<(&'static str, &'static str), u64>;
+
 /// Router-wide metrics.
 pub struct GatewayMetrics {
     /// Requests received on the inference endpoints.
@@ -95,7 +98,7 @@ pub struct GatewayMetrics {
     /// Requests that ended in an error answer from the router (by status).
     responses_by_status: Mutex<BTreeMap<u16, u64>>,
     /// Routing decisions by model, then (policy, reason).
-    decisions: Mutex<BTreeMap<String, BTreeMap<(&'static str, &'static str), u64>>>,
+    decisions: Mutex<BTreeMap<String, DecisionCounts>>,
     /// Time spent deciding (policy only).
     pub decision_time: Histogram,
     /// TTFT of all requests in the current window, for the p99 gauge.

@@ -55,29 +55,33 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     }
     let mut sims = Vec::new();
     for i in 0..a.engines {
-        let mut cfg = SimConfig::default();
-        cfg.listen = "127.0.0.1:0".into();
-        cfg.time_scale = a.time_scale;
-        cfg.seed = i as u64;
+        let cfg = SimConfig {
+            listen: "127.0.0.1:0".into(),
+            time_scale: a.time_scale,
+            seed: i as u64,
+            ..SimConfig::default()
+        };
         let s = kvmesh_sim::start(cfg).await.map_err(|e| e.to_string())?;
         eprintln!("engine {i}: {}", s.base_url());
         sims.push(s);
     }
     let mut routers = Vec::new();
     for i in 0..a.routers {
-        let mut cfg = ServeConfig::default();
-        cfg.listen = "127.0.0.1:0".into();
-        cfg.engines = sims
-            .iter()
-            .map(|s| EngineEntry {
-                url: s.base_url(),
-                ..EngineEntry::default()
-            })
-            .collect();
+        let mut cfg = ServeConfig {
+            listen: "127.0.0.1:0".into(),
+            engines: sims
+                .iter()
+                .map(|s| EngineEntry {
+                    url: s.base_url(),
+                    ..EngineEntry::default()
+                })
+                .collect(),
+            seed: 1 + i as u64,
+            ..ServeConfig::default()
+        };
         if let Some(p) = a.policy {
             cfg.routing.policy.policy = p;
         }
-        cfg.seed = 1 + i as u64;
         let r = kvmesh_gateway::start(cfg)
             .await
             .map_err(|e| e.to_string())?;

@@ -16,11 +16,12 @@ pub fn client() -> HttpClient {
 
 /// A simulator config on an ephemeral loopback port, fast time.
 pub fn cfg() -> SimConfig {
-    let mut c = SimConfig::default();
-    c.listen = "127.0.0.1:0".into();
-    c.time_scale = 0.05;
-    c.model = "sim-model".into();
-    c
+    SimConfig {
+        listen: "127.0.0.1:0".into(),
+        time_scale: 0.05,
+        model: "sim-model".into(),
+        ..SimConfig::default()
+    }
 }
 
 /// Sends a request; returns (status, body). Bounded by a 30 s timeout.
