@@ -191,7 +191,8 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
         probe::add_engine(&gw, &e, Source::Static, false).map_err(GatewayError::Config)?;
     }
     for d in gw.cfg.dns.clone() {
-        probe::resolve_once(&gw, &d).await;
+        // Engines found at start-up do not ramp (like the static ones); later ones do.
+        probe::resolve_once(&gw, &d, false).await;
         probe::spawn_dns_loop(gw.clone(), d);
     }
     // First discovery, bounded: engines that do not answer are picked up by their loops.
@@ -226,13 +227,14 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
     })
 }
 
-async fn futures_join<F: std::future::Future<Output = ()>>(futs: impl Iterator<Item = F>) {
-    let mut set = Vec::new();
-    for f in futs {
-        set.push(f);
-    }
-    for f in set {
-        f.await;
+/// Runs the futures concurrently (one task each) and waits for all of them.
+async fn futures_join<F>(futs: impl Iterator<Item = F>)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let tasks: Vec<_> = futs.map(tokio::spawn).collect();
+    for t in tasks {
+        let _ = t.await;
     }
 }
 

@@ -63,12 +63,22 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
         gw.registry
             .set_discovered_models(e, list.data.into_iter().map(|m| m.id).collect());
     }
+    // The page counts our requests running when it was rendered: at most those in flight
+    // now plus those started before the answer came back.
+    let in_flight = e.in_flight.load(Ordering::Relaxed);
+    let started = e.metrics.requests.load(Ordering::Relaxed);
     if let Ok((200, body)) = get(gw, &format!("{}/metrics", e.url), t).await {
         let text = String::from_utf8_lossy(&body);
+        let started_since = e
+            .metrics
+            .requests
+            .load(Ordering::Relaxed)
+            .saturating_sub(started);
         e.set_reported(
             scrape(&text, "vllm:num_requests_running").map(|v| v as u32),
             scrape(&text, "vllm:num_requests_waiting").map(|v| v as u32),
             scrape(&text, "vllm:kv_cache_usage_perc"),
+            in_flight.saturating_add(u32::try_from(started_since).unwrap_or(u32::MAX)),
         );
     }
 }
@@ -143,13 +153,14 @@ pub fn spawn_dns_loop(gw: Arc<Gateway>, d: DnsEntry) {
             if gw.stopping.load(Ordering::Relaxed) {
                 break;
             }
-            resolve_once(&gw, &d).await;
+            resolve_once(&gw, &d, true).await;
         }
     });
 }
 
-/// Resolves a DNS entry once and reconciles the engines it owns.
-pub async fn resolve_once(gw: &Arc<Gateway>, d: &DnsEntry) {
+/// Resolves a DNS entry once and reconciles the engines it owns; `ramp`: new engines slow-start
+/// (false at start-up, where every engine is new).
+pub async fn resolve_once(gw: &Arc<Gateway>, d: &DnsEntry, ramp: bool) {
     let addrs = match tokio::net::lookup_host(d.name.as_str()).await {
         Ok(a) => a.collect::<Vec<_>>(),
         Err(e) => {
@@ -173,7 +184,7 @@ pub async fn resolve_once(gw: &Arc<Gateway>, d: &DnsEntry) {
             weight: d.weight,
             ..EngineEntry::default()
         };
-        if let Err(e) = add_engine(gw, &entry, source.clone(), true) {
+        if let Err(e) = add_engine(gw, &entry, source.clone(), ramp) {
             tracing::warn!(%url, error = %e, "cannot add resolved engine");
         }
     }

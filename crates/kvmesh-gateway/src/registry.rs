@@ -63,6 +63,8 @@ pub struct Engine {
     pub tracker: Mutex<EngineTracker>,
     /// Running + waiting requests the engine last reported (`UNKNOWN` if never).
     reported_load: AtomicU32,
+    /// This router's own requests in flight to it when that report was read.
+    own_at_report: AtomicU32,
     /// Waiting requests the engine last reported.
     reported_waiting: AtomicU32,
     /// KV-cache usage × 1e6 the engine last reported.
@@ -101,6 +103,7 @@ impl Engine {
             in_flight: AtomicU32::new(0),
             tracker: Mutex::new(tracker),
             reported_load: AtomicU32::new(UNKNOWN),
+            own_at_report: AtomicU32::new(0),
             reported_waiting: AtomicU32::new(UNKNOWN),
             kv_usage_ppm: AtomicU32::new(UNKNOWN),
             discovered: Mutex::new(Vec::new()),
@@ -123,8 +126,16 @@ impl Engine {
         }
     }
 
-    /// Records what the engine's `/metrics` said.
-    pub fn set_reported(&self, running: Option<u32>, waiting: Option<u32>, kv_usage: Option<f64>) {
+    /// Records what the engine's `/metrics` said; `own`: how many of this router's requests
+    /// the report may count (those in flight to it while the page was read).
+    pub fn set_reported(
+        &self,
+        running: Option<u32>,
+        waiting: Option<u32>,
+        kv_usage: Option<f64>,
+        own: u32,
+    ) {
+        self.own_at_report.store(own, Ordering::Relaxed);
         let load = match (running, waiting) {
             (Some(r), Some(w)) => r.saturating_add(w),
             (Some(r), None) => r,
@@ -143,10 +154,16 @@ impl Engine {
         );
     }
 
-    /// Engine-reported running + waiting.
+    /// Engine-reported running + waiting, brought up to date for this router's own requests:
+    /// the report counted the ones in flight when it was read, which may have ended since
+    /// (a stale report would keep them as phantom load for a whole discovery interval), so
+    /// they are replaced by the current count: the others' load as reported + ours now.
     pub fn reported_load(&self) -> Option<u32> {
         let v = self.reported_load.load(Ordering::Relaxed);
-        (v != UNKNOWN).then_some(v)
+        (v != UNKNOWN).then(|| {
+            v.saturating_sub(self.own_at_report.load(Ordering::Relaxed))
+                .saturating_add(self.in_flight.load(Ordering::Relaxed))
+        })
     }
 
     /// Engine-reported waiting (queue depth).
@@ -222,6 +239,9 @@ pub struct Registry {
     clock: Clock,
     members: Mutex<Vec<Arc<Engine>>>,
     snapshot: ArcSwap<Snapshot>,
+    /// Serialises rebuilds: two concurrent ones (say, two engines' discoveries) could
+    /// otherwise store their snapshots in the wrong order and leave a stale one in place.
+    rebuilding: Mutex<()>,
     version: AtomicU64,
     /// Median latency of the fleet (f64 bits), refreshed by the probe loop.
     fleet_latency_bits: AtomicU64,
@@ -239,6 +259,7 @@ impl Registry {
                 engines: Vec::new(),
                 routes: BTreeMap::new(),
             }),
+            rebuilding: Mutex::new(()),
             version: AtomicU64::new(0),
             fleet_latency_bits: AtomicU64::new(0f64.to_bits()),
         }
@@ -314,6 +335,9 @@ impl Registry {
 
     /// Rebuilds the snapshot from the members and swaps it in.
     pub fn rebuild(&self) {
+        // Read the state and store the snapshot under one lock, so that the snapshot stored
+        // last was built from the latest members and models.
+        let _rebuilding = lock(&self.rebuilding);
         let members = self.members();
         let mut by_model: BTreeMap<String, Vec<Arc<Engine>>> = BTreeMap::new();
         for e in &members {

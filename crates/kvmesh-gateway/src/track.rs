@@ -76,6 +76,11 @@ impl Attempt {
         }
     }
 
+    /// Time since the attempt was sent.
+    pub fn elapsed(&self) -> Duration {
+        Duration::from_micros(self.gw.clock.now_us().saturating_sub(self.sent_us))
+    }
+
     fn first_byte(&mut self) {
         if self.first_byte_seen {
             return;
@@ -121,12 +126,13 @@ pub struct TrackedBody {
 }
 
 impl TrackedBody {
-    /// Wraps `inner`; `total` bounds the whole body.
+    /// Wraps `inner`; `total` bounds the whole attempt, counted from when it was sent.
     pub fn new(inner: Incoming, attempt: Attempt, total: Duration) -> Self {
+        let left = total.saturating_sub(attempt.elapsed());
         TrackedBody {
             inner,
             attempt: Some(attempt),
-            deadline: Box::pin(tokio::time::sleep(total)),
+            deadline: Box::pin(tokio::time::sleep(left)),
         }
     }
 }

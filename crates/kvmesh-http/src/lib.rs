@@ -124,10 +124,12 @@ pub fn bearer_ok(h: &HeaderMap, token: &str) -> bool {
     if token.is_empty() {
         return false;
     }
+    // The scheme name is case-insensitive (RFC 9110 §11.1).
     h.get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| constant_time_eq(t.trim().as_bytes(), token.as_bytes()))
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .is_some_and(|(_, t)| constant_time_eq(t.trim().as_bytes(), token.as_bytes()))
 }
 
 /// Serves HTTP/1.1 until `shutdown` resolves, then stops accepting and waits up to `drain`
@@ -206,6 +208,11 @@ mod tests {
         assert!(!bearer_ok(&h, "s3cret"));
         h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().expect("v"));
         assert!(bearer_ok(&h, "s3cret"));
+        h.insert(header::AUTHORIZATION, "bearer s3cret".parse().expect("v"));
+        assert!(bearer_ok(&h, "s3cret"));
+        h.insert(header::AUTHORIZATION, "Basic s3cret".parse().expect("v"));
+        assert!(!bearer_ok(&h, "s3cret"));
+        h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().expect("v"));
         assert!(!bearer_ok(&h, "s3cre"));
         assert!(!bearer_ok(&h, ""));
     }

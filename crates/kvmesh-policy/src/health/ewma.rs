@@ -49,13 +49,17 @@ impl PeakEwma {
         if !sample.is_finite() {
             return;
         }
-        let cur = self.value(now_us);
+        // Blend from the last estimate, not from its drifted reading: blending from the
+        // drifted value would pull every sample toward `rest`, and under steady traffic the
+        // estimate would settle halfway between `rest` and the true latency. The drift is only
+        // for reading an engine that gets no samples; after a long gap α ≈ 1 anyway.
+        let base = self.est;
         let dt = now_us.saturating_sub(self.at_us) as f64;
-        self.est = if self.peak && sample > cur {
+        self.est = if self.peak && sample > base {
             sample
         } else {
             let alpha = 1.0 - (-dt / self.tau_us).exp();
-            cur + (sample - cur) * alpha
+            base + (sample - base) * alpha
         };
         self.at_us = self.at_us.max(now_us);
     }
@@ -185,6 +189,20 @@ mod tests {
         // After a long gap, a low sample dominates.
         e.observe(1_000_000_000, 50.0);
         assert!(e.value(1_000_000_000) < 51.0);
+    }
+
+    #[test]
+    fn steady_samples_converge_to_the_true_latency() {
+        // 5 ms samples every 10 ms from a 200 ms start, τ = 10 s: after two minutes the estimate
+        // is the latency (within e^-12 of the start), not halfway between the two.
+        for peak in [true, false] {
+            let mut e = PeakEwma::new(200_000.0, 10_000_000, peak, 0);
+            for i in 1..=12_000u64 {
+                e.observe(i * 10_000, 5_000.0);
+            }
+            let v = e.value(120_000_000);
+            assert!((v - 5_000.0).abs() < 50.0, "peak={peak}: {v}");
+        }
     }
 
     #[test]

@@ -1,0 +1,165 @@
+//! Acceptance 5: bad input gets an OpenAI-shaped 4xx from the router itself (nothing reaches
+//! an engine), and the router keeps serving afterwards.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::BodyExt;
+use serde_json::json;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors_and_change_nothing() {
+    // Two models: model-a on two engines, model-b on one.
+    let sims = start_sims(3, |i| {
+        instant_sim_cfg(if i < 2 { "model-a" } else { "model-b" })
+    })
+    .await;
+    let engines = urls(&sims);
+    let mut cfg = serve_cfg(&engines);
+    cfg.max_body_bytes = 4096;
+    let router = start_router_with(cfg, "model-a", 2).await;
+    wait_routable(&router, "model-b", 1).await;
+    let base = router.base_url();
+    let c = client();
+    let chat = format!("{base}/v1/chat/completions");
+    let completions = format!("{base}/v1/completions");
+
+    let (s, models) = get(&c, &format!("{base}/v1/models")).await;
+    assert_eq!(s, 200);
+    let models: serde_json::Value = serde_json::from_str(&models).expect("json");
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["model-a", "model-b"]);
+
+    let good = |model: &str| chat_body(model, "hello", 3, false);
+    let check_serving = |c: HttpClient, url: String| async move {
+        for model in ["model-a", "model-b"] {
+            let r = post_json(&c, &url, &chat_body(model, "still there?", 2, false)).await;
+            assert!(r.ok(), "{r:?}");
+            assert_eq!(r.json()["model"], model);
+        }
+    };
+    check_serving(c.clone(), chat.clone()).await;
+    let page = scrape(&c, &base).await;
+    let sent_before: f64 = attempts(&page, &engines).iter().sum();
+
+    // Malformed JSON.
+    for body in ["{\"model\": \"model-a\", ", "not json", "[1, 2]", ""] {
+        let r = send(&c, "POST", &chat, &[], body, Duration::from_secs(10)).await;
+        let v = assert_openai_error(&r, 400);
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{}", r.body);
+    }
+    // `model` of the wrong type.
+    let r = post_json(&c, &chat, &json!({"model": 7, "messages": []})).await;
+    assert_openai_error(&r, 400);
+
+    // Body over the limit: with a Content-Length, and streamed without one.
+    let big = chat_body("model-a", &"x".repeat(5000), 3, false).to_string();
+    let r = send(&c, "POST", &chat, &[], big.clone(), Duration::from_secs(10)).await;
+    let v = assert_openai_error(&r, 413);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("4096"),
+        "{}",
+        r.body
+    );
+    let r = send_chunked(&chat, big.into_bytes()).await;
+    assert_openai_error(&r, 413);
+
+    // No model while several are served.
+    let r = post_json(
+        &c,
+        &chat,
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    )
+    .await;
+    let v = assert_openai_error(&r, 400);
+    assert_eq!(v["error"]["param"], "model", "{}", r.body);
+    let r = post_json(&c, &completions, &json!({"prompt": "hi", "max_tokens": 2})).await;
+    assert_openai_error(&r, 400);
+
+    // Unknown model.
+    let r = post_json(&c, &chat, &good("no-such-model")).await;
+    let v = assert_openai_error(&r, 404);
+    assert_eq!(v["error"]["code"], "model_not_found", "{}", r.body);
+    let r = post_json(
+        &c,
+        &completions,
+        &completion_body("no-such-model", "hi", 2, false),
+    )
+    .await;
+    assert_openai_error(&r, 404);
+
+    // Wrong method and unknown path.
+    let r = send(&c, "GET", &chat, &[], Bytes::new(), Duration::from_secs(10)).await;
+    assert_openai_error(&r, 405);
+    let r = send(
+        &c,
+        "POST",
+        &format!("{base}/v1/embeddings"),
+        &[],
+        good("model-a").to_string(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_openai_error(&r, 404);
+
+    // None of it reached an engine, and the router still serves both models.
+    let page = scrape(&c, &base).await;
+    let sent_after: f64 = attempts(&page, &engines).iter().sum();
+    assert_eq!(sent_before, sent_after, "bad requests reached an engine");
+    check_serving(c.clone(), chat.clone()).await;
+    // A request without a model is fine when one model is served: through a router in front
+    // of model-b's engine only.
+    let single = start_router_with(serve_cfg(&engines[2..]), "model-b", 1).await;
+    let r = post_json(
+        &c,
+        &format!("{}/v1/chat/completions", single.base_url()),
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    )
+    .await;
+    assert!(r.ok(), "{r:?}");
+    assert_eq!(r.json()["model"], "model-b");
+    single.shutdown().await;
+    router.shutdown().await;
+    stop_sims(sims).await;
+}
+
+/// POSTs a body in 1 KiB chunks without a Content-Length.
+async fn send_chunked(url: &str, body: Vec<u8>) -> Reply {
+    // The shared client sends `Full` bodies (with a length): a one-off client streams.
+    let client: hyper_util::client::legacy::Client<_, http_body_util::StreamBody<_>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let chunks: Vec<Result<hyper::body::Frame<Bytes>, std::convert::Infallible>> = body
+        .chunks(1024)
+        .map(|ch| Ok(hyper::body::Frame::data(Bytes::copy_from_slice(ch))))
+        .collect();
+    let stream = http_body_util::StreamBody::new(futures::stream::iter(chunks));
+    let req = http::Request::post(url)
+        .header("content-type", "application/json")
+        .body(stream)
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+        .await
+        .expect("answer in time")
+        .expect("send");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    Reply {
+        status,
+        engine: None,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        complete: true,
+        error: None,
+        sent_at: Duration::ZERO,
+    }
+}

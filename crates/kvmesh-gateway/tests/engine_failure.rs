@@ -1,0 +1,294 @@
+//! Acceptance 2: one of four engines is killed during a load run, then comes back.
+//!
+//! * No client sees an error for a request that had not started streaming (it was retried on
+//!   another engine); the only failures allowed are streams the killed engine had already
+//!   started (their head reached the client, so they cannot be retried).
+//! * The killed engine is ejected: its breaker opens and its health checks fail.
+//! * When an engine starts again on the same port, it ramps up: the slow-start factor and the
+//!   effective weight rise from below 1 toward 1 and its share of the requests grows.
+//!
+//! The engines run in real time (h100-8b profile), so that several streams are being
+//! generated on each engine when one dies, as on a real GPU; each sits behind a
+//! [`CrashProxy`] that dies like a killed process (listener gone, every connection reset; an
+//! in-process `SimServer::shutdown` would drain the streams instead of breaking them). The
+//! router's health, breaker, slow-start and latency time constants are compressed (see
+//! `serve_cfg`) so that the whole run takes about 12 s, bounded by 28 s.
+
+mod common;
+
+use common::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// One look at the router's metrics for the victim.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    t: Duration,
+    victim: f64,
+    total: f64,
+    factor: f64,
+    weight: f64,
+    breaker: f64,
+    healthy: f64,
+    in_flight: f64,
+}
+
+async fn sample(c: &HttpClient, base: &str, victim: &str, t0: Instant) -> Sample {
+    let p = scrape(c, base).await;
+    Sample {
+        t: t0.elapsed(),
+        victim: engine_metric(&p, "kvmesh_engine_requests_total", victim),
+        total: metric(&p, "kvmesh_engine_requests_total"),
+        factor: engine_metric(&p, "kvmesh_engine_slow_start_factor", victim),
+        weight: engine_metric(&p, "kvmesh_engine_effective_weight", victim),
+        breaker: engine_metric(&p, "kvmesh_engine_breaker_state", victim),
+        healthy: engine_metric(&p, "kvmesh_engine_healthy", victim),
+        in_flight: engine_metric(&p, "kvmesh_engine_in_flight", victim),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_engine_is_retried_around_ejected_and_ramped_back() {
+    let real_time = |_| {
+        let mut c = sim_cfg("test-model");
+        c.time_scale = 1.0;
+        c
+    };
+    let mut sims = start_sims(4, real_time).await;
+    let mut proxies = Vec::new();
+    for s in &sims {
+        proxies.push(CrashProxy::start("127.0.0.1:0".parse().expect("addr"), s.http_addr).await);
+    }
+    let engines: Vec<String> = proxies.iter().map(CrashProxy::url).collect();
+    let mut cfg = serve_cfg(&engines);
+    cfg.routing.health.slow_start.window_ms = 4_000;
+    // A failure's latency penalty (≥ 10 s, fading with τ = 10 s) and the error rate's decay
+    // are compressed ×10 like the other intervals.
+    let h = &mut cfg.routing.health;
+    h.latency.decay_ms = 1_000;
+    h.latency.failure_penalty_ms = 1_000;
+    h.auto_weight.error_decay_ms = 3_000;
+    let router = start_router_with(cfg, "test-model", 4).await;
+    let base = router.base_url();
+    let c = client();
+    let victim_idx = 1;
+    let victim = engines[victim_idx].clone();
+    let victim_addr = proxies[victim_idx].addr;
+
+    // The load: streaming chats, bounded in count and time, stopped once the ramp has been
+    // seen. Until the kill, long answers (~2.5 s): every stream on the victim is still being
+    // generated when it dies, so none can complete from what was already buffered. After
+    // it, short ones (~0.4 s), for enough requests to measure the ramp.
+    let stop = Arc::new(AtomicBool::new(false));
+    let killed = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let load = {
+        let (c, url, stop, killed) = (
+            c.clone(),
+            format!("{base}/v1/chat/completions"),
+            stop.clone(),
+            killed.clone(),
+        );
+        tokio::spawn(async move {
+            let load = Load {
+                concurrency: 32,
+                max_requests: 20_000,
+                max_time: Duration::from_secs(28),
+                request_timeout: Duration::from_secs(20),
+            };
+            let make: MakeRequest = Arc::new(move |i| {
+                let tokens = if killed.load(Ordering::Relaxed) {
+                    64
+                } else {
+                    400
+                };
+                let text = format!("conversation {i}");
+                (vec![], chat_body("test-model", &text, tokens, true))
+            });
+            run_load(&c, &url, &load, stop, make).await
+        })
+    };
+    let mut samples: Vec<Sample> = Vec::new();
+
+    // Warm up until every engine serves and the victim has several streams in flight.
+    wait_until(
+        "traffic on every engine and streams in flight on the victim",
+        Duration::from_secs(15),
+        || {
+            let (c, base, engines, victim) =
+                (c.clone(), base.clone(), engines.clone(), victim.clone());
+            async move {
+                let p = scrape(&c, &base).await;
+                attempts(&p, &engines).iter().all(|&a| a >= 5.0)
+                    && engine_metric(&p, "kvmesh_engine_in_flight", &victim) >= 6.0
+            }
+        },
+    )
+    .await;
+
+    // Kill: new connections are refused, open ones (streams in flight) are reset.
+    let before = sample(&c, &base, &victim, t0).await;
+    let killed_at = t0.elapsed();
+    killed.store(true, Ordering::Relaxed);
+    proxies[victim_idx].crash();
+    println!(
+        "killed {victim} at {killed_at:?} with {} streams in flight",
+        before.in_flight
+    );
+
+    // Ejected: the breaker opens and the health checks fail.
+    let mut opened = false;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = sample(&c, &base, &victim, t0).await;
+        samples.push(s);
+        opened |= s.breaker == 1.0;
+        if opened && s.healthy == 0.0 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let p = scrape(&c, &base).await;
+            let lines: Vec<&str> = p
+                .lines()
+                .filter(|l| {
+                    !l.starts_with('#')
+                        && !l.ends_with(" 0")
+                        && (l.contains("errors_total")
+                            || l.contains("breaker_state")
+                            || l.contains("ejections"))
+                })
+                .collect();
+            panic!("victim not ejected (breaker opened: {opened}): {s:?}\n{lines:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let page = scrape(&c, &base).await;
+    assert!(engine_metric(&page, "kvmesh_engine_ejections_total", &victim) >= 1.0);
+    let kinds: Vec<String> = ["stream", "connect", "transport", "5xx", "timeout"]
+        .iter()
+        .map(|k| {
+            let n = engine_kind_metric(&page, "kvmesh_engine_errors_total", &victim, k);
+            format!("{k} {n}")
+        })
+        .collect();
+    println!(
+        "ejected {:?} after the kill; failed attempts: {}; router retries so far {}",
+        t0.elapsed() - killed_at,
+        kinds.join(", "),
+        metric(&page, "kvmesh_retries_total")
+    );
+
+    // Back: a new engine (empty cache) on the same port.
+    let mut cfg = real_time(0);
+    cfg.seed = 99;
+    let revived = kvmesh_sim::start(cfg).await.expect("start sim");
+    proxies[victim_idx] = CrashProxy::start(victim_addr, revived.http_addr).await;
+    let restarted_at = t0.elapsed();
+    sims.push(revived);
+
+    // Ramp: sample until the factor has been 1 for 2.5 s.
+    let mut full_since: Option<Duration> = None;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let s = sample(&c, &base, &victim, t0).await;
+        samples.push(s);
+        if s.healthy == 1.0 && s.factor >= 1.0 && s.breaker == 0.0 {
+            let since = *full_since.get_or_insert(s.t);
+            if s.t - since >= Duration::from_millis(2_500) {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ramp to full weight: {:#?}",
+            &samples[samples.len().saturating_sub(10)..]
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    let replies = load.await.expect("load");
+
+    // 1. Errors: only streams the victim had started before it died.
+    let (broken, other): (Vec<&Reply>, Vec<&Reply>) = replies
+        .iter()
+        .filter(|r| !r.ok())
+        .partition(|r| r.status == 200 && r.engine.as_deref() == Some(victim.as_str()));
+    println!(
+        "{} requests; {} streams broken on the killed engine; {} other failures",
+        replies.len(),
+        broken.len(),
+        other.len()
+    );
+    assert!(
+        other.is_empty(),
+        "clients saw errors for requests that had not started streaming: {:#?}",
+        other.iter().take(5).collect::<Vec<_>>()
+    );
+    // (The resets take a moment to reach every connection: allow 0.5 s.)
+    let late: Vec<_> = broken
+        .iter()
+        .filter(|r| r.sent_at > killed_at + Duration::from_millis(500))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "streams sent after the kill broke: {late:#?}"
+    );
+    assert!(replies.len() >= 300, "too little load: {}", replies.len());
+
+    // 2. Ramp: the factor and the effective weight rise from below 1 to 1, the share grows.
+    let after: Vec<Sample> = samples
+        .iter()
+        .copied()
+        .filter(|s| s.t > restarted_at && s.healthy == 1.0 && s.breaker != 1.0)
+        .collect();
+    let mut prev: Option<Sample> = None;
+    for s in &after {
+        let share = prev.map_or(0.0, |p| {
+            (s.victim - p.victim) / (s.total - p.total).max(1.0)
+        });
+        println!(
+            "t={:>6.2}s factor={:.3} weight={:.3} breaker={} share of the last interval {:>5.1}%",
+            s.t.as_secs_f64(),
+            s.factor,
+            s.weight,
+            s.breaker,
+            share * 100.0
+        );
+        prev = Some(*s);
+    }
+    let first = after.first().expect("samples after recovery");
+    let last = after.last().expect("samples after recovery");
+    assert!(first.factor < 0.6, "ramp not seen from below: {first:?}");
+    assert_eq!(last.factor, 1.0);
+    assert!(
+        last.weight > first.weight && last.weight > 0.5,
+        "effective weight {} -> {}",
+        first.weight,
+        last.weight
+    );
+    // Share over the first part of the ramp vs the last 2 s at full weight.
+    let early_end = after
+        .iter()
+        .position(|s| s.factor >= 0.5)
+        .unwrap_or(after.len() - 1)
+        .max(1);
+    let share = |a: &Sample, b: &Sample| (b.victim - a.victim) / (b.total - a.total).max(1.0);
+    let early = share(&after[0], &after[early_end]);
+    let late_start = after
+        .iter()
+        .rposition(|s| last.t - s.t >= Duration::from_secs(2))
+        .unwrap_or(0);
+    let late = share(&after[late_start], last);
+    println!(
+        "victim share: {:.1}% while the factor was below 0.5, {:.1}% over the last 2 s at full weight",
+        early * 100.0,
+        late * 100.0
+    );
+    assert!(early < late, "share did not grow: {early:.3} -> {late:.3}");
+    assert!(late >= 0.10, "share at full weight only {late:.3}");
+
+    router.shutdown().await;
+    drop(proxies);
+    stop_sims(sims).await;
+}

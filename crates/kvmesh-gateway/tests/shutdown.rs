@@ -1,0 +1,82 @@
+//! Acceptance 7: graceful shutdown. A long stream in flight completes while the router shuts
+//! down (drain), and new connections are refused from the moment the shutdown starts.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::BodyExt;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_the_stream_in_flight_and_refuses_new_connections() {
+    // Real time: a 600-token answer streams for ~3.5 s.
+    let sims = start_sims(2, |_| {
+        let mut c = sim_cfg("test-model");
+        c.time_scale = 1.0;
+        c
+    })
+    .await;
+    let router = start_router_with(serve_cfg(&urls(&sims)), "test-model", 2).await;
+    let addr = router.addr;
+    let base = router.base_url();
+    let c = client();
+
+    let mut body = chat_body("test-model", "tell me a story", 600, true);
+    body["stream_options"] = serde_json::json!({"include_usage": true});
+    let req = http::Request::post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(20), c.request(req))
+        .await
+        .expect("head in time")
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.into_body();
+    let mut text = Vec::new();
+    for _ in 0..3 {
+        let f = tokio::time::timeout(Duration::from_secs(10), stream.frame())
+            .await
+            .expect("frame in time")
+            .expect("a frame")
+            .expect("frame ok");
+        text.extend_from_slice(f.data_ref().expect("data"));
+    }
+
+    // Shut down while the stream is in flight.
+    let shutdown = tokio::spawn(router.shutdown());
+    wait_until(
+        "new connections to be refused",
+        Duration::from_secs(10),
+        || async move { tokio::net::TcpStream::connect(addr).await.is_err() },
+    )
+    .await;
+    // The stream is still going (it was not cut) ...
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown did not wait for the stream"
+    );
+    // ... and completes.
+    let rest = tokio::time::timeout(Duration::from_secs(30), stream.collect())
+        .await
+        .expect("stream ends in time")
+        .expect("stream intact")
+        .to_bytes();
+    text.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.ends_with("data: [DONE]\n\n"), "{:.300}", text);
+    assert!(!text.contains("\"error\""), "{:.300}", text);
+    assert!(
+        text.contains("\"completion_tokens\":600"),
+        "the whole answer arrived: {:.300}",
+        &text[text.len().saturating_sub(400)..]
+    );
+    // Then the shutdown finishes, well before its drain limit, and nothing listens any more.
+    tokio::time::timeout(Duration::from_secs(15), shutdown)
+        .await
+        .expect("shutdown finished")
+        .expect("task");
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    stop_sims(sims).await;
+}
