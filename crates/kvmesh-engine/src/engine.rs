@@ -326,6 +326,7 @@ impl Engine {
                     r.num_cached_blocks,
                     full,
                     &r.lora,
+                    r.salt.as_deref(),
                 );
                 r.num_cached_blocks = full;
             }

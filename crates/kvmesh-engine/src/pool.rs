@@ -321,6 +321,7 @@ impl BlockPool {
         from: usize,
         to: usize,
         lora: &Option<Arc<str>>,
+        salt: Option<&str>,
     ) {
         debug_assert!(self.caching && from < to && to <= hashes.len());
         let bs = self.block_size;
@@ -333,7 +334,7 @@ impl BlockPool {
                 && let Some(x) = self.lookup(h)
             {
                 if let Some(s) = run_start.take() {
-                    self.emit_stored(hashes, tokens, s, i, lora);
+                    self.emit_stored(hashes, tokens, s, i, lora, salt);
                 }
                 // Reference the cached copy; give back the fresh one (unhashed: queue head).
                 self.touch(&[x]);
@@ -355,7 +356,7 @@ impl BlockPool {
             run_start.get_or_insert(i);
         }
         if let Some(s) = run_start {
-            self.emit_stored(hashes, tokens, s, to, lora);
+            self.emit_stored(hashes, tokens, s, to, lora, salt);
         }
     }
 
@@ -366,6 +367,7 @@ impl BlockPool {
         from: usize,
         to: usize,
         lora: &Option<Arc<str>>,
+        salt: Option<&str>,
     ) {
         let bs = self.block_size;
         self.events.push(EngineEvent::BlockStored {
@@ -378,6 +380,11 @@ impl BlockPool {
             token_ids: tokens[from * bs..to * bs].to_vec(),
             block_size: bs as u32,
             lora_name: lora.as_deref().map(str::to_string),
+            cache_salt: if from == 0 {
+                salt.map(str::to_string)
+            } else {
+                None
+            },
         });
     }
 
@@ -527,7 +534,7 @@ mod tests {
         assert_eq!(req, vec![0, 1, 2]);
         let toks = [1, 2, 3, 4, 5];
         let hashes = [11, 22];
-        p.cache_full_blocks(&mut req, &hashes, &toks, 0, 2, &None);
+        p.cache_full_blocks(&mut req, &hashes, &toks, 0, 2, &None, None);
         p.free(&req);
         // Unhashed block 2 at the head; hashed 1 then 0 at the tail.
         assert_eq!(order(&p), vec![2, 3, 4, 5, 1, 0]);

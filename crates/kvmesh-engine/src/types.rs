@@ -176,6 +176,9 @@ pub enum EngineEvent {
         block_size: u32,
         /// The request's LoRA name, if any.
         lora_name: Option<String>,
+        /// The request's cache salt when the first listed block is the root of its chain
+        /// (vLLM sends it as that block's extra key); `None` otherwise.
+        cache_salt: Option<String>,
     },
     /// Blocks were evicted from the prefix cache (vLLM sends one hash per event).
     BlockRemoved {

@@ -5,7 +5,9 @@ use crate::SimError;
 use crate::metrics::SimMetrics;
 use kvmesh_config::{KvEventsConfig, KvEventsFormat};
 use kvmesh_engine::EngineEvent;
-use kvmesh_kvevents::{BlockHash, EventBatch, KvEvent, Publisher, PublisherConfig, WireEncoding};
+use kvmesh_kvevents::{
+    BlockHash, EventBatch, KvEvent, MsgValue, Publisher, PublisherConfig, WireEncoding,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -72,15 +74,28 @@ impl EventSink {
                     token_ids,
                     block_size,
                     lora_name,
+                    cache_salt,
                 } => {
+                    let blocks = block_hashes.len();
                     let mut ev = KvEvent::stored(
                         block_hashes.into_iter().map(|h| self.hash(h)).collect(),
                         parent_block_hash.map(|h| self.hash(h)),
                         token_ids,
                         block_size,
                     );
-                    if let KvEvent::BlockStored { lora_name: l, .. } = &mut ev {
+                    if let KvEvent::BlockStored {
+                        lora_name: l,
+                        extra_keys,
+                        ..
+                    } = &mut ev
+                    {
                         *l = lora_name;
+                        // vLLM: one entry per block, `(salt,)` on a salted chain's root block.
+                        if let Some(salt) = cache_salt {
+                            let mut keys = vec![MsgValue::Array(vec![MsgValue::str(salt)])];
+                            keys.resize(blocks, MsgValue::Nil);
+                            *extra_keys = Some(keys);
+                        }
                     }
                     ev
                 }

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kvmesh_kvevents::{KvEvent, Subscriber};
+use kvmesh_kvevents::{KvEvent, MsgValue, Subscriber};
 use serde_json::json;
 use std::time::Duration;
 
@@ -70,6 +70,41 @@ async fn seq_counts_batches_and_restarts_at_zero() {
             .any(|e| matches!(e, KvEvent::BlockStored { .. }))
     );
 
+    // A salted request: its root block carries the salt as its extra key, as vLLM sends it.
+    let (s, v) = post(
+        &c,
+        &format!("{base}/v1/completions"),
+        json!({"model": "sim-model", "prompt": long_text(9, 100), "max_tokens": 2, "cache_salt": "tenant-a"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let mut salted = None;
+    let mut last_seq = seqs.last().copied().unwrap_or(0);
+    while let Some(f) = sub
+        .recv_timeout(Duration::from_millis(500))
+        .await
+        .expect("frame")
+    {
+        assert_eq!(f.seq, last_seq + 1, "consecutive seqs");
+        last_seq = f.seq;
+        for e in f.batch.batch.events {
+            if let KvEvent::BlockStored {
+                parent_block_hash: None,
+                extra_keys,
+                block_hashes,
+                ..
+            } = e
+            {
+                salted = Some((extra_keys, block_hashes.len()));
+            }
+        }
+    }
+    let (keys, blocks) = salted.expect("a root BlockStored for the salted prompt");
+    let keys = keys.expect("extra_keys on a salted chain");
+    assert_eq!(keys.len(), blocks);
+    assert_eq!(keys[0], MsgValue::Array(vec![MsgValue::str("tenant-a")]));
+    assert!(keys[1..].iter().all(|k| *k == MsgValue::Nil));
+
     // Cache reset → AllBlocksCleared in the next batch.
     let (s, _) = request(
         &c,
@@ -84,7 +119,7 @@ async fn seq_counts_batches_and_restarts_at_zero() {
         .await
         .expect("frame")
         .expect("a batch after the reset");
-    assert_eq!(f.seq, seqs.last().copied().unwrap_or(0) + 1);
+    assert_eq!(f.seq, last_seq + 1);
     assert!(matches!(
         f.batch.batch.events.as_slice(),
         [KvEvent::AllBlocksCleared]

@@ -108,6 +108,7 @@ impl Mirror {
                 token_ids,
                 block_size: bs,
                 lora_name,
+                ..
             } => {
                 assert_eq!(*bs, block_size);
                 assert!(!block_hashes.is_empty());
