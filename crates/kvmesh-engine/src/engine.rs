@@ -325,8 +325,10 @@ impl Engine {
                     &r.tokens,
                     r.num_cached_blocks,
                     full,
-                    &r.lora,
-                    r.salt.as_deref(),
+                    crate::pool::Extras {
+                        lora: &r.lora,
+                        salt: r.salt.as_deref(),
+                    },
                 );
                 r.num_cached_blocks = full;
             }

@@ -21,6 +21,15 @@ use std::sync::Arc;
 
 const NIL: u32 = u32::MAX;
 
+/// A request's extra keys, as the cache records them with its blocks.
+#[derive(Clone, Copy)]
+pub(crate) struct Extras<'a> {
+    /// LoRA name: kept on every block.
+    pub lora: &'a Option<Arc<str>>,
+    /// Cache salt: reported on the chain's root block.
+    pub salt: Option<&'a str>,
+}
+
 /// Identity hasher: the keys are already uniformly distributed 64-bit hashes.
 #[derive(Default, Clone, Copy)]
 pub(crate) struct IdHasher(u64);
@@ -320,10 +329,10 @@ impl BlockPool {
         tokens: &[u32],
         from: usize,
         to: usize,
-        lora: &Option<Arc<str>>,
-        salt: Option<&str>,
+        extras: Extras<'_>,
     ) {
         debug_assert!(self.caching && from < to && to <= hashes.len());
+        let lora = extras.lora;
         let bs = self.block_size;
         let mut run_start: Option<usize> = None;
         for i in from..to {
@@ -334,7 +343,7 @@ impl BlockPool {
                 && let Some(x) = self.lookup(h)
             {
                 if let Some(s) = run_start.take() {
-                    self.emit_stored(hashes, tokens, s, i, lora, salt);
+                    self.emit_stored(hashes, tokens, s, i, extras);
                 }
                 // Reference the cached copy; give back the fresh one (unhashed: queue head).
                 self.touch(&[x]);
@@ -356,7 +365,7 @@ impl BlockPool {
             run_start.get_or_insert(i);
         }
         if let Some(s) = run_start {
-            self.emit_stored(hashes, tokens, s, to, lora, salt);
+            self.emit_stored(hashes, tokens, s, to, extras);
         }
     }
 
@@ -366,8 +375,7 @@ impl BlockPool {
         tokens: &[u32],
         from: usize,
         to: usize,
-        lora: &Option<Arc<str>>,
-        salt: Option<&str>,
+        extras: Extras<'_>,
     ) {
         let bs = self.block_size;
         self.events.push(EngineEvent::BlockStored {
@@ -379,9 +387,9 @@ impl BlockPool {
             },
             token_ids: tokens[from * bs..to * bs].to_vec(),
             block_size: bs as u32,
-            lora_name: lora.as_deref().map(str::to_string),
+            lora_name: extras.lora.as_deref().map(str::to_string),
             cache_salt: if from == 0 {
-                salt.map(str::to_string)
+                extras.salt.map(str::to_string)
             } else {
                 None
             },
@@ -534,7 +542,17 @@ mod tests {
         assert_eq!(req, vec![0, 1, 2]);
         let toks = [1, 2, 3, 4, 5];
         let hashes = [11, 22];
-        p.cache_full_blocks(&mut req, &hashes, &toks, 0, 2, &None, None);
+        p.cache_full_blocks(
+            &mut req,
+            &hashes,
+            &toks,
+            0,
+            2,
+            Extras {
+                lora: &None,
+                salt: None,
+            },
+        );
         p.free(&req);
         // Unhashed block 2 at the head; hashed 1 then 0 at the tail.
         assert_eq!(order(&p), vec![2, 3, 4, 5, 1, 0]);

@@ -11,7 +11,7 @@
 use kvmesh_engine::{
     DuplicateBlocks, Engine, EngineEvent, EngineParams, RequestSpec, TimingProfile,
 };
-use kvmesh_kvevents::{BlockHash, EventBatch, KvEvent, MsgValue};
+use kvmesh_kvevents::{EventBatch, KvEvent};
 use kvmesh_prefix::{
     BlockKey, EngineIngest, ExtraKeys, IndexOp, IngestConfig, IngestOutcome, Match, PrefixIndex,
     block_key, block_keys, max_hit_blocks,
@@ -50,54 +50,11 @@ fn params(seed: u64) -> EngineParams {
     }
 }
 
-/// `EngineEvent` → vLLM `KvEvent`, as `crates/kvmesh-sim/src/events.rs` converts them.
+/// `EngineEvent` → vLLM `KvEvent`, exactly as the simulator publishes them.
 fn convert(events: Vec<EngineEvent>, int_hashes: bool) -> Vec<KvEvent> {
-    let hash = |h: u64| {
-        if int_hashes {
-            BlockHash::Int(h)
-        } else {
-            BlockHash::Bytes(h.to_be_bytes().to_vec())
-        }
-    };
     events
         .into_iter()
-        .map(|e| match e {
-            EngineEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_name,
-                cache_salt,
-            } => {
-                let blocks = block_hashes.len();
-                let mut ev = KvEvent::stored(
-                    block_hashes.into_iter().map(hash).collect(),
-                    parent_block_hash.map(hash),
-                    token_ids,
-                    block_size,
-                );
-                if let KvEvent::BlockStored {
-                    lora_name: l,
-                    extra_keys,
-                    ..
-                } = &mut ev
-                {
-                    *l = lora_name;
-                    // As the simulator (and vLLM) send it: `(salt,)` on a salted root block.
-                    if let Some(salt) = cache_salt {
-                        let mut keys = vec![MsgValue::Array(vec![MsgValue::str(salt)])];
-                        keys.resize(blocks, MsgValue::Nil);
-                        *extra_keys = Some(keys);
-                    }
-                }
-                ev
-            }
-            EngineEvent::BlockRemoved { block_hashes } => {
-                KvEvent::removed(block_hashes.into_iter().map(hash).collect())
-            }
-            EngineEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
-        })
+        .map(|e| kvmesh_sim::to_kv_event(e, int_hashes))
         .collect()
 }
 

@@ -47,14 +47,6 @@ impl EventSink {
         })
     }
 
-    fn hash(&self, h: u64) -> BlockHash {
-        if self.int_hashes {
-            BlockHash::Int(h)
-        } else {
-            BlockHash::Bytes(h.to_be_bytes().to_vec())
-        }
-    }
-
     /// Publishes one step's events as one batch, stamped with the wall clock (Unix seconds)
     /// as vLLM stamps them.
     pub fn publish(&self, events: Vec<EngineEvent>) {
@@ -67,43 +59,7 @@ impl EventSink {
             .unwrap_or(0.0);
         let events = events
             .into_iter()
-            .map(|e| match e {
-                EngineEvent::BlockStored {
-                    block_hashes,
-                    parent_block_hash,
-                    token_ids,
-                    block_size,
-                    lora_name,
-                    cache_salt,
-                } => {
-                    let blocks = block_hashes.len();
-                    let mut ev = KvEvent::stored(
-                        block_hashes.into_iter().map(|h| self.hash(h)).collect(),
-                        parent_block_hash.map(|h| self.hash(h)),
-                        token_ids,
-                        block_size,
-                    );
-                    if let KvEvent::BlockStored {
-                        lora_name: l,
-                        extra_keys,
-                        ..
-                    } = &mut ev
-                    {
-                        *l = lora_name;
-                        // vLLM: one entry per block, `(salt,)` on a salted chain's root block.
-                        if let Some(salt) = cache_salt {
-                            let mut keys = vec![MsgValue::Array(vec![MsgValue::str(salt)])];
-                            keys.resize(blocks, MsgValue::Nil);
-                            *extra_keys = Some(keys);
-                        }
-                    }
-                    ev
-                }
-                EngineEvent::BlockRemoved { block_hashes } => {
-                    KvEvent::removed(block_hashes.into_iter().map(|h| self.hash(h)).collect())
-                }
-                EngineEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
-            })
+            .map(|e| to_kv_event(e, self.int_hashes))
             .collect();
         let batch = EventBatch {
             ts,
@@ -130,5 +86,54 @@ impl EventSink {
         if let Err(e) = self.publisher.reset_seq() {
             tracing::warn!(error = %e, "KV-event seq reset failed");
         }
+    }
+}
+
+/// One engine event in vLLM's form, as the simulator publishes it: hashes as ints (vLLM's
+/// default) or raw bytes, medium "GPU", the LoRA name, and a salted chain's root block carrying
+/// `(salt,)` as its extra key (one `extra_keys` entry per block, as vLLM sends them).
+pub fn to_kv_event(e: EngineEvent, int_hashes: bool) -> KvEvent {
+    let hash = |h: u64| {
+        if int_hashes {
+            BlockHash::Int(h)
+        } else {
+            BlockHash::Bytes(h.to_be_bytes().to_vec())
+        }
+    };
+    match e {
+        EngineEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_name,
+            cache_salt,
+        } => {
+            let blocks = block_hashes.len();
+            let mut ev = KvEvent::stored(
+                block_hashes.into_iter().map(hash).collect(),
+                parent_block_hash.map(hash),
+                token_ids,
+                block_size,
+            );
+            if let KvEvent::BlockStored {
+                lora_name: l,
+                extra_keys,
+                ..
+            } = &mut ev
+            {
+                *l = lora_name;
+                if let Some(salt) = cache_salt {
+                    let mut keys = vec![MsgValue::Array(vec![MsgValue::str(salt)])];
+                    keys.resize(blocks, MsgValue::Nil);
+                    *extra_keys = Some(keys);
+                }
+            }
+            ev
+        }
+        EngineEvent::BlockRemoved { block_hashes } => {
+            KvEvent::removed(block_hashes.into_iter().map(hash).collect())
+        }
+        EngineEvent::AllBlocksCleared => KvEvent::AllBlocksCleared,
     }
 }

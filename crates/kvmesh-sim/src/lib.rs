@@ -17,6 +17,7 @@ mod metrics;
 mod state;
 
 pub use engine_thread::EngineHandle;
+pub use events::to_kv_event;
 
 use kvmesh_config::SimConfig;
 use kvmesh_engine::EngineParams;
