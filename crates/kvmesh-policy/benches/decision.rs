@@ -3,12 +3,14 @@
 //! `cargo bench -p kvmesh-policy --bench decision`. The engine set keeps running totals, as
 //! the gateway will (`consistent_hash` reads them once per decision); `consistent_hash/scan`
 //! shows the cost without them. `tracker_view` is the cost of building one engine's view
-//! from its `EngineTracker`.
+//! from its `EngineTracker`. The cache-aware policies (`cache_aware`, `precise`, `scored`) get
+//! precomputed prefix matches (8 matched engines at 64, 64 at 4,096; the index lookup that
+//! produces them is benchmarked in kvmesh-prefix) of a 64-block prompt.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kvmesh_policy::{
     EngineMember, EngineSet, EngineTracker, EngineView, HealthConfig, MAX_CANDIDATES, Policy,
-    PolicyConfig, PolicyKind, RequestCtx, Rng, Totals, stable_hash,
+    PolicyConfig, PolicyKind, PrefixInput, PrefixMatch, RequestCtx, Rng, Totals, stable_hash,
 };
 use std::hint::black_box;
 use std::time::Duration;
@@ -38,6 +40,8 @@ fn fleet(n: usize) -> (Fleet, Vec<EngineMember>) {
             v.in_flight = rng.below(32) as u32;
             v.eligible = rng.unit() < 0.98;
             v.latency_us = 1e5 * (1.0 + rng.unit());
+            v.waiting = Some(rng.below(4) as u32);
+            v.kv_usage = Some(rng.unit() as f32);
             v
         })
         .collect();
@@ -48,9 +52,35 @@ fn fleet(n: usize) -> (Fleet, Vec<EngineMember>) {
     (Fleet { views, totals }, members)
 }
 
+/// Prompt length of the benchmarked requests, in blocks.
+const PROMPT_BLOCKS: u32 = 64;
+
+/// 16 precomputed match lists of `n / 8` (64 engines) or `n / 64` (4,096) distinct engines
+/// each, holding 1–64 blocks of the prompt.
+fn match_sets(n: usize) -> Vec<Vec<PrefixMatch>> {
+    let per = if n <= 64 { n / 8 } else { n / 64 };
+    let mut rng = Rng::new(n as u64 ^ 0xB10C);
+    (0..16)
+        .map(|_| {
+            let mut set: Vec<PrefixMatch> = Vec::with_capacity(per);
+            while set.len() < per {
+                let engine = rng.below(n) as u32;
+                if set.iter().all(|m| m.engine != engine) {
+                    set.push(PrefixMatch {
+                        engine,
+                        blocks: 1 + rng.below(PROMPT_BLOCKS as usize) as u32,
+                    });
+                }
+            }
+            set
+        })
+        .collect()
+}
+
 fn decision(c: &mut Criterion) {
     for n in [64usize, 4096] {
         let (fleet, members) = fleet(n);
+        let sets = match_sets(n);
         let mut group = c.benchmark_group(format!("decision/{n}"));
         for kind in PolicyKind::ALL {
             let cfg = PolicyConfig {
@@ -63,8 +93,14 @@ fn decision(c: &mut Criterion) {
             group.bench_function(BenchmarkId::from_parameter(kind.as_str()), |b| {
                 b.iter(|| {
                     seed = seed.wrapping_add(1);
-                    let ctx = RequestCtx::new(seed, seed)
+                    let mut ctx = RequestCtx::new(seed, seed)
                         .with_hash_key(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                    if kind.uses_prefix() {
+                        ctx = ctx.with_prefix(PrefixInput {
+                            total_blocks: PROMPT_BLOCKS,
+                            matches: &sets[(seed % 16) as usize],
+                        });
+                    }
                     black_box(policy.pick(&fleet, &ctx, &mut out));
                     black_box(out.first().copied())
                 })

@@ -79,6 +79,17 @@ pub enum PolicyKind {
     PeakEwma,
     /// Consistent hashing with bounded loads on a per-request key.
     ConsistentHash,
+    /// The engine holding the longest cached prefix of the prompt, unless it is overloaded
+    /// (`prefix` guard); otherwise least request. Matches come from the gateway's own record
+    /// of where it sent earlier prompts (an approximate radix tree, as SGLang's router keeps).
+    CacheAware,
+    /// The same algorithm as `cache_aware`, but the matches come from the engines' own KV
+    /// events (blocks stored and evicted, as llm-d's precise prefix-cache scorer uses): exact
+    /// where `cache_aware` guesses.
+    Precise,
+    /// The best weighted score of prefix match, queue, KV utilisation, in-flight load and
+    /// latency over the matched engines and a window of the fleet (llm-d's scorer chain).
+    Scored,
 }
 
 impl PolicyKind {
@@ -92,11 +103,24 @@ impl PolicyKind {
             PolicyKind::PowerOfTwo => "power_of_two",
             PolicyKind::PeakEwma => "peak_ewma",
             PolicyKind::ConsistentHash => "consistent_hash",
+            PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::Precise => "precise",
+            PolicyKind::Scored => "scored",
         }
     }
 
+    /// True for the cache-aware policies (`cache_aware`, `precise`, `scored`): they read
+    /// [`RequestCtx::prefix`](crate::RequestCtx), so the gateway should compute the prefix
+    /// matches for them (and may skip that work for the others).
+    pub fn uses_prefix(self) -> bool {
+        matches!(
+            self,
+            PolicyKind::CacheAware | PolicyKind::Precise | PolicyKind::Scored
+        )
+    }
+
     /// Every policy, in config order.
-    pub const ALL: [PolicyKind; 7] = [
+    pub const ALL: [PolicyKind; 10] = [
         PolicyKind::RoundRobin,
         PolicyKind::Random,
         PolicyKind::WeightedRoundRobin,
@@ -104,6 +128,9 @@ impl PolicyKind {
         PolicyKind::PowerOfTwo,
         PolicyKind::PeakEwma,
         PolicyKind::ConsistentHash,
+        PolicyKind::CacheAware,
+        PolicyKind::Precise,
+        PolicyKind::Scored,
     ];
 }
 
@@ -120,6 +147,10 @@ pub struct PolicyConfig {
     pub least_request: LeastRequestConfig,
     /// `consistent_hash` parameters.
     pub consistent_hash: ConsistentHashConfig,
+    /// Prefix affinity and its load guard: `cache_aware`, `precise`, and the guard of `scored`.
+    pub prefix: PrefixAffinityConfig,
+    /// `scored` weights.
+    pub scored: ScoredConfig,
 }
 
 impl Default for PolicyConfig {
@@ -129,6 +160,8 @@ impl Default for PolicyConfig {
             candidates: 3,
             least_request: LeastRequestConfig::default(),
             consistent_hash: ConsistentHashConfig::default(),
+            prefix: PrefixAffinityConfig::default(),
+            scored: ScoredConfig::default(),
         }
     }
 }
@@ -166,6 +199,51 @@ impl PolicyConfig {
             at,
             "consistent_hash.header",
             "a key source is needed: set a header name or use_user_field = true",
+        )?;
+        let px = &self.prefix;
+        check(
+            finite_in(px.balance_rel_threshold, 1.0, 100.0),
+            at,
+            "prefix.balance_rel_threshold",
+            "must be between 1 and 100 (1.5 = no engine above 1.5 x the mean load once past \
+             balance_abs_threshold)",
+        )?;
+        check(
+            finite_in(px.min_match_ratio, 0.0, 1.0),
+            at,
+            "prefix.min_match_ratio",
+            "must be between 0 and 1",
+        )?;
+        check(
+            px.min_match_blocks >= 1,
+            at,
+            "prefix.min_match_blocks",
+            "must be at least 1",
+        )?;
+        let sc = &self.scored;
+        for (key, w) in [
+            ("scored.prefix", sc.prefix),
+            ("scored.queue", sc.queue),
+            ("scored.kv_usage", sc.kv_usage),
+            ("scored.in_flight", sc.in_flight),
+            ("scored.latency", sc.latency),
+        ] {
+            check(
+                finite_in(w, 0.0, f64::MAX),
+                at,
+                key,
+                "must be a finite number, at least 0",
+            )?;
+        }
+        check(
+            sc.prefix > 0.0
+                || sc.queue > 0.0
+                || sc.kv_usage > 0.0
+                || sc.in_flight > 0.0
+                || sc.latency > 0.0,
+            at,
+            "scored",
+            "at least one weight must be above 0",
         )
     }
 }
@@ -183,6 +261,73 @@ pub struct LeastRequestConfig {
 impl Default for LeastRequestConfig {
     fn default() -> Self {
         LeastRequestConfig { max_scan: 512 }
+    }
+}
+
+/// Prefix affinity (`cache_aware`, `precise`) and the load guard they share with `scored`.
+///
+/// An engine is **overloaded** when its load counting the new request exceeds both the
+/// absolute floor and its weighted share of the relative bound:
+/// `load + 1 > max(balance_abs_threshold, balance_rel_threshold × mean_after × weight /
+/// mean_weight)`, where `mean_after = (Σ load + 1) / eligible` and `mean_weight = Σ weight /
+/// eligible` over the eligible engines ([`EngineSet::totals`](crate::EngineSet::totals)).
+/// With no eligible engine (panic mode) only the absolute floor applies.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PrefixAffinityConfig {
+    /// An engine with at most this many requests in flight, counting the new one, is never
+    /// overloaded: engines batch dozens of sequences, and below this cache affinity wins (a
+    /// burst of 16 siblings sharing a new prefix may all go to one engine). Default 16.
+    pub balance_abs_threshold: u32,
+    /// Above the floor, an engine is overloaded past this × the mean load (per unit of
+    /// weight, counting the new request). Default 1.5 (SGLang's `balance_rel_threshold`).
+    pub balance_rel_threshold: f64,
+    /// A cached prefix shorter than this fraction of the prompt's full blocks does not
+    /// outweigh load (SGLang's `cache_threshold`). Default 0.3.
+    pub min_match_ratio: f64,
+    /// ... and shorter than this many blocks neither. Default 1.
+    pub min_match_blocks: u32,
+}
+
+impl Default for PrefixAffinityConfig {
+    fn default() -> Self {
+        PrefixAffinityConfig {
+            balance_abs_threshold: 16,
+            balance_rel_threshold: 1.5,
+            min_match_ratio: 0.3,
+            min_match_blocks: 1,
+        }
+    }
+}
+
+/// `scored` weights: `score = prefix × blocks / total_blocks − queue × waiting / max_waiting −
+/// kv_usage × kv_usage − in_flight × load_per_weight / max_load_per_weight − latency ×
+/// latency / max_latency`, the maxima over the engines considered for the request.
+/// Each ≥ 0, at least one above 0.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScoredConfig {
+    /// Weight of the cached fraction of the prompt. Default 3 (llm-d's prefix-cache scorer).
+    pub prefix: f64,
+    /// Weight of the engine-reported waiting queue. Default 2 (llm-d's queue scorer).
+    pub queue: f64,
+    /// Weight of the KV-cache utilisation. Default 2 (llm-d's kv-cache utilisation scorer).
+    pub kv_usage: f64,
+    /// Weight of the requests in flight per unit of weight. Default 1.
+    pub in_flight: f64,
+    /// Weight of the latency estimate. Default 1.
+    pub latency: f64,
+}
+
+impl Default for ScoredConfig {
+    fn default() -> Self {
+        ScoredConfig {
+            prefix: 3.0,
+            queue: 2.0,
+            kv_usage: 2.0,
+            in_flight: 1.0,
+            latency: 1.0,
+        }
     }
 }
 

@@ -9,7 +9,12 @@
 //!   [`EngineSet`] of [`EngineView`]s and writes an ordered list of distinct candidates (first
 //!   choice, then fallbacks) without allocating, returning a [`Reason`] for metrics.
 //!   `round_robin`, `random`, `weighted_round_robin` (smooth, EDF), `least_request`,
-//!   `power_of_two`, `peak_ewma`, `consistent_hash` (bounded loads). Ties are broken at
+//!   `power_of_two`, `peak_ewma`, `consistent_hash` (bounded loads), and the cache-aware ones,
+//!   which read the request's [`PrefixInput`] (how many leading blocks of the prompt each
+//!   engine holds; [`PolicyKind::uses_prefix`]): `cache_aware` and `precise` (the longest
+//!   usable cached prefix unless that engine is overloaded, else least request; the matches
+//!   come from the gateway's own decisions or from engine KV events) and `scored` (a weighted
+//!   sum of prefix match, queue, KV utilisation, load and latency). Ties are broken at
 //!   random; when no engine is eligible the policy runs over all of them (panic mode).
 //! * **Health** ([`EngineTracker`] bundles them): [`CircuitBreaker`] (closed / open /
 //!   half-open, growing open periods) with the fleet-wide [`EjectionGuard`],
@@ -32,7 +37,8 @@ mod view;
 pub use config::{
     ActiveHealthConfig, AutoWeightConfig, BreakerConfig, ConfigInvalid, ConsistentHashConfig,
     EjectionConfig, HealthConfig, LatencyConfig, LeastRequestConfig, MAX_CANDIDATES, PolicyConfig,
-    PolicyKind, RetryBudgetConfig, RoutingConfig, SlowStartConfig,
+    PolicyKind, PrefixAffinityConfig, RetryBudgetConfig, RoutingConfig, ScoredConfig,
+    SlowStartConfig,
 };
 pub use health::{
     ActiveHealth, BreakerEvent, BreakerState, CircuitBreaker, EjectionGuard, EngineTracker,

@@ -4,7 +4,7 @@
 /// counters (lock-free atomics, a snapshot) when the policy asks for engine `i`.
 ///
 /// Build it with [`EngineView::new`] or [`EngineTracker::view`](crate::EngineTracker::view)
-/// and set fields; the struct is `#[non_exhaustive]` so cache-aware fields can be added later.
+/// and set fields; the struct is `#[non_exhaustive]` so fields can be added later.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct EngineView {
@@ -20,9 +20,13 @@ pub struct EngineView {
     /// Requests the engine itself reports (running + waiting), if known. It may lag; the
     /// load a policy uses is `max(in_flight, engine_load)`, so neither is counted twice.
     pub engine_load: Option<u32>,
-    /// KV-cache utilisation the engine reports, 0..=1, if known (for cache-aware policies;
-    /// the automatic weight already accounts for it).
+    /// KV-cache utilisation the engine reports, 0..=1, if known (a term of `scored`; the
+    /// automatic weight already accounts for it).
     pub kv_usage: Option<f32>,
+    /// Requests the engine reports waiting in its queue (not yet running), if known; a term of
+    /// `scored` (unknown counts as 0). [`EngineTracker::view`](crate::EngineTracker::view)
+    /// leaves it `None`; the gateway sets it from the engine's metrics.
+    pub waiting: Option<u32>,
     /// Latency estimate in µs (from [`LatencyTracker::latency_us`](crate::LatencyTracker)),
     /// used by `peak_ewma`.
     pub latency_us: f64,
@@ -43,6 +47,7 @@ impl EngineView {
             in_flight: 0,
             engine_load: None,
             kv_usage: None,
+            waiting: None,
             latency_us: 0.0,
         }
     }
@@ -129,21 +134,27 @@ impl EngineSet for Vec<EngineView> {
     }
 }
 
-/// How long a prefix of the request each engine already holds in its KV cache (input of the
-/// cache-aware policies to come; the current policies ignore it).
+/// How long a prefix of the request each engine already holds in its KV cache: the input of
+/// the cache-aware policies (`cache_aware`, `precise`, `scored`; the others ignore it).
+///
+/// `cache_aware` expects matches from the gateway's own record of earlier routing decisions,
+/// `precise` from the engines' KV events; the policies treat both the same. Entries may come
+/// in any order; an index outside the engine set is ignored; if an engine is listed twice, its
+/// larger match counts; `blocks` above `total_blocks` count as `total_blocks`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefixInput<'a> {
     /// Full blocks in the request's prompt.
     pub total_blocks: u32,
     /// Engines holding a prefix, with the number of leading blocks they hold; engines not
-    /// listed hold none.
+    /// listed hold none. Only the entries are read (O(matches)): list the engines that hold
+    /// something, not the whole fleet.
     pub matches: &'a [PrefixMatch],
 }
 
 /// One engine's cached prefix for a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefixMatch {
-    /// Engine index.
+    /// Engine index (a position in the [`EngineSet`]).
     pub engine: u32,
     /// Leading blocks of the prompt it holds.
     pub blocks: u32,
@@ -161,7 +172,8 @@ pub struct RequestCtx<'a> {
     pub seed: u64,
     /// Now, in µs on the caller's clock.
     pub now_us: u64,
-    /// Prefix matches for cache-aware policies (ignored by the current ones).
+    /// Prefix matches for the cache-aware policies (ignored by the others). `None` (or
+    /// `total_blocks == 0`): they fall back to least request.
     pub prefix: Option<PrefixInput<'a>>,
 }
 
@@ -215,6 +227,17 @@ pub enum Reason {
     HashOverflow,
     /// `consistent_hash` without a key: power of two instead.
     HashNoKey,
+    /// `cache_aware` / `precise`: the engine holding the longest usable cached prefix (at
+    /// least the minimum match, not overloaded).
+    PrefixMatch,
+    /// `cache_aware` / `precise`: no engine held at least the minimum match (or there was no
+    /// prefix input), so the least loaded engine.
+    PrefixNone,
+    /// `cache_aware` / `precise`: engines held a usable prefix but all were over the load
+    /// guard, so the least loaded engine.
+    PrefixOverloaded,
+    /// `scored`: the best weighted score (least request when there was no prefix input).
+    Scored,
 }
 
 impl Reason {
@@ -232,6 +255,10 @@ impl Reason {
             Reason::Hash => "hash",
             Reason::HashOverflow => "hash_overflow",
             Reason::HashNoKey => "hash_no_key",
+            Reason::PrefixMatch => "prefix_match",
+            Reason::PrefixNone => "prefix_none",
+            Reason::PrefixOverloaded => "prefix_overloaded",
+            Reason::Scored => "scored",
         }
     }
 }

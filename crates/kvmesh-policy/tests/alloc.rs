@@ -1,9 +1,10 @@
 //! The hot path does not allocate: a counting global allocator around `Policy::pick` for every
-//! policy, at 64 and 4,096 engines.
+//! policy, at 64 and 4,096 engines, with and
+//! without prefix input.
 
 use kvmesh_policy::{
     EngineMember, EngineSet, EngineView, MAX_CANDIDATES, Policy, PolicyConfig, PolicyKind,
-    RequestCtx, Rng, Totals, stable_hash,
+    PrefixInput, PrefixMatch, RequestCtx, Rng, Totals, stable_hash,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -67,6 +68,13 @@ fn pick_does_not_allocate() {
         let members: Vec<EngineMember> = (0..n)
             .map(|i| EngineMember::new(stable_hash(&(i as u64).to_le_bytes())))
             .collect();
+        // Matches prepared outside the measured section (a gateway reuses a buffer).
+        let matches: Vec<PrefixMatch> = (0..n / 64 * 8)
+            .map(|_| PrefixMatch {
+                engine: rng.below(n) as u32,
+                blocks: rng.below(65) as u32,
+            })
+            .collect();
         for kind in PolicyKind::ALL {
             let cfg = PolicyConfig {
                 policy: kind,
@@ -78,6 +86,12 @@ fn pick_does_not_allocate() {
             for s in 0..1_000u64 {
                 let ctx = RequestCtx::new(s, s).with_hash_key(s.wrapping_mul(0x9E37_79B9));
                 p.pick(&fleet, &ctx, &mut out);
+                assert!(!out.is_empty());
+                let with = ctx.with_prefix(PrefixInput {
+                    total_blocks: 64,
+                    matches: &matches,
+                });
+                p.pick(&fleet, &with, &mut out);
                 assert!(!out.is_empty());
             }
             let after = ALLOCS.with(|a| a.get());

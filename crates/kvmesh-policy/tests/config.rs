@@ -28,6 +28,36 @@ fn partial_config_keeps_other_defaults() {
 }
 
 #[test]
+fn prefix_and_scored_defaults_and_partial_tables() {
+    let cfg = RoutingConfig::default();
+    let px = cfg.policy.prefix;
+    assert_eq!(px.balance_abs_threshold, 16);
+    assert_eq!(px.balance_rel_threshold, 1.5);
+    assert_eq!(px.min_match_ratio, 0.3);
+    assert_eq!(px.min_match_blocks, 1);
+    let sc = cfg.policy.scored;
+    assert_eq!(
+        (sc.prefix, sc.queue, sc.kv_usage, sc.in_flight, sc.latency),
+        (3.0, 2.0, 2.0, 1.0, 1.0)
+    );
+    let cfg: RoutingConfig = toml::from_str(
+        "[policy]\npolicy = \"scored\"\n[policy.prefix]\nbalance_abs_threshold = 32\n\
+         [policy.scored]\nlatency = 0.0\n",
+    )
+    .expect("parses");
+    assert_eq!(cfg.policy.policy, PolicyKind::Scored);
+    assert!(cfg.policy.policy.uses_prefix());
+    assert_eq!(cfg.policy.prefix.balance_abs_threshold, 32);
+    assert_eq!(cfg.policy.prefix.min_match_ratio, 0.3);
+    assert_eq!(cfg.policy.scored.latency, 0.0);
+    assert_eq!(cfg.policy.scored.prefix, 3.0);
+    cfg.validate("routing").expect("valid");
+    let err = toml::from_str::<RoutingConfig>("[policy.prefix]\nmin_match_ration = 0.5\n")
+        .expect_err("typo must fail");
+    assert!(err.to_string().contains("min_match_ration"), "{err}");
+}
+
+#[test]
 fn every_policy_name_parses() {
     for kind in PolicyKind::ALL {
         let cfg: RoutingConfig =
@@ -74,6 +104,30 @@ fn unknown_keys_and_bad_values_are_named() {
         (
             "[retry_budget]\nratio = -0.1\n",
             "routing.retry_budget.ratio",
+        ),
+        (
+            "[policy.prefix]\nbalance_rel_threshold = 0.9\n",
+            "routing.policy.prefix.balance_rel_threshold",
+        ),
+        (
+            "[policy.prefix]\nmin_match_ratio = 1.5\n",
+            "routing.policy.prefix.min_match_ratio",
+        ),
+        (
+            "[policy.prefix]\nmin_match_blocks = 0\n",
+            "routing.policy.prefix.min_match_blocks",
+        ),
+        (
+            "[policy.scored]\nqueue = -1.0\n",
+            "routing.policy.scored.queue",
+        ),
+        (
+            "[policy.scored]\nlatency = nan\n",
+            "routing.policy.scored.latency",
+        ),
+        (
+            "[policy.scored]\nprefix = 0.0\nqueue = 0.0\nkv_usage = 0.0\nin_flight = 0.0\nlatency = 0.0\n",
+            "routing.policy.scored",
         ),
     ];
     for (text, key) in cases {

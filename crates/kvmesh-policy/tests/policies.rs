@@ -302,13 +302,13 @@ fn same_seed_same_decisions() {
 }
 
 #[test]
-fn prefix_input_is_accepted_and_changes_nothing_yet() {
+fn prefix_input_changes_nothing_for_the_other_policies() {
     let views = vec![view(2, 1.0, true, 1e5); 8];
     let matches = [PrefixMatch {
         engine: 3,
         blocks: 40,
     }];
-    for kind in PolicyKind::ALL {
+    for kind in PolicyKind::ALL.into_iter().filter(|k| !k.uses_prefix()) {
         let (a, b) = (policy(kind, 8, 3, 1), policy(kind, 8, 3, 1));
         let (mut oa, mut ob) = (Vec::new(), Vec::new());
         for s in 0..100 {
@@ -329,6 +329,25 @@ fn reasons_have_stable_labels() {
     assert_eq!(Reason::LeastLoad.as_str(), "least_load");
     assert_eq!(Reason::Hash.as_str(), "hash");
     assert_eq!(PolicyKind::PeakEwma.as_str(), "peak_ewma");
+    assert_eq!(PolicyKind::CacheAware.as_str(), "cache_aware");
+    assert_eq!(PolicyKind::Precise.as_str(), "precise");
+    assert_eq!(PolicyKind::Scored.as_str(), "scored");
+    assert_eq!(Reason::PrefixMatch.as_str(), "prefix_match");
+    assert_eq!(Reason::PrefixNone.as_str(), "prefix_none");
+    assert_eq!(Reason::PrefixOverloaded.as_str(), "prefix_overloaded");
+    assert_eq!(Reason::Scored.as_str(), "scored");
+    let prefix: Vec<PolicyKind> = PolicyKind::ALL
+        .into_iter()
+        .filter(|k| k.uses_prefix())
+        .collect();
+    assert_eq!(
+        prefix,
+        [
+            PolicyKind::CacheAware,
+            PolicyKind::Precise,
+            PolicyKind::Scored
+        ]
+    );
 }
 
 #[test]

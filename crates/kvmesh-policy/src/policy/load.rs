@@ -64,8 +64,56 @@ pub(crate) fn least_request<S: EngineSet + ?Sized>(
     max_scan: usize,
     out: &mut Vec<usize>,
 ) {
+    let best = least_request_best(engines, rng, seed, filter, k, max_scan);
+    out.extend_from_slice(best.as_slice());
+}
+
+/// Fills `out` up to `k` with least-request engines not already in it (the fallbacks of the
+/// cache-aware policies). Asking for the `k` best guarantees enough new ones: at most
+/// `out.len()` of them can already be there.
+pub(crate) fn fill_least_request<S: EngineSet + ?Sized>(
+    engines: &S,
+    rng: &mut Rng,
+    seed: u64,
+    filter: Filter,
+    k: usize,
+    max_scan: usize,
+    out: &mut Vec<usize>,
+) {
+    if out.len() >= k {
+        return;
+    }
+    let best = least_request_best(engines, rng, seed, filter, k, max_scan);
+    for &i in best.as_slice() {
+        if out.len() < k && !out.contains(&i) {
+            out.push(i);
+        }
+    }
+}
+
+/// The result of [`least_request_best`]: up to [`MAX_CANDIDATES`] engine indices, best first.
+pub(crate) struct LeastBest {
+    items: [usize; MAX_CANDIDATES],
+    len: usize,
+}
+
+impl LeastBest {
+    pub(crate) fn as_slice(&self) -> &[usize] {
+        &self.items[..self.len]
+    }
+}
+
+/// The `k` best engines of least request (see [`least_request`]), on the stack.
+pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
+    engines: &S,
+    rng: &mut Rng,
+    seed: u64,
+    filter: Filter,
+    k: usize,
+    max_scan: usize,
+) -> LeastBest {
     let n = engines.len();
-    let k = k.min(MAX_CANDIDATES);
+    let k = k.clamp(1, MAX_CANDIDATES);
     let (start, len) = if n <= max_scan {
         (0, n)
     } else {
@@ -102,9 +150,14 @@ pub(crate) fn least_request<S: EngineSet + ?Sized>(
             insert(&mut best, have, (s, tie, i));
         }
     }
-    for &(_, _, i) in &best[..have] {
-        out.push(i);
+    let mut r = LeastBest {
+        items: [usize::MAX; MAX_CANDIDATES],
+        len: have,
+    };
+    for (slot, &(_, _, i)) in r.items.iter_mut().zip(&best[..have]) {
+        *slot = i;
     }
+    r
 }
 
 /// Inserts `item` into the sorted prefix `best[..len]`, dropping what falls off the end.

@@ -3,6 +3,8 @@
 
 mod hash;
 mod load;
+mod prefix;
+mod scored;
 mod wrr;
 
 use crate::config::{MAX_CANDIDATES, PolicyConfig, PolicyKind};
@@ -181,6 +183,45 @@ impl Policy {
                     }
                 }
                 r
+            }
+            PolicyKind::CacheAware | PolicyKind::Precise => {
+                let max_scan = self.cfg.least_request.max_scan;
+                match req.prefix {
+                    Some(px) if px.total_blocks > 0 => prefix::cache_aware(
+                        engines,
+                        &px,
+                        &self.cfg.prefix,
+                        &mut rng,
+                        req.seed,
+                        filter,
+                        k,
+                        max_scan,
+                        out,
+                    ),
+                    _ => {
+                        load::least_request(engines, &mut rng, req.seed, filter, k, max_scan, out);
+                        Reason::PrefixNone
+                    }
+                }
+            }
+            PolicyKind::Scored => {
+                let max_scan = self.cfg.least_request.max_scan;
+                match req.prefix {
+                    Some(px) if px.total_blocks > 0 => scored::scored(
+                        engines,
+                        &px,
+                        &self.cfg.prefix,
+                        &self.cfg.scored,
+                        &mut rng,
+                        req.seed,
+                        filter,
+                        k,
+                        max_scan,
+                        out,
+                    ),
+                    _ => load::least_request(engines, &mut rng, req.seed, filter, k, max_scan, out),
+                }
+                Reason::Scored
             }
         }
     }
