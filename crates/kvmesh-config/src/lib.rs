@@ -8,10 +8,12 @@
 //! [`KvmeshConfig::validate`], so a typo or a bad value stops start-up with an error that names
 //! the key.
 
+mod prefix;
 mod serve;
 mod sim;
 
 pub use kvmesh_policy::{PolicyConfig, PolicyKind, RoutingConfig};
+pub use prefix::{ModelConfig, PrefixConfig};
 pub use serve::{DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, valid_base_url};
 pub use sim::{
     EngineModelConfig, FaultConfig, KvEventsConfig, KvEventsFormat, SimConfig, TimingOverrides,
@@ -167,6 +169,42 @@ mod example_files {
         let c = KvmeshConfig::from_toml_str(text, "configs/single-node.toml")
             .expect("configs/single-node.toml is valid");
         assert_eq!(c.serve.engines.len(), 2);
-        assert!(c.serve.models.contains_key("Qwen/Qwen3-8B"));
+        assert_eq!(
+            c.serve.model_policy("Qwen/Qwen3-8B").policy,
+            PolicyKind::Precise
+        );
+        assert_eq!(c.serve.model_policy("other").policy, PolicyKind::PowerOfTwo);
+        assert_eq!(c.serve.engines[1].kv_replay, "tcp://127.0.0.1:5559");
+    }
+
+    #[test]
+    fn per_model_prefix_settings_fall_back_to_serve_prefix() {
+        let c = KvmeshConfig::from_toml_str(
+            "[serve.prefix]\nblock_size = 32\ntokenizer = \"/t\"\n\
+             [serve.models.a]\nblock_size = 64\n\
+             [serve.models.b.policy]\npolicy = \"cache_aware\"\n",
+            "t.toml",
+        )
+        .expect("valid");
+        let s = &c.serve;
+        assert_eq!(
+            (s.model_block_size("a"), s.model_tokenizer("a")),
+            (64, "/t")
+        );
+        assert_eq!(
+            (s.model_block_size("b"), s.model_tokenizer("zz")),
+            (32, "/t")
+        );
+        assert_eq!(s.model_policy("a").policy, PolicyKind::PowerOfTwo);
+        assert_eq!(s.model_policy("b").policy, PolicyKind::CacheAware);
+        let e = KvmeshConfig::from_toml_str("[serve.models.a]\nblock_size = 0\n", "t.toml")
+            .expect_err("block size 0");
+        assert!(e.to_string().contains("serve.models.a.block_size"), "{e}");
+        let e = KvmeshConfig::from_toml_str("[serve.prefix]\nspeculative_ttl_ms = 1\n", "t.toml")
+            .expect_err("ttl");
+        assert!(
+            e.to_string().contains("serve.prefix.speculative_ttl_ms"),
+            "{e}"
+        );
     }
 }

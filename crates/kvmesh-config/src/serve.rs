@@ -1,5 +1,6 @@
 //! `[serve]`: the router (`kvmesh serve`).
 
+use crate::prefix::{ModelConfig, PrefixConfig};
 use crate::{ConfigError, check};
 use kvmesh_policy::{PolicyConfig, RoutingConfig};
 use serde::{Deserialize, Serialize};
@@ -17,8 +18,10 @@ pub struct ServeConfig {
     pub dns: Vec<DnsEntry>,
     /// Default routing: the policy (for models without their own), health, retry budget.
     pub routing: RoutingConfig,
-    /// Per-model policy overrides, keyed by model name.
-    pub models: BTreeMap<String, PolicyConfig>,
+    /// Cache-aware routing: tokenizer, block size, index bounds, KV-event ingestion.
+    pub prefix: PrefixConfig,
+    /// Per-model overrides (policy, tokenizer, block size), keyed by model name.
+    pub models: BTreeMap<String, ModelConfig>,
     /// Timeouts towards the engines.
     pub timeouts: TimeoutConfig,
     /// Retries on another engine.
@@ -45,6 +48,7 @@ impl Default for ServeConfig {
             engines: Vec::new(),
             dns: Vec::new(),
             routing: RoutingConfig::default(),
+            prefix: PrefixConfig::default(),
             models: BTreeMap::new(),
             timeouts: TimeoutConfig::default(),
             retry: RetryConfig::default(),
@@ -66,6 +70,10 @@ pub struct EngineEntry {
     pub url: String,
     /// The engine's KV-event ZMQ endpoint (for precise routing), or empty.
     pub kv_events: String,
+    /// The engine's KV-event replay endpoint (vLLM's `replay_endpoint`, a ZMQ ROUTER), or
+    /// empty: lost batches are then not recovered and the engine is routed approximately
+    /// until its next resynchronisation point.
+    pub kv_replay: String,
     /// Relative capacity (e.g. 2 for a GPU twice as fast).
     pub weight: f64,
     /// Models it serves; empty = discovered from its `/v1/models`.
@@ -77,6 +85,7 @@ impl Default for EngineEntry {
         EngineEntry {
             url: String::new(),
             kv_events: String::new(),
+            kv_replay: String::new(),
             weight: 1.0,
             models: Vec::new(),
         }
@@ -84,7 +93,8 @@ impl Default for EngineEntry {
 }
 
 impl EngineEntry {
-    /// Parses the CLI form: a bare URL, or `url=URL,kv_events=ENDPOINT,weight=N,models=a;b`.
+    /// Parses the CLI form: a bare URL, or
+    /// `url=URL,kv_events=ENDPOINT,kv_replay=ENDPOINT,weight=N,models=a;b`.
     pub fn parse(s: &str) -> Result<EngineEntry, String> {
         let mut e = EngineEntry::default();
         if !s.contains('=') {
@@ -97,6 +107,7 @@ impl EngineEntry {
                 match k.trim() {
                     "url" => e.url = v.trim().to_string(),
                     "kv_events" => e.kv_events = v.trim().to_string(),
+                    "kv_replay" => e.kv_replay = v.trim().to_string(),
                     "weight" => {
                         e.weight = v
                             .trim()
@@ -113,7 +124,7 @@ impl EngineEntry {
                     }
                     other => {
                         return Err(format!(
-                            "unknown engine key `{other}` (url, kv_events, weight, models)"
+                            "unknown engine key `{other}` (url, kv_events, kv_replay, weight, models)"
                         ));
                     }
                 }
@@ -139,6 +150,12 @@ impl EngineEntry {
             self.kv_events.is_empty() || self.kv_events.starts_with("tcp://"),
             &format!("{at}.kv_events"),
             "must be empty or a tcp:// endpoint",
+        )?;
+        check(
+            self.kv_replay.is_empty()
+                || (self.kv_replay.starts_with("tcp://") && !self.kv_events.is_empty()),
+            &format!("{at}.kv_replay"),
+            "must be empty or a tcp:// endpoint (and needs kv_events)",
         )
     }
 }
@@ -225,6 +242,30 @@ impl Default for RetryConfig {
 }
 
 impl ServeConfig {
+    /// The policy of `model`: its own, else `[serve.routing.policy]`.
+    pub fn model_policy(&self, model: &str) -> &PolicyConfig {
+        self.models
+            .get(model)
+            .and_then(|m| m.policy.as_ref())
+            .unwrap_or(&self.routing.policy)
+    }
+
+    /// The tokenizer path of `model` (empty = bundled): its own, else `serve.prefix.tokenizer`.
+    pub fn model_tokenizer(&self, model: &str) -> &str {
+        self.models
+            .get(model)
+            .and_then(|m| m.tokenizer.as_deref())
+            .unwrap_or(&self.prefix.tokenizer)
+    }
+
+    /// The block size of `model`: its own, else `serve.prefix.block_size`.
+    pub fn model_block_size(&self, model: &str) -> u32 {
+        self.models
+            .get(model)
+            .and_then(|m| m.block_size)
+            .unwrap_or(self.prefix.block_size)
+    }
+
     pub(crate) fn validate(&self, at: &str) -> Result<(), ConfigError> {
         check(
             self.listen.parse::<std::net::SocketAddr>().is_ok(),
@@ -256,9 +297,9 @@ impl ServeConfig {
         self.routing
             .validate(&format!("{at}.routing"))
             .map_err(|e| ConfigError::invalid(&e.key, e.message))?;
-        for (m, p) in &self.models {
-            p.validate(&format!("{at}.models.{m}"))
-                .map_err(|e| ConfigError::invalid(&e.key, e.message))?;
+        self.prefix.validate(&format!("{at}.prefix"))?;
+        for (m, c) in &self.models {
+            c.validate(&format!("{at}.models.{m}"))?;
         }
         let t = &self.timeouts;
         check(

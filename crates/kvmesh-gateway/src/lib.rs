@@ -10,7 +10,9 @@
 
 mod admin;
 mod clock;
+pub mod ingest;
 mod metrics;
+pub mod prefix;
 mod probe;
 mod proxy;
 mod registry;
@@ -187,6 +189,25 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
         .validate()
         .map_err(|e| GatewayError::Config(e.to_string()))?;
     let gw = Arc::new(Gateway::new(cfg));
+    // Tokenizers of cache-aware policies load now: a bad path stops start-up.
+    let mut paths: Vec<&str> = Vec::new();
+    if gw.cfg.routing.policy.policy.uses_prefix() {
+        paths.push(&gw.cfg.prefix.tokenizer);
+    }
+    for (m, mc) in &gw.cfg.models {
+        if gw.cfg.model_policy(m).policy.uses_prefix() || mc.tokenizer.is_some() {
+            paths.push(gw.cfg.model_tokenizer(m));
+        }
+    }
+    paths.sort_unstable();
+    paths.dedup();
+    for p in paths {
+        gw.registry
+            .prefix
+            .tokenizer(p)
+            .map_err(GatewayError::Config)?;
+    }
+    spawn_sweeper(gw.clone());
     for e in gw.cfg.engines.clone() {
         probe::add_engine(&gw, &e, Source::Static, false).map_err(GatewayError::Config)?;
     }
@@ -225,6 +246,19 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
         shutdown: Some(tx),
         task,
     })
+}
+
+/// Drops expired speculative prefix entries once a second (lookups already ignore them; this
+/// returns their memory and capacity).
+fn spawn_sweeper(gw: Arc<Gateway>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !gw.stopping.load(Ordering::Relaxed) {
+            tick.tick().await;
+            gw.registry.prefix.sweep(gw.clock.now_us());
+        }
+    });
 }
 
 /// Runs the futures concurrently (one task each) and waits for all of them.

@@ -273,6 +273,7 @@ impl GatewayMetrics {
             );
         }
         self.render_engines(&mut out, &engines, reg, now_us);
+        render_prefix(&mut out, &engines, reg);
         out
     }
 
@@ -402,4 +403,229 @@ impl GatewayMetrics {
                 .render_series(out, "kvmesh_engine_e2e_seconds", &label(e));
         }
     }
+}
+
+fn f64_text(bits: &AtomicU64) -> String {
+    let v = f64::from_bits(bits.load(Relaxed));
+    if v.is_finite() {
+        v.to_string()
+    } else {
+        "NaN".into()
+    }
+}
+
+/// Cache-aware routing: the index, the request path, predicted vs actual hits, KV-event
+/// ingestion per engine.
+fn render_prefix(out: &mut String, engines: &[&Engine], reg: &Registry) {
+    let p = &reg.prefix;
+    let st = p.index().stats();
+    for (name, help, kind, v) in [
+        (
+            "kvmesh_prefix_index_entries",
+            "Entries (engine, block) in the prefix index.",
+            "gauge",
+            st.entries,
+        ),
+        (
+            "kvmesh_prefix_index_confirmed_entries",
+            "Entries confirmed by KV events.",
+            "gauge",
+            st.confirmed,
+        ),
+        (
+            "kvmesh_prefix_index_speculative_entries",
+            "Entries carrying a speculative/approximate mark from a routing decision.",
+            "gauge",
+            st.speculative,
+        ),
+        (
+            "kvmesh_prefix_index_memory_bytes",
+            "Heap bytes held by the prefix index.",
+            "gauge",
+            st.memory_bytes,
+        ),
+        (
+            "kvmesh_prefix_index_evicted_total",
+            "Entries evicted because their engine was at capacity.",
+            "counter",
+            st.evicted,
+        ),
+        (
+            "kvmesh_prefix_index_expired_total",
+            "Entries dropped because their mark expired.",
+            "counter",
+            st.expired,
+        ),
+        (
+            "kvmesh_prefix_lookups_total",
+            "Requests whose prompt was tokenized and looked up.",
+            "counter",
+            p.metrics.lookups.load(Relaxed),
+        ),
+        (
+            "kvmesh_prefix_tokenize_failures_total",
+            "Requests of cache-aware routes whose prompt could not be read (routed on load).",
+            "counter",
+            p.metrics.tokenize_failures.load(Relaxed),
+        ),
+    ] {
+        family(out, name, help, kind, "", v);
+    }
+    p.metrics.prepare_time.render(
+        out,
+        "kvmesh_prefix_prepare_seconds",
+        "Render + tokenize + block keys of a prompt.",
+        "",
+    );
+    p.metrics.lookup_time.render(
+        out,
+        "kvmesh_prefix_lookup_seconds",
+        "Prefix-index lookup of a prompt's block keys.",
+        "",
+    );
+    let label = |e: &Engine| format!("engine=\"{}\"", escape_label(&e.url));
+    let per =
+        |out: &mut String, name: &str, help: &str, kind: &str, f: &dyn Fn(&Engine) -> String| {
+            header(out, name, help, kind);
+            for e in engines {
+                sample(out, name, &label(e), f(e));
+            }
+        };
+    per(
+        out,
+        "kvmesh_engine_prompt_tokens_total",
+        "Prompt tokens of requests routed to the engine by cache-aware routes.",
+        "counter",
+        &|e| e.prompt_tokens.load(Relaxed).to_string(),
+    );
+    per(
+        out,
+        "kvmesh_engine_predicted_cached_tokens_total",
+        "Prompt tokens the router predicted the engine had cached when it routed there.",
+        "counter",
+        &|e| e.predicted_cached_tokens.load(Relaxed).to_string(),
+    );
+    per(
+        out,
+        "kvmesh_engine_prefix_cache_hits_total",
+        "The engine's own vllm:prefix_cache_hits_total at the last scrape (actual cached tokens).",
+        "counter",
+        &|e| f64_text(&e.engine_hits_bits),
+    );
+    per(
+        out,
+        "kvmesh_engine_prefix_cache_queries_total",
+        "The engine's own vllm:prefix_cache_queries_total at the last scrape.",
+        "counter",
+        &|e| f64_text(&e.engine_queries_bits),
+    );
+    per(
+        out,
+        "kvmesh_engine_prefix_prediction_ratio",
+        "Predicted / actual cached tokens over the last scrape interval (1 = the index matches the engine; above 1 it over-predicts, e.g. after evictions it missed).",
+        "gauge",
+        &|e| f64_text(&e.prediction_ratio_bits),
+    );
+    per(
+        out,
+        "kvmesh_engine_index_entries",
+        "Prefix-index entries of the engine.",
+        "gauge",
+        &|e| {
+            p.index()
+                .engine_counts(e.slot)
+                .map_or(0, |c| c.entries)
+                .to_string()
+        },
+    );
+    let ev: Vec<&Engine> = engines
+        .iter()
+        .copied()
+        .filter(|e| !e.kv_events.is_empty())
+        .collect();
+    let per_ev =
+        |out: &mut String, name: &str, help: &str, kind: &str, f: &dyn Fn(&Engine) -> String| {
+            header(out, name, help, kind);
+            for e in &ev {
+                sample(out, name, &label(e), f(e));
+            }
+        };
+    let a = |x: &AtomicU64| x.load(Relaxed).to_string();
+    per_ev(
+        out,
+        "kvmesh_kv_events_connected",
+        "The KV-event subscription is connected (1) or not (0).",
+        "gauge",
+        &|e| u8::from(e.ingest.connected.load(Relaxed)).to_string(),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_stale",
+        "The engine's blocks are not exactly known (lost batches not replayed); it is routed approximately.",
+        "gauge",
+        &|e| u8::from(e.ingest.stale.load(Relaxed)).to_string(),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_batches_total",
+        "Event batches applied to the index.",
+        "counter",
+        &|e| a(&e.ingest.batches),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_dropped_batches_total",
+        "Event batches dropped because the ingestion queue was full.",
+        "counter",
+        &|e| a(&e.ingest.dropped),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_malformed_total",
+        "Event messages that could not be decoded.",
+        "counter",
+        &|e| a(&e.ingest.malformed),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_gaps_total",
+        "Sequence gaps (lost batches) detected.",
+        "counter",
+        &|e| a(&e.ingest.gaps),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_replays_total",
+        "Gaps filled from the engine's replay socket.",
+        "counter",
+        &|e| a(&e.ingest.replays_ok),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_replay_failures_total",
+        "Gaps the replay could not fill (engine marked stale).",
+        "counter",
+        &|e| a(&e.ingest.replays_failed),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_restarts_total",
+        "Engine restarts detected (seq regression or new process start time).",
+        "counter",
+        &|e| a(&e.ingest.restarts),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_skipped_block_size_total",
+        "Events skipped because their block size is not the configured one.",
+        "counter",
+        &|e| a(&e.ingest.skipped_block_size),
+    );
+    per_ev(
+        out,
+        "kvmesh_kv_events_tracked_blocks",
+        "Blocks the engine holds according to its events.",
+        "gauge",
+        &|e| a(&e.ingest.tracked_blocks),
+    );
 }

@@ -80,6 +80,53 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
             scrape(&text, "vllm:kv_cache_usage_perc"),
             in_flight.saturating_add(u32::try_from(started_since).unwrap_or(u32::MAX)),
         );
+        note_prefix_counters(e, &text);
+        note_start_time(gw, e, scrape(&text, "process_start_time_seconds"));
+    }
+}
+
+/// Records the engine's own prefix-cache counters and the predicted-vs-actual ratio of cached
+/// tokens over the interval since the previous scrape.
+fn note_prefix_counters(e: &Engine, page: &str) {
+    let (Some(hits), Some(queries)) = (
+        scrape(page, "vllm:prefix_cache_hits_total")
+            .or_else(|| scrape(page, "vllm:prefix_cache_hits")),
+        scrape(page, "vllm:prefix_cache_queries_total")
+            .or_else(|| scrape(page, "vllm:prefix_cache_queries")),
+    ) else {
+        return;
+    };
+    let prev_hits = f64::from_bits(e.engine_hits_bits.swap(hits.to_bits(), Ordering::Relaxed));
+    e.engine_queries_bits
+        .store(queries.to_bits(), Ordering::Relaxed);
+    let predicted = e.predicted_cached_tokens.load(Ordering::Relaxed);
+    let prev_predicted = e.predicted_at_scrape.swap(predicted, Ordering::Relaxed);
+    let d_hits = hits - prev_hits;
+    let d_pred = predicted.saturating_sub(prev_predicted) as f64;
+    // Counters that went back (engine restart) or a first scrape: no ratio this interval.
+    if prev_hits.is_finite() && d_hits > 0.0 {
+        e.prediction_ratio_bits
+            .store((d_pred / d_hits).to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// A new `process_start_time_seconds` means a new engine process: its cache is empty. The
+/// KV events say so too (seq back to 0) once the new process publishes; this catches the
+/// restart when it publishes nothing.
+fn note_start_time(gw: &Gateway, e: &Engine, t: Option<f64>) {
+    let Some(t) = t else { return };
+    let epoch_now = e.ingest.epoch.load(Ordering::Relaxed);
+    let prev = f64::from_bits(e.start_time_bits.swap(t.to_bits(), Ordering::Relaxed));
+    let prev_epoch = e.epoch_at_scrape.swap(epoch_now, Ordering::Relaxed);
+    if prev.is_finite() && (t - prev).abs() > 1e-6 {
+        tracing::info!(engine = %e.url, "engine process start time changed: restarted");
+        if e.ingest.tx.get().is_some() {
+            // The applier decides: it knows whether the events already told it.
+            crate::ingest::restart_hint(e, prev_epoch);
+        } else {
+            // Only routing decisions were remembered for it; they are all wrong now.
+            gw.registry.prefix.index_mut().clear_engine(e.slot);
+        }
     }
 }
 
@@ -139,6 +186,7 @@ pub fn add_engine(
 ) -> Result<Arc<Engine>, String> {
     let e = gw.registry.add(entry, source, ramp)?;
     spawn_engine_loop(gw.clone(), e.clone());
+    crate::ingest::spawn(gw, &e);
     tracing::info!(engine = %e.url, weight = e.base_weight, "engine added");
     Ok(e)
 }

@@ -3,6 +3,7 @@
 
 use crate::Gateway;
 use crate::metrics::FailKind;
+use crate::prefix::{self, Endpoint};
 use crate::registry::{Engine, ModelRoute, RouteView};
 use crate::track::{Attempt, TrackedBody};
 use bytes::Bytes;
@@ -11,7 +12,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use kvmesh_http::{Body, error, read_body, strip_hop_by_hop};
 use kvmesh_openai::{ApiError, parse_body};
-use kvmesh_policy::{Reason, RequestCtx, stable_hash};
+use kvmesh_policy::{MAX_CANDIDATES, PrefixInput, Reason, RequestCtx, stable_hash};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -81,7 +82,12 @@ pub async fn inference(
             return r;
         }
     };
-    let mut resp = forward(&gw, &parts, body, &route, key, &request_id).await;
+    let endpoint = if parts.uri.path() == "/v1/chat/completions" {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completions
+    };
+    let mut resp = forward(&gw, &parts, body, &route, key, endpoint, &request_id).await;
     set_request_id(&mut resp, &gw.cfg.request_id_header, &request_id);
     if !resp.status().is_success() {
         gw.metrics.error_response(resp.status().as_u16());
@@ -118,11 +124,11 @@ async fn forward(
     body: Bytes,
     route: &Arc<ModelRoute>,
     key: Option<u64>,
+    endpoint: Endpoint,
     request_id: &str,
 ) -> Response<Body> {
     // Decide: one policy call gives the first choice and the fallbacks.
-    let mut candidates = Vec::with_capacity(kvmesh_policy::MAX_CANDIDATES);
-    let t = Instant::now();
+    let mut candidates = Vec::with_capacity(MAX_CANDIDATES);
     let now = gw.clock.now_us();
     let view = RouteView {
         engines: &route.engines,
@@ -133,12 +139,53 @@ async fn forward(
     if let Some(k) = key {
         ctx = ctx.with_hash_key(k);
     }
-    let reason = route.policy.pick(&view, &ctx, &mut candidates);
+    let mut decide_us = 0;
+    // Cache-aware routes: prompt → block keys → matches → decision → speculative entries for
+    // the chosen engine, all synchronous (the per-thread buffers never cross an await).
+    let (reason, cand_blocks, lookup) = match &route.prefix {
+        Some(rp) => prefix::with_scratch(|s| {
+            let state = &gw.registry.prefix;
+            let lookup = prefix::prompt_keys(state, rp, endpoint, &body, s);
+            let Some(l) = lookup else {
+                let t = Instant::now();
+                let reason = route.policy.pick(&view, &ctx, &mut candidates);
+                decide_us = t.elapsed().as_micros() as u64;
+                return (reason, [0; MAX_CANDIDATES], None);
+            };
+            // Lookup, decision and speculative entries under one hold of the index lock:
+            // otherwise two siblings of a new prefix could both look up before either marked
+            // its engine, and split (a few µs of lock per request; tokenization stays outside).
+            let mut index = state.index_mut();
+            prefix::match_engines(state, &index, rp, now, s);
+            let c = ctx.with_prefix(PrefixInput {
+                total_blocks: l.total_blocks,
+                matches: &s.matches,
+            });
+            let t = Instant::now();
+            let reason = route.policy.pick(&view, &c, &mut candidates);
+            decide_us = t.elapsed().as_micros() as u64;
+            if let Some(&first) = candidates.first() {
+                prefix::remember(state, &mut index, rp, &route.engines[first], &s.keys, now);
+            }
+            drop(index);
+            (
+                reason,
+                prefix::candidate_blocks(&s.matches, &candidates),
+                lookup,
+            )
+        }),
+        None => {
+            let t = Instant::now();
+            let reason = route.policy.pick(&view, &ctx, &mut candidates);
+            decide_us = t.elapsed().as_micros() as u64;
+            (reason, [0; MAX_CANDIDATES], None)
+        }
+    };
     gw.metrics.decision(
         &route.model,
         route.policy_cfg.policy.as_str(),
         reason.as_str(),
-        t.elapsed().as_micros() as u64,
+        decide_us,
     );
     if candidates.is_empty() || reason == Reason::NoEngines {
         return error(&ApiError::unavailable(format!(
@@ -153,7 +200,7 @@ async fn forward(
         .max(1);
     let mut last: Option<Outcome> = None;
     let mut attempts = 0usize;
-    for &idx in &candidates {
+    for (pos, &idx) in candidates.iter().enumerate() {
         if attempts >= max_attempts {
             break;
         }
@@ -182,7 +229,22 @@ async fn forward(
         attempts += 1;
         let attempt = Attempt::start(gw.clone(), engine.clone(), permit);
         match send(gw, engine, parts, body.clone(), request_id, attempt).await {
-            Outcome::Answer(r) => return r,
+            Outcome::Answer(mut r) => {
+                if let (Some(l), Some(rp)) = (lookup, &route.prefix) {
+                    let predicted = u64::from(cand_blocks[pos]) * u64::from(rp.block_size);
+                    engine
+                        .prompt_tokens
+                        .fetch_add(u64::from(l.prompt_tokens), Ordering::Relaxed);
+                    engine
+                        .predicted_cached_tokens
+                        .fetch_add(predicted, Ordering::Relaxed);
+                    r.headers_mut().insert(
+                        "x-kvmesh-predicted-cached-tokens",
+                        HeaderValue::from(predicted),
+                    );
+                }
+                return r;
+            }
             other => {
                 if let Outcome::Retryable { kind, detail, .. } = &other {
                     tracing::debug!(request_id, engine = %engine.url, kind = kind.as_str(), %detail, "attempt failed");

@@ -6,7 +6,9 @@
 //! snapshot (one atomic load, no lock) and reads per-engine counters.
 
 use crate::clock::Clock;
+use crate::ingest::IngestStatus;
 use crate::metrics::EngineMetrics;
+use crate::prefix::{PrefixState, RoutePrefix};
 use arc_swap::ArcSwap;
 use kvmesh_config::{EngineEntry, ServeConfig};
 use kvmesh_policy::{
@@ -53,6 +55,8 @@ pub struct Engine {
     pub base_weight: f64,
     /// KV-event endpoint (precise routing), or empty.
     pub kv_events: String,
+    /// KV-event replay endpoint, or empty.
+    pub kv_replay: String,
     /// Where it came from.
     pub source: Source,
     /// Models given in its config (empty = discovered).
@@ -75,6 +79,26 @@ pub struct Engine {
     pub removed: AtomicBool,
     /// Counters and histograms.
     pub metrics: EngineMetrics,
+    /// Its id in the prefix index.
+    pub slot: u32,
+    /// KV-event ingestion state (when it has a `kv_events` endpoint).
+    pub ingest: IngestStatus,
+    /// `process_start_time_seconds` at the last scrape (f64 bits; NaN = unknown) and the
+    /// ingestion epoch then: a new start time without a seq regression is a restart.
+    pub(crate) start_time_bits: AtomicU64,
+    pub(crate) epoch_at_scrape: AtomicU32,
+    /// Prompt tokens of requests routed to it, and how many of them the router predicted
+    /// cached (cache-aware routes).
+    pub prompt_tokens: AtomicU64,
+    /// See `prompt_tokens`.
+    pub predicted_cached_tokens: AtomicU64,
+    /// The engine's own `vllm:prefix_cache_hits_total` / `queries_total` at the last scrape
+    /// (NaN bits = unknown), and the predicted-token count then (for the drift gauge).
+    pub(crate) engine_hits_bits: AtomicU64,
+    pub(crate) engine_queries_bits: AtomicU64,
+    /// Predicted / actual cached tokens over the last scrape interval (f64 bits; NaN = none).
+    pub(crate) prediction_ratio_bits: AtomicU64,
+    pub(crate) predicted_at_scrape: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -85,7 +109,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Engine {
-    fn new(entry: &EngineEntry, source: Source, tracker: EngineTracker) -> Result<Engine, String> {
+    fn new(
+        entry: &EngineEntry,
+        source: Source,
+        tracker: EngineTracker,
+        slot: u32,
+    ) -> Result<Engine, String> {
         let url = entry.url.trim_end_matches('/').to_string();
         let authority: http::uri::Authority = url
             .strip_prefix("http://")
@@ -98,6 +127,7 @@ impl Engine {
             authority,
             base_weight: entry.weight,
             kv_events: entry.kv_events.clone(),
+            kv_replay: entry.kv_replay.clone(),
             source,
             static_models: entry.models.clone(),
             in_flight: AtomicU32::new(0),
@@ -109,7 +139,25 @@ impl Engine {
             discovered: Mutex::new(Vec::new()),
             removed: AtomicBool::new(false),
             metrics: EngineMetrics::default(),
+            slot,
+            ingest: IngestStatus::default(),
+            start_time_bits: AtomicU64::new(f64::NAN.to_bits()),
+            epoch_at_scrape: AtomicU32::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            predicted_cached_tokens: AtomicU64::new(0),
+            engine_hits_bits: AtomicU64::new(f64::NAN.to_bits()),
+            engine_queries_bits: AtomicU64::new(f64::NAN.to_bits()),
+            prediction_ratio_bits: AtomicU64::new(f64::NAN.to_bits()),
+            predicted_at_scrape: AtomicU64::new(0),
         })
+    }
+
+    /// Its KV events are being received and its blocks are exactly known (precise routing
+    /// trusts them; otherwise routing decisions are remembered for the approximate TTL).
+    pub fn events_live(&self) -> bool {
+        !self.kv_events.is_empty()
+            && self.ingest.connected.load(Ordering::Relaxed)
+            && !self.ingest.stale.load(Ordering::Relaxed)
     }
 
     /// The breaker/health/latency state, locked briefly (never across an await).
@@ -180,14 +228,16 @@ impl Engine {
 
     /// The view a policy reads.
     pub fn view(&self, now_us: u64, fleet_latency_us: f64) -> EngineView {
-        self.tracker().view(
+        let mut v = self.tracker().view(
             now_us,
             self.base_weight,
             self.in_flight.load(Ordering::Relaxed),
             self.reported_load(),
             self.kv_usage(),
             fleet_latency_us,
-        )
+        );
+        v.waiting = self.reported_waiting();
+        v
     }
 }
 
@@ -201,6 +251,8 @@ pub struct ModelRoute {
     pub policy: Policy,
     /// The policy's config (its name labels metrics; its hash settings pick the key).
     pub policy_cfg: PolicyConfig,
+    /// Tokenizer, block size and slot map when the policy is cache-aware.
+    pub prefix: Option<RoutePrefix>,
 }
 
 /// What a request reads: immutable, swapped whole.
@@ -236,6 +288,8 @@ impl EngineSet for RouteView<'_> {
 /// The membership, the current snapshot, and what it is built from.
 pub struct Registry {
     cfg: Arc<ServeConfig>,
+    /// The prefix index and tokenizers (engine slots are allocated here).
+    pub prefix: Arc<PrefixState>,
     clock: Clock,
     members: Mutex<Vec<Arc<Engine>>>,
     snapshot: ArcSwap<Snapshot>,
@@ -251,6 +305,7 @@ impl Registry {
     /// An empty registry.
     pub fn new(cfg: Arc<ServeConfig>, clock: Clock) -> Registry {
         Registry {
+            prefix: Arc::new(PrefixState::new(&cfg)),
             cfg,
             clock,
             members: Mutex::new(Vec::new()),
@@ -285,10 +340,19 @@ impl Registry {
     ) -> Result<Arc<Engine>, String> {
         entry.validate("engine").map_err(|e| e.to_string())?;
         let tracker = EngineTracker::new(&self.cfg.routing.health, self.clock.now_us(), ramp);
-        let engine = Arc::new(Engine::new(entry, source, tracker)?);
+        let slot = self.prefix.alloc_slot();
+        let engine = match Engine::new(entry, source, tracker, slot) {
+            Ok(e) => Arc::new(e),
+            Err(err) => {
+                self.prefix.release_slot(slot);
+                return Err(err);
+            }
+        };
         {
             let mut m = lock(&self.members);
             if m.iter().any(|e| e.url == engine.url) {
+                drop(m);
+                self.prefix.release_slot(slot);
                 return Err(format!("engine {} is already registered", engine.url));
             }
             m.push(engine.clone());
@@ -307,6 +371,7 @@ impl Registry {
         };
         removed.removed.store(true, Ordering::Relaxed);
         self.rebuild();
+        self.prefix.release_slot(removed.slot);
         Some(removed)
     }
 
@@ -349,12 +414,7 @@ impl Registry {
         let routes = by_model
             .into_iter()
             .map(|(model, engines)| {
-                let policy_cfg = self
-                    .cfg
-                    .models
-                    .get(&model)
-                    .cloned()
-                    .unwrap_or_else(|| self.cfg.routing.policy.clone());
+                let policy_cfg = self.cfg.model_policy(&model).clone();
                 let members: Vec<EngineMember> = engines
                     .iter()
                     .map(|e| {
@@ -365,11 +425,19 @@ impl Registry {
                     .collect();
                 let seed = self.cfg.seed ^ stable_hash(model.as_bytes()) ^ version;
                 let policy = Policy::new(&policy_cfg, &members, seed);
+                let prefix = RoutePrefix::build(
+                    &self.prefix,
+                    &self.cfg,
+                    &model,
+                    policy_cfg.policy,
+                    &engines,
+                );
                 let route = ModelRoute {
                     model: model.clone(),
                     engines,
                     policy,
                     policy_cfg,
+                    prefix,
                 };
                 (model, Arc::new(route))
             })

@@ -9,10 +9,17 @@
 //! * store + remove and speculative-insert throughput on the 1M-block index, and the
 //!   ingestion of a `BlockStored` batch (rehash included);
 //! * bytes per entry of the built indexes (printed), and p50/p99 of single lookups timed one
-//!   by one (printed), besides criterion's estimates.
+//!   by one (printed), besides criterion's estimates;
+//! * the whole routing decision minus tokenization, as the gateway makes it: lookup, engine
+//!   slots translated to the route's indices, the `precise` policy's pick over the fleet's
+//!   load views (`decision/...`).
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvmesh_kvevents::{BlockHash, EventBatch, KvEvent};
+use kvmesh_policy::{
+    EngineMember, EngineView, Policy, PolicyConfig, PolicyKind, PrefixInput, PrefixMatch,
+    RequestCtx,
+};
 use kvmesh_prefix::{
     BlockKey, EngineIngest, ExtraKeys, IndexOp, IngestConfig, Match, PrefixIndex, block_keys,
     extend_block_keys,
@@ -174,11 +181,64 @@ fn bench_lookup(c: &mut Criterion) {
                 });
             }
             g.finish();
+            if !template {
+                bench_decision(c, &f, engines);
+            }
             if engines == 64 && !template {
                 bench_ops(c, f);
             }
         }
     }
+}
+
+/// Lookup + slot → route index + `precise` pick, with loads spread over the fleet.
+fn bench_decision(c: &mut Criterion, f: &Fleet, engines: u32) {
+    let members: Vec<EngineMember> = (0..engines).map(|e| EngineMember::new(e as u64)).collect();
+    let views: Vec<EngineView> = (0..engines)
+        .map(|e| {
+            let mut v = EngineView::new(1.0);
+            v.in_flight = (e * 7) % 13;
+            v
+        })
+        .collect();
+    let cfg = PolicyConfig {
+        policy: PolicyKind::Precise,
+        ..PolicyConfig::default()
+    };
+    let policy = Policy::new(&cfg, &members, 1);
+    // The gateway maps index slots to route indices through a table; here they are equal.
+    let slot_to_idx: Vec<u32> = (0..engines).collect();
+    let mut found: Vec<Match> = Vec::with_capacity(4096);
+    let mut matches: Vec<PrefixMatch> = Vec::with_capacity(4096);
+    let mut out = Vec::with_capacity(8);
+    let mut seed = 0u64;
+    let mut decide = |keys: &[BlockKey]| {
+        seed += 1;
+        f.idx.lookup(keys, 0, &mut found);
+        matches.clear();
+        for m in &found {
+            if let Some(&i) = slot_to_idx.get(m.engine as usize) {
+                matches.push(PrefixMatch {
+                    engine: i,
+                    blocks: m.blocks,
+                });
+            }
+        }
+        let ctx = RequestCtx::new(seed, 0).with_prefix(PrefixInput {
+            total_blocks: keys.len() as u32,
+            matches: &matches,
+        });
+        policy.pick(&views, &ctx, &mut out)
+    };
+    let name = format!("decision/{engines}x1M/precise");
+    let (p50, p99) = percentiles(&mut || {
+        black_box(decide(&f.hit));
+    });
+    eprintln!("{name}/hit: p50 {p50:.1} µs, p99 {p99:.1} µs (lookup + pick)");
+    let mut g = c.benchmark_group(&name);
+    g.bench_function("hit", |b| b.iter(|| black_box(decide(black_box(&f.hit)))));
+    g.bench_function("miss", |b| b.iter(|| black_box(decide(black_box(&f.miss)))));
+    g.finish();
 }
 
 fn bench_ops(c: &mut Criterion, f: Fleet) {

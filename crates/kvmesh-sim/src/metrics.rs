@@ -35,6 +35,9 @@ pub struct SimMetrics {
     restarts: AtomicU64,
     rejected: AtomicU64,
     events_dropped: AtomicU64,
+    /// `process_start_time_seconds` (f64 bits): set at start and by every simulated restart,
+    /// as a restarted vLLM process reports a new one (routers use it to detect restarts).
+    start_time_bits: AtomicU64,
     /// Counters of the current engine plus those of engines before restarts (vLLM's counters
     /// restart with the process; we keep them monotonic so that rate() stays meaningful, and
     /// count restarts separately).
@@ -56,6 +59,7 @@ impl SimMetrics {
             restarts: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             events_dropped: AtomicU64::new(0),
+            start_time_bits: AtomicU64::new(unix_now().to_bits()),
             engine: Mutex::new((EngineStats::default(), EngineStats::default())),
         }
     }
@@ -100,6 +104,9 @@ impl SimMetrics {
     /// The engine restarted: fold the old engine's counters into the base.
     pub fn restarted(&self) {
         self.restarts.fetch_add(1, Relaxed);
+        let old = f64::from_bits(self.start_time_bits.load(Relaxed));
+        let now = unix_now().max(old + 0.001);
+        self.start_time_bits.store(now.to_bits(), Relaxed);
         let mut g = match self.engine.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -243,6 +250,20 @@ impl SimMetrics {
             "Engine steps since the last restart.",
             cur.steps,
         );
+        let _ = writeln!(
+            out,
+            "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n\
+             # TYPE process_start_time_seconds gauge\n\
+             process_start_time_seconds {:.3}",
+            f64::from_bits(self.start_time_bits.load(Relaxed))
+        );
         out
     }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }

@@ -33,7 +33,7 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
     #[arg(long, value_name = "IP:PORT", help = format!("HTTP address of the router [default: {}]", d().listen))]
     pub listen: Option<String>,
-    /// An engine: a base URL, or url=URL,kv_events=ENDPOINT,weight=N,models=a;b (repeatable;
+    /// An engine: a base URL, or url=URL,kv_events=ENDPOINT,kv_replay=ENDPOINT,weight=N,models=a;b (repeatable;
     /// added to the file's engines).
     #[arg(long = "engine", value_name = "ENGINE", value_parser = EngineEntry::parse)]
     pub engines: Vec<EngineEntry>,
@@ -61,6 +61,12 @@ pub struct ServeArgs {
     /// Turn the circuit breakers off.
     #[arg(long)]
     pub no_breakers: bool,
+    /// Tokenizer of cache-aware routing: a tokenizer.json or its directory (empty = bundled
+    /// Qwen3); it must be the engines' for precise routing.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<String>,
+    #[arg(long, value_name = "N", help = format!("Tokens per KV block, the engines' block size [default: {}]", d().prefix.block_size))]
+    pub block_size: Option<u32>,
 }
 
 impl ServeArgs {
@@ -95,6 +101,12 @@ impl ServeArgs {
         }
         if self.no_breakers {
             c.routing.health.breaker.enabled = false;
+        }
+        if let Some(t) = &self.tokenizer {
+            c.prefix.tokenizer = t.clone();
+        }
+        if let Some(b) = self.block_size {
+            c.prefix.block_size = b;
         }
         file.validate().map_err(|e| e.to_string())?;
         if file.serve.engines.is_empty() && file.serve.dns.is_empty() {

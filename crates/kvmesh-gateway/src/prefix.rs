@@ -1,0 +1,394 @@
+//! Cache-aware routing on the request path: prompt → tokens → block keys → per-engine longest
+//! cached prefix (from the shared [`PrefixIndex`]) → the policy's [`PrefixInput`]; after the
+//! decision, speculative entries for the chosen engine.
+//!
+//! One index serves every model: block keys already separate what must not match (token ids,
+//! LoRA name, cache salt, block size), and an engine slot is the engine's id in it. Entries
+//! come from two sources: the engines' KV events (confirmed copies, `crate::ingest`) and
+//! routing decisions (speculative marks: `speculative_ttl_ms` under `precise`/`scored`,
+//! `approximate_ttl_ms` under `cache_aware` and for engines whose event stream is not live).
+
+use crate::registry::Engine;
+use kvmesh_config::{PrefixConfig, ServeConfig};
+use kvmesh_openai::{ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
+use kvmesh_policy::{MAX_CANDIDATES, PolicyKind, PrefixMatch};
+use kvmesh_prefix::{BlockKey, ExtraKeys, Match, PrefixIndex, block_keys, max_hit_blocks};
+use kvmesh_tokenize::{ChatRenderRequest, SegmentCache, Tokenizer};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Router-wide counters of cache-aware routing.
+pub struct PrefixMetrics {
+    /// Requests whose prompt was tokenized and looked up.
+    pub lookups: AtomicU64,
+    /// Requests of a cache-aware route whose prompt could not be tokenized (routed on load;
+    /// the engine answers with the real error if the body is invalid).
+    pub tokenize_failures: AtomicU64,
+    /// Time spent rendering, tokenizing and hashing.
+    pub prepare_time: kvmesh_metrics::Histogram,
+    /// Time spent in index lookups.
+    pub lookup_time: kvmesh_metrics::Histogram,
+}
+
+/// The shared prefix index, the engine slots, the tokenizers.
+pub struct PrefixState {
+    cfg: PrefixConfig,
+    index: RwLock<PrefixIndex>,
+    /// Free engine slots (ids in the index) and the next never-used one.
+    slots: Mutex<(Vec<u32>, u32)>,
+    tokenizers: Mutex<HashMap<String, Arc<Tokenizer>>>,
+    /// Token ids of prompt pieces, shared by every model (keys are text hashes; a piece
+    /// tokenized by two tokenizers would collide, so the cache is per tokenizer path).
+    segments: Mutex<HashMap<String, Arc<SegmentCache>>>,
+    /// Counters.
+    pub metrics: PrefixMetrics,
+}
+
+impl PrefixState {
+    /// Empty state for `cfg`.
+    pub fn new(cfg: &ServeConfig) -> PrefixState {
+        PrefixState {
+            cfg: cfg.prefix.clone(),
+            index: RwLock::new(PrefixIndex::new()),
+            slots: Mutex::new((Vec::new(), 0)),
+            tokenizers: Mutex::new(HashMap::new()),
+            segments: Mutex::new(HashMap::new()),
+            metrics: PrefixMetrics {
+                lookups: AtomicU64::new(0),
+                tokenize_failures: AtomicU64::new(0),
+                prepare_time: kvmesh_metrics::Histogram::new(kvmesh_metrics::MICRO_BUCKETS),
+                lookup_time: kvmesh_metrics::Histogram::new(kvmesh_metrics::MICRO_BUCKETS),
+            },
+        }
+    }
+
+    /// The `[serve.prefix]` section.
+    pub fn config(&self) -> &PrefixConfig {
+        &self.cfg
+    }
+
+    /// The index, for reading (lookups; never held across an await).
+    pub fn index(&self) -> RwLockReadGuard<'_, PrefixIndex> {
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The index, for writing (event ops, speculative entries, sweeps).
+    pub fn index_mut(&self) -> RwLockWriteGuard<'_, PrefixIndex> {
+        self.index.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The tokenizer at `path` (empty = bundled Qwen3), loaded once.
+    pub fn tokenizer(&self, path: &str) -> Result<Arc<Tokenizer>, String> {
+        if let Some(t) = lock(&self.tokenizers).get(path) {
+            return Ok(t.clone());
+        }
+        // Loading takes a moment (hundreds of ms for a large vocabulary); done outside the
+        // lock, a concurrent load of the same path just wastes one.
+        let t = if path.is_empty() {
+            Tokenizer::bundled_default()
+        } else {
+            Tokenizer::from_path(Path::new(path))
+        }
+        .map_err(|e| {
+            let shown = if path.is_empty() { "(bundled)" } else { path };
+            format!("cannot load tokenizer {shown}: {e}")
+        })?;
+        let t = Arc::new(t);
+        lock(&self.tokenizers).insert(path.to_string(), t.clone());
+        Ok(t)
+    }
+
+    fn segment_cache(&self, path: &str) -> Arc<SegmentCache> {
+        let mut g = lock(&self.segments);
+        if let Some(c) = g.get(path) {
+            return c.clone();
+        }
+        let c = Arc::new(SegmentCache::new(self.cfg.tokenizer_cache_tokens));
+        g.insert(path.to_string(), c.clone());
+        c
+    }
+
+    /// A slot for a new engine, registered in the index with the configured capacity.
+    pub fn alloc_slot(&self) -> u32 {
+        let slot = {
+            let mut s = lock(&self.slots);
+            match s.0.pop() {
+                Some(x) => x,
+                None => {
+                    s.1 += 1;
+                    s.1 - 1
+                }
+            }
+        };
+        let _ = self
+            .index_mut()
+            .add_engine(slot, self.cfg.engine_capacity_blocks);
+        slot
+    }
+
+    /// Frees a removed engine's slot and drops its entries.
+    pub fn release_slot(&self, slot: u32) {
+        self.index_mut().remove_engine(slot);
+        lock(&self.slots).0.push(slot);
+    }
+
+    /// Drops expired speculative entries (called about once a second).
+    pub fn sweep(&self, now_us: u64) -> usize {
+        self.index_mut().expire(now_us)
+    }
+}
+
+/// What a cache-aware route needs on the request path, prepared at snapshot rebuild.
+pub struct RoutePrefix {
+    /// The model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Its piece cache.
+    pub segments: Arc<SegmentCache>,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The policy kind (decides the speculative TTL).
+    pub kind: PolicyKind,
+    /// Engine slot → index of the engine in the route (`u32::MAX`: not in this route).
+    pub slot_to_idx: Vec<u32>,
+}
+
+impl RoutePrefix {
+    /// Prepares a route of `model` over `engines` if its policy is cache-aware. A tokenizer
+    /// that fails to load is logged and the route falls back to load-only routing.
+    pub fn build(
+        state: &PrefixState,
+        cfg: &ServeConfig,
+        model: &str,
+        kind: PolicyKind,
+        engines: &[Arc<Engine>],
+    ) -> Option<RoutePrefix> {
+        if !kind.uses_prefix() {
+            return None;
+        }
+        let path = cfg.model_tokenizer(model);
+        let tokenizer = match state.tokenizer(path) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(model, error = %e, "cache-aware routing disabled for this model");
+                return None;
+            }
+        };
+        let max_slot = engines.iter().map(|e| e.slot).max().unwrap_or(0);
+        let mut slot_to_idx = vec![u32::MAX; max_slot as usize + 1];
+        for (i, e) in engines.iter().enumerate() {
+            slot_to_idx[e.slot as usize] = i as u32;
+        }
+        Some(RoutePrefix {
+            tokenizer,
+            segments: state.segment_cache(path),
+            block_size: cfg.model_block_size(model),
+            kind,
+            slot_to_idx,
+        })
+    }
+}
+
+/// Where the request's body goes (the prompt is read differently).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/chat/completions`: messages rendered with the chat template.
+    Chat,
+    /// `/v1/completions`: a text prompt or token ids.
+    Completions,
+}
+
+/// Per-thread buffers of the request path (no allocation per request once warm).
+#[derive(Default)]
+pub struct Scratch {
+    tokens: Vec<u32>,
+    /// The request's block keys (only the blocks an engine could serve from cache).
+    pub keys: Vec<BlockKey>,
+    found: Vec<Match>,
+    /// Matches translated to route indices (the policy's input).
+    pub matches: Vec<PrefixMatch>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Runs `f` with this thread's scratch buffers (never across an await: `f` is synchronous).
+pub fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|s| f(&mut s.borrow_mut()))
+}
+
+/// What the request's prompt turned into.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lookup {
+    /// Prompt tokens (after the `max_prompt_tokens` cut).
+    pub prompt_tokens: u32,
+    /// Blocks an engine could serve from cache (`scratch.keys.len()`).
+    pub total_blocks: u32,
+}
+
+/// Renders/tokenizes the body's prompt, computes its block keys into `s.keys` and the
+/// per-engine matches into `s.matches` (route indices). `None` when the prompt cannot be read
+/// (routed on load alone). The request path uses the two halves ([`prompt_keys`] outside any
+/// lock, [`match_engines`] under the index lock it decides and remembers under).
+pub fn prepare(
+    state: &PrefixState,
+    rp: &RoutePrefix,
+    endpoint: Endpoint,
+    body: &[u8],
+    now_us: u64,
+    s: &mut Scratch,
+) -> Option<Lookup> {
+    let l = prompt_keys(state, rp, endpoint, body, s)?;
+    match_engines(state, &state.index(), rp, now_us, s);
+    Some(l)
+}
+
+/// Renders/tokenizes the body's prompt and computes its block keys into `s.keys` (cut to the
+/// blocks an engine can serve from cache). No lock.
+pub fn prompt_keys(
+    state: &PrefixState,
+    rp: &RoutePrefix,
+    endpoint: Endpoint,
+    body: &[u8],
+    s: &mut Scratch,
+) -> Option<Lookup> {
+    let t0 = std::time::Instant::now();
+    s.tokens.clear();
+    s.keys.clear();
+    s.matches.clear();
+    let salt = match tokenize(rp, endpoint, body, &mut s.tokens) {
+        Ok(salt) => salt,
+        Err(e) => {
+            state.metrics.tokenize_failures.fetch_add(1, Relaxed);
+            tracing::debug!(error = %e, "prompt not tokenized; routing on load");
+            return None;
+        }
+    };
+    let n = s.tokens.len().min(state.cfg.max_prompt_tokens);
+    let bs = rp.block_size as usize;
+    let extra = match salt.as_deref() {
+        Some(x) if !x.is_empty() => ExtraKeys::salt(x),
+        _ => ExtraKeys::default(),
+    };
+    block_keys(&s.tokens[..n], bs, extra, &mut s.keys);
+    s.keys.truncate(max_hit_blocks(n, bs));
+    state
+        .metrics
+        .prepare_time
+        .observe_us(t0.elapsed().as_micros() as u64);
+    Some(Lookup {
+        prompt_tokens: n as u32,
+        total_blocks: s.keys.len() as u32,
+    })
+}
+
+/// Looks `s.keys` up in `index` and translates the engine slots into the route's indices
+/// (`s.matches`).
+pub fn match_engines(
+    state: &PrefixState,
+    index: &PrefixIndex,
+    rp: &RoutePrefix,
+    now_us: u64,
+    s: &mut Scratch,
+) {
+    let t1 = std::time::Instant::now();
+    index.lookup(&s.keys, now_us, &mut s.found);
+    s.matches.clear();
+    for m in &s.found {
+        if let Some(&i) = rp.slot_to_idx.get(m.engine as usize)
+            && i != u32::MAX
+        {
+            s.matches.push(PrefixMatch {
+                engine: i,
+                blocks: m.blocks,
+            });
+        }
+    }
+    state
+        .metrics
+        .lookup_time
+        .observe_us(t1.elapsed().as_micros() as u64);
+    state.metrics.lookups.fetch_add(1, Relaxed);
+}
+
+/// The prompt's token ids into `out`; returns the request's cache salt.
+fn tokenize(
+    rp: &RoutePrefix,
+    endpoint: Endpoint,
+    body: &[u8],
+    out: &mut Vec<u32>,
+) -> Result<Option<String>, String> {
+    match endpoint {
+        Endpoint::Chat => {
+            let r: ChatCompletionRequest = parse_body(body).map_err(|e| e.message)?;
+            let req = ChatRenderRequest {
+                messages: &r.messages,
+                tools: r.tools.as_deref(),
+                add_generation_prompt: r.add_generation_prompt.unwrap_or(true),
+                continue_final_message: r.continue_final_message,
+                template_kwargs: r.chat_template_kwargs.as_ref(),
+            };
+            let text = rp.tokenizer.render_chat(&req).map_err(|e| e.to_string())?;
+            rp.tokenizer
+                .encode_cached(&text, &rp.segments, out)
+                .map_err(|e| e.to_string())?;
+            Ok(r.cache_salt)
+        }
+        Endpoint::Completions => {
+            let r: CompletionRequest = parse_body(body).map_err(|e| e.message)?;
+            let inputs = r.prompt.inputs();
+            let [input] = inputs.as_slice() else {
+                return Err("batched prompts are routed on load".into());
+            };
+            match input {
+                PromptInput::Text(t) => {
+                    let ids = rp.tokenizer.encode(t, true).map_err(|e| e.to_string())?;
+                    out.extend_from_slice(&ids);
+                }
+                PromptInput::Tokens(ids) => out.extend_from_slice(ids),
+            }
+            Ok(r.cache_salt)
+        }
+    }
+}
+
+/// Marks the chosen engine as holding the request's blocks until `now + ttl`: the policy's
+/// speculative TTL when the engine's events are live and the policy reads events, else the
+/// approximate TTL (the router's own decisions are all it knows).
+pub fn remember(
+    state: &PrefixState,
+    index: &mut PrefixIndex,
+    rp: &RoutePrefix,
+    engine: &Engine,
+    keys: &[BlockKey],
+    now_us: u64,
+) {
+    if keys.is_empty() {
+        return;
+    }
+    let cfg = &state.cfg;
+    let ttl_ms = match rp.kind {
+        PolicyKind::Precise | PolicyKind::Scored if engine.events_live() => cfg.speculative_ttl_ms,
+        _ => cfg.approximate_ttl_ms,
+    };
+    index.insert_speculative(engine.slot, keys, now_us + ttl_ms * 1000, now_us);
+}
+
+/// Matched blocks of each candidate (for the predicted-cached-tokens metric and header).
+pub fn candidate_blocks(matches: &[PrefixMatch], candidates: &[usize]) -> [u32; MAX_CANDIDATES] {
+    let mut out = [0u32; MAX_CANDIDATES];
+    for (slot, &c) in out.iter_mut().zip(candidates) {
+        *slot = matches
+            .iter()
+            .find(|m| m.engine as usize == c)
+            .map_or(0, |m| m.blocks);
+    }
+    out
+}

@@ -1,0 +1,783 @@
+//! KV-event ingestion end to end: a Python publisher (tests/python/kv_events_pub.py, pyzmq +
+//! msgpack, vLLM-format frames in both encodings, int and bytes hashes) drives an in-process
+//! router. Covered: chains of `BlockStored` with parents, `BlockRemoved`, `AllBlocksCleared`, a
+//! lost batch filled from the replay socket, a seq regression (engine restart), a gap without a
+//! replay socket (stale until `AllBlocksCleared`), garbage payloads (stale until a restart). At
+//! each checkpoint the engine's index entries must be exactly the blocks the engine holds,
+//! rehashed into the router's keys (`block_keys` of the token ids from the chain's root).
+//!
+//! 127.0.0.1 only; ports chosen by the OS; every wait is bounded; the Python process is killed
+//! when its handle drops.
+
+use kvmesh_config::{EngineEntry, ServeConfig};
+use kvmesh_gateway::{Engine, GatewayServer};
+use kvmesh_prefix::{BlockKey, ExtraKeys, block_keys};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BS: usize = 16;
+/// Bound on every wait for the router to catch up.
+const WAIT: Duration = Duration::from_secs(10);
+/// Pause the publisher makes at a checkpoint (the test inspects the router meanwhile).
+const CHECKPOINT_MS: u64 = 4_000;
+const INSTALL_HINT: &str =
+    "Python packages pyzmq and msgpack are required: run scripts/install-test-deps.sh";
+
+// ---------------------------------------------------------------------------------------------
+// The Python publisher.
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn require_python() {
+    let out = Command::new("python3")
+        .args(["-B", "-c", "import zmq, msgpack"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("{INSTALL_HINT}\n{}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => panic!("python3 not runnable ({e}); {INSTALL_HINT}"),
+    }
+}
+
+/// kv_events_pub.py running a script; killed on drop.
+struct PyPublisher {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    script: PathBuf,
+    endpoint: String,
+    replay_endpoint: Option<String>,
+}
+
+impl PyPublisher {
+    /// Binds on OS-chosen loopback ports (with a replay ROUTER if `replay`) and waits for one
+    /// subscriber before running `steps`.
+    fn start(steps: &[Value], replay: bool) -> PyPublisher {
+        require_python();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let script = std::env::temp_dir().join(format!(
+            "kv_ingest_script_{}_{nanos}.json",
+            std::process::id()
+        ));
+        std::fs::write(
+            &script,
+            serde_json::to_vec(&json!({"encoding": "map", "steps": steps})).unwrap(),
+        )
+        .unwrap();
+        let mut cmd = Command::new("python3");
+        cmd.arg("-B")
+            .arg("-u")
+            .arg(repo_root().join("tests/python/kv_events_pub.py"))
+            .args(["--endpoint", "tcp://127.0.0.1:*"]);
+        if replay {
+            cmd.args(["--replay-endpoint", "tcp://127.0.0.1:*"]);
+        }
+        cmd.arg("--script")
+            .arg(&script)
+            .args(["--wait-subscribers", "1", "--exit-on-stdin-eof"])
+            .args(["--timeout", "60"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn python3 kv_events_pub.py: {e}; {INSTALL_HINT}"));
+        let stdout = child.stdout.take().expect("stdout");
+        let stdin = child.stdin.take();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut p = PyPublisher {
+            child,
+            stdin,
+            lines,
+            script,
+            endpoint: String::new(),
+            replay_endpoint: None,
+        };
+        let first = p.next_json(WAIT);
+        p.endpoint = first["endpoint"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no endpoint in {first}"))
+            .to_string();
+        p.replay_endpoint = first["replay_endpoint"].as_str().map(str::to_string);
+        assert_eq!(p.replay_endpoint.is_some(), replay, "{first}");
+        p
+    }
+
+    fn next_json(&self, timeout: Duration) -> Value {
+        let line = self.lines.recv_timeout(timeout).unwrap_or_else(|e| {
+            panic!("kv_events_pub.py: no output line within {timeout:?} ({e})")
+        });
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad JSON {line:?}: {e}"))
+    }
+
+    /// Waits for the script's end; returns `next_seq`.
+    fn wait_done(&self) -> u64 {
+        let limit = WAIT + Duration::from_millis(2 * CHECKPOINT_MS);
+        let v = tokio::task::block_in_place(|| self.next_json(limit));
+        assert_eq!(v["done"], json!(true), "{v}");
+        v["next_seq"].as_u64().expect("next_seq")
+    }
+
+    /// Closes stdin (the script exits) and waits for a clean exit.
+    fn finish(mut self) {
+        self.stdin.take();
+        let deadline = Instant::now() + WAIT;
+        tokio::task::block_in_place(|| {
+            loop {
+                if let Ok(Some(st)) = self.child.try_wait() {
+                    assert!(st.success(), "kv_events_pub.py exited with {st}");
+                    return;
+                }
+                assert!(Instant::now() < deadline, "kv_events_pub.py did not exit");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    }
+}
+
+impl Drop for PyPublisher {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.script);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine's cache as the test knows it, and the canonical batch JSON of its events.
+
+#[derive(Clone, Debug)]
+enum H {
+    Int(u64),
+    Bytes(Vec<u8>),
+}
+
+impl H {
+    fn bytes(tag: u8, i: u8) -> H {
+        H::Bytes((0..32).map(|k| tag.wrapping_mul(31) ^ i ^ k).collect())
+    }
+
+    fn json(&self) -> Value {
+        match self {
+            H::Int(v) => json!(v),
+            H::Bytes(b) => {
+                let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+                json!({"$bytes": hex})
+            }
+        }
+    }
+
+    fn id(&self) -> String {
+        self.json().to_string()
+    }
+}
+
+/// The router's key of the last block of `path` (token ids from the chain's root).
+fn key_of(path: &[u32]) -> BlockKey {
+    let mut out = Vec::new();
+    block_keys(path, BS, ExtraKeys::default(), &mut out);
+    assert_eq!(out.len() * BS, path.len());
+    *out.last().expect("at least one block")
+}
+
+/// What the engine holds: engine hash → token ids from its chain's root to it.
+#[derive(Default)]
+struct Cache {
+    next_token: u32,
+    held: HashMap<String, Vec<u32>>,
+    /// Paths of blocks the engine no longer holds (removed, cleared, lost in a restart).
+    gone: Vec<Vec<u32>>,
+}
+
+impl Cache {
+    /// `BlockStored` of fresh blocks `hashes` chained after `parent` (which the engine holds).
+    fn store(&mut self, hashes: &[H], parent: Option<&H>, medium: Option<&str>) -> Value {
+        let mut path = match parent {
+            Some(p) => self.held[&p.id()].clone(),
+            None => Vec::new(),
+        };
+        let mut tokens = Vec::new();
+        for h in hashes {
+            for _ in 0..BS {
+                // Token ids of real vocabularies: below 2^18, never repeating in this test.
+                let t = 1000 + self.next_token;
+                self.next_token += 1;
+                path.push(t);
+                tokens.push(t);
+            }
+            self.held.insert(h.id(), path.clone());
+        }
+        json!({
+            "type": "BlockStored",
+            "block_hashes": hashes.iter().map(H::json).collect::<Vec<_>>(),
+            "parent_block_hash": parent.map(H::json),
+            "token_ids": tokens,
+            "block_size": BS,
+            "lora_id": null,
+            "medium": medium,
+            "lora_name": null,
+        })
+    }
+
+    fn remove(&mut self, hashes: &[H]) -> Value {
+        for h in hashes {
+            let path = self.held.remove(&h.id()).expect("removing a held block");
+            self.gone.push(path);
+        }
+        json!({"type": "BlockRemoved", "block_hashes": hashes.iter().map(H::json).collect::<Vec<_>>(), "medium": "GPU"})
+    }
+
+    fn clear(&mut self) -> Value {
+        self.drop_all();
+        json!({"type": "AllBlocksCleared"})
+    }
+
+    /// The engine lost everything (restart).
+    fn drop_all(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        self.gone.extend(held.into_values());
+    }
+
+    fn key(&self, h: &H) -> BlockKey {
+        key_of(&self.held[&h.id()])
+    }
+
+    fn expected(&self) -> Vec<BlockKey> {
+        self.held.values().map(|p| key_of(p)).collect()
+    }
+
+    fn gone_keys(&self) -> Vec<BlockKey> {
+        let held = self.expected();
+        self.gone
+            .iter()
+            .map(|p| key_of(p))
+            .filter(|k| !held.contains(k))
+            .collect()
+    }
+}
+
+fn batch(ts: f64, events: Vec<Value>, enc: &str) -> Value {
+    json!({"batch": {"ts": ts, "events": events, "data_parallel_rank": 0}, "encoding": enc})
+}
+
+fn other(enc: &str) -> &'static str {
+    if enc == "array" { "map" } else { "array" }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The router.
+
+/// A loopback port nothing listens on (the engine's HTTP API need not answer).
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+async fn start_router(p: &PyPublisher) -> (GatewayServer, Arc<Engine>) {
+    let cfg = ServeConfig {
+        listen: "127.0.0.1:0".into(),
+        engines: vec![EngineEntry {
+            url: format!("http://127.0.0.1:{}", closed_port()),
+            kv_events: p.endpoint.clone(),
+            kv_replay: p.replay_endpoint.clone().unwrap_or_default(),
+            models: vec!["m".into()],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    assert_eq!(cfg.prefix.block_size as usize, BS);
+    let server = kvmesh_gateway::start(cfg).await.expect("start router");
+    let members = server.gateway.registry.members();
+    assert_eq!(members.len(), 1);
+    let e = members[0].clone();
+    (server, e)
+}
+
+fn counters(e: &Engine) -> String {
+    let s = &e.ingest;
+    format!(
+        "connected={} stale={} batches={} dropped={} malformed={} gaps={} replays_ok={} \
+         replays_failed={} restarts={} epoch={} tracked={}",
+        s.connected.load(Relaxed),
+        s.stale.load(Relaxed),
+        s.batches.load(Relaxed),
+        s.dropped.load(Relaxed),
+        s.malformed.load(Relaxed),
+        s.gaps.load(Relaxed),
+        s.replays_ok.load(Relaxed),
+        s.replays_failed.load(Relaxed),
+        s.restarts.load(Relaxed),
+        s.epoch.load(Relaxed),
+        s.tracked_blocks.load(Relaxed),
+    )
+}
+
+/// The engine's index entries are exactly `expected` (all confirmed), none of `absent`.
+fn index_is(
+    server: &GatewayServer,
+    e: &Engine,
+    expected: &[BlockKey],
+    absent: &[BlockKey],
+) -> Result<(), String> {
+    let gw = &server.gateway;
+    let now = gw.clock.now_us();
+    let idx = gw.registry.prefix.index();
+    let c = idx
+        .engine_counts(e.slot)
+        .ok_or_else(|| "engine slot not in the index".to_string())?;
+    if c.confirmed as usize != expected.len() || c.entries as usize != expected.len() {
+        return Err(format!(
+            "index has {} entries ({} confirmed), the engine holds {} blocks",
+            c.entries,
+            c.confirmed,
+            expected.len()
+        ));
+    }
+    let missing = expected
+        .iter()
+        .filter(|k| !idx.holds(e.slot, **k, now))
+        .count();
+    if missing > 0 {
+        return Err(format!("{missing} held blocks missing from the index"));
+    }
+    let extra = absent
+        .iter()
+        .filter(|k| idx.holds(e.slot, **k, now))
+        .count();
+    if extra > 0 {
+        return Err(format!(
+            "{extra} blocks the engine dropped still in the index"
+        ));
+    }
+    Ok(())
+}
+
+/// Polls `cond` every 20 ms until it holds; panics after `WAIT` with its last complaint.
+async fn wait_for(what: &str, e: &Engine, mut cond: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = cond();
+        match r {
+            Ok(()) => return,
+            Err(why) if Instant::now() >= deadline => {
+                panic!(
+                    "{what}: not reached within {WAIT:?}: {why}\n  ingest: {}",
+                    counters(e)
+                )
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+fn batches_at_least(e: &Engine, n: u64) -> Result<(), String> {
+    let b = e.ingest.batches.load(Relaxed);
+    if b >= n {
+        Ok(())
+    } else {
+        Err(format!("{b} of {n} batches applied"))
+    }
+}
+
+/// The value of a per-engine gauge in the router's `/metrics` text.
+fn metric(server: &GatewayServer, name: &str) -> f64 {
+    let gw = &server.gateway;
+    let page = gw.metrics.render(&gw.registry, gw.clock.now_us());
+    let prefix = format!("{name}{{");
+    let vals: Vec<f64> = page
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(vals.len(), 1, "{name} samples in:\n{page}");
+    vals[0]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests.
+
+/// Stored chains (int, bytes and mixed hashes), removals, a clear followed by new stores, a
+/// dropped batch recovered from the replay socket (a later batch depends on it), encodings
+/// alternating per batch starting with `enc`.
+async fn stored_removed_cleared_replayed(enc: &str) {
+    let alt = other(enc);
+    let mut c = Cache::default();
+    let a = [H::Int(1), H::Int(2), H::Int(u64::MAX - 3)];
+    let b = [H::bytes(1, 1), H::bytes(1, 2)];
+    let x = [H::bytes(2, 1), H::Int(0x8000_0000_0000_0001)];
+    let d = [H::Int(40), H::bytes(4, 1)];
+    let f = [H::Int(50), H::Int(51)];
+    let g = [H::bytes(6, 1)];
+    let mut steps = vec![
+        // seq 0: a root chain of 3 blocks, int hashes.
+        batch(1.0, vec![c.store(&a, None, Some("GPU"))], enc),
+        // seq 1: a branch off a[1] (bytes hashes) and another root (mixed hashes).
+        batch(
+            2.0,
+            vec![
+                c.store(&b, Some(&a[1]), None),
+                c.store(&x, None, Some("GPU")),
+            ],
+            alt,
+        ),
+    ];
+    // seq 2: leaves evicted: the end of the branch and of the first chain.
+    steps.push(batch(
+        3.0,
+        vec![c.remove(&[b[1].clone(), a[2].clone()])],
+        enc,
+    ));
+    let before_clear = c.expected();
+    assert_eq!(before_clear.len(), 5);
+    // seq 3: the cache is reset, then a new chain.
+    steps.push(batch(4.0, vec![c.clear(), c.store(&d, None, None)], alt));
+    // seq 4: lost on the way (buffered for replay), extends d.
+    let mut lost = batch(5.0, vec![c.store(&f, Some(&d[1]), Some("GPU"))], enc);
+    lost["drop"] = json!(true);
+    steps.push(lost);
+    // seq 5: extends f (the router only knows f's keys if it replayed seq 4), then f[1] is
+    // evicted (its child stays: entries are per block).
+    steps.push(batch(
+        6.0,
+        vec![c.store(&g, Some(&f[1]), None), c.remove(&[f[1].clone()])],
+        alt,
+    ));
+    // seq 6: one more store after the gap, bytes hash, plain root.
+    let h = [H::bytes(7, 1)];
+    steps.push(batch(7.0, vec![c.store(&h, None, None)], enc));
+    let total_seqs = 7;
+
+    let p = PyPublisher::start(&steps, true);
+    let (server, e) = start_router(&p).await;
+    assert_eq!(p.wait_done(), total_seqs);
+    let expected = c.expected();
+    let absent = c.gone_keys();
+    assert_eq!(expected.len(), 5, "d[0], d[1], f[0], g[0], h[0]");
+    wait_for("every batch applied", &e, || {
+        batches_at_least(&e, total_seqs)
+    })
+    .await;
+    wait_for("index = engine cache", &e, || {
+        index_is(&server, &e, &expected, &absent)
+    })
+    .await;
+    // Spot checks by name: g chains from f, which only the replay delivered.
+    let idx_ok = |k: BlockKey| {
+        server
+            .gateway
+            .registry
+            .prefix
+            .index()
+            .holds(e.slot, k, server.gateway.clock.now_us())
+    };
+    assert!(idx_ok(c.key(&g[0])) && idx_ok(c.key(&f[0])) && idx_ok(c.key(&d[1])));
+    let s = &e.ingest;
+    assert_eq!(s.batches.load(Relaxed), total_seqs, "{}", counters(&e));
+    assert_eq!(s.gaps.load(Relaxed), 1, "{}", counters(&e));
+    assert!(s.replays_ok.load(Relaxed) >= 1, "{}", counters(&e));
+    assert_eq!(s.replays_failed.load(Relaxed), 0, "{}", counters(&e));
+    assert_eq!(s.malformed.load(Relaxed), 0, "{}", counters(&e));
+    assert_eq!(s.restarts.load(Relaxed), 0, "{}", counters(&e));
+    assert!(!s.stale.load(Relaxed), "{}", counters(&e));
+    assert!(s.connected.load(Relaxed), "{}", counters(&e));
+    assert_eq!(s.tracked_blocks.load(Relaxed), expected.len() as u64);
+    assert_eq!(metric(&server, "kvmesh_kv_events_stale"), 0.0);
+    p.finish();
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_removed_cleared_and_replayed_gap_array_first() {
+    stored_removed_cleared_replayed("array").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_removed_cleared_and_replayed_gap_map_first() {
+    stored_removed_cleared_replayed("map").await;
+}
+
+/// A replayed gap, a checkpoint, then the engine restarts (seq back to 0, replay buffer
+/// emptied) and stores new blocks: only those remain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_drops_every_block_stored_before() {
+    let mut c = Cache::default();
+    let a = [H::Int(11), H::bytes(8, 1)];
+    let b = [H::bytes(9, 1), H::Int(13)];
+    let mut steps = vec![
+        batch(10.0, vec![c.store(&a, None, Some("GPU"))], "array"),
+        batch(11.0, vec![c.store(&b, Some(&a[1]), None)], "map"),
+    ];
+    steps[1]["drop"] = json!(true);
+    steps.push(batch(12.0, vec![c.remove(&[b[1].clone()])], "array"));
+    let before = c.expected();
+    steps.push(json!({"sleep_ms": CHECKPOINT_MS}));
+    steps.push(json!({"reset_seq": true}));
+    c.drop_all();
+    // The new process: seq 0 again, other hashes and tokens (a new first batch fingerprint).
+    let n = [H::bytes(10, 1), H::Int(21)];
+    let m = [H::Int(22)];
+    steps.push(batch(100.0, vec![c.store(&n, None, None)], "map"));
+    steps.push(batch(
+        101.0,
+        vec![c.store(&m, Some(&n[1]), Some("GPU"))],
+        "array",
+    ));
+    let after = c.expected();
+    let gone = c.gone_keys();
+    assert_eq!((before.len(), after.len(), gone.len()), (3, 3, 4));
+
+    let p = PyPublisher::start(&steps, true);
+    let (server, e) = start_router(&p).await;
+    // Checkpoint: the first epoch exactly, its gap replayed.
+    wait_for("first epoch applied", &e, || batches_at_least(&e, 3)).await;
+    wait_for("index = cache before the restart", &e, || {
+        index_is(&server, &e, &before, &[])
+    })
+    .await;
+    let s = &e.ingest;
+    assert!(s.replays_ok.load(Relaxed) >= 1, "{}", counters(&e));
+    assert!(!s.stale.load(Relaxed), "{}", counters(&e));
+    assert_eq!(s.restarts.load(Relaxed), 0, "{}", counters(&e));
+    assert_eq!(
+        s.batches.load(Relaxed),
+        3,
+        "restarted before the checkpoint? {}",
+        counters(&e)
+    );
+
+    assert_eq!(p.wait_done(), 2);
+    wait_for("second epoch applied", &e, || batches_at_least(&e, 5)).await;
+    wait_for("index = cache after the restart", &e, || {
+        index_is(&server, &e, &after, &gone)
+    })
+    .await;
+    assert!(s.restarts.load(Relaxed) >= 1, "{}", counters(&e));
+    assert_eq!(s.epoch.load(Relaxed), 1, "{}", counters(&e));
+    assert!(!s.stale.load(Relaxed), "{}", counters(&e));
+    assert_eq!(s.replays_failed.load(Relaxed), 0, "{}", counters(&e));
+    assert_eq!(s.tracked_blocks.load(Relaxed), 3);
+    assert_eq!(metric(&server, "kvmesh_kv_events_restarts_total"), 1.0);
+    p.finish();
+    server.shutdown().await;
+}
+
+/// No replay socket: a lost batch leaves the engine stale (metric 1), its older blocks kept;
+/// the next `AllBlocksCleared` resynchronises it exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gap_without_replay_is_stale_until_all_blocks_cleared() {
+    let mut c = Cache::default();
+    let a = [H::Int(31), H::Int(32)];
+    let lost = [H::bytes(11, 1)];
+    let f = [H::Int(35)];
+    let g = [H::bytes(12, 1), H::Int(37)];
+    let mut steps = vec![batch(20.0, vec![c.store(&a, None, None)], "map")];
+    let mut l = batch(21.0, vec![c.store(&lost, None, None)], "array");
+    l["drop"] = json!(true);
+    steps.push(l);
+    // The batch that reveals the gap (see `batch_after_unreplayable_gap_is_applied` for what
+    // happens to its own events).
+    steps.push(batch(22.0, vec![c.store(&f, None, Some("GPU"))], "map"));
+    steps.push(batch(23.0, vec![c.store(&g, None, None)], "array"));
+    let (ka, klost, kg) = (
+        [c.key(&a[0]), c.key(&a[1])],
+        c.key(&lost[0]),
+        [c.key(&g[0]), c.key(&g[1])],
+    );
+    steps.push(json!({"sleep_ms": CHECKPOINT_MS}));
+    let h = [H::bytes(13, 1)];
+    steps.push(batch(24.0, vec![c.clear(), c.store(&h, None, None)], "map"));
+    let after = c.expected();
+    let gone = c.gone_keys();
+
+    let p = PyPublisher::start(&steps, false);
+    let (server, e) = start_router(&p).await;
+    // Checkpoint: g (the last batch before the pause) applied; a kept; the lost block unknown.
+    wait_for("batches after the gap", &e, || {
+        let idx = server.gateway.registry.prefix.index();
+        let now = server.gateway.clock.now_us();
+        if kg.iter().all(|k| idx.holds(e.slot, *k, now)) {
+            Ok(())
+        } else {
+            Err("g not in the index yet".into())
+        }
+    })
+    .await;
+    {
+        let idx = server.gateway.registry.prefix.index();
+        let now = server.gateway.clock.now_us();
+        assert!(
+            ka.iter().all(|k| idx.holds(e.slot, *k, now)),
+            "blocks before the gap are kept"
+        );
+        assert!(
+            !idx.holds(e.slot, klost, now),
+            "the lost batch's block cannot be known"
+        );
+    }
+    let s = &e.ingest;
+    assert!(s.stale.load(Relaxed), "{}", counters(&e));
+    assert_eq!(metric(&server, "kvmesh_kv_events_stale"), 1.0);
+    assert_eq!(s.gaps.load(Relaxed), 1, "{}", counters(&e));
+    assert_eq!(s.replays_ok.load(Relaxed), 0, "{}", counters(&e));
+
+    assert_eq!(p.wait_done(), 5);
+    wait_for("resynchronised by AllBlocksCleared", &e, || {
+        index_is(&server, &e, &after, &gone)?;
+        if s.stale.load(Relaxed) {
+            return Err("still stale".into());
+        }
+        Ok(())
+    })
+    .await;
+    assert_eq!(metric(&server, "kvmesh_kv_events_stale"), 0.0);
+    assert_eq!(s.restarts.load(Relaxed), 0, "{}", counters(&e));
+    assert_eq!(s.tracked_blocks.load(Relaxed), 1);
+    p.finish();
+    server.shutdown().await;
+}
+
+/// Garbage on the wire (counted as malformed) is a lost batch; the replay returns the same
+/// garbage, so the gap cannot be filled: stale, with the stream still flowing; a restart
+/// (seq back to 0) resynchronises it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_is_a_gap_replay_cannot_fill_until_restart() {
+    let mut c = Cache::default();
+    let a = [H::bytes(14, 1), H::Int(42)];
+    let b = [H::Int(43)];
+    let k = [H::bytes(15, 1)];
+    let mut steps = vec![batch(30.0, vec![c.store(&a, None, None)], "array")];
+    // Not msgpack of a batch: an array header announcing 3 items, then a truncated float.
+    steps.push(json!({"payload_hex": "93cb0102"}));
+    steps.push(batch(
+        31.0,
+        vec![c.store(&b, Some(&a[1]), Some("GPU"))],
+        "map",
+    ));
+    steps.push(batch(32.0, vec![c.store(&k, None, None)], "array"));
+    let (ka, kk) = ([c.key(&a[0]), c.key(&a[1])], c.key(&k[0]));
+    steps.push(json!({"sleep_ms": CHECKPOINT_MS}));
+    steps.push(json!({"reset_seq": true}));
+    c.drop_all();
+    let n = [H::Int(44), H::bytes(16, 1)];
+    steps.push(batch(130.0, vec![c.store(&n, None, None)], "map"));
+    let after = c.expected();
+    let gone = c.gone_keys();
+
+    let p = PyPublisher::start(&steps, true);
+    let (server, e) = start_router(&p).await;
+    wait_for("the batch after the failed replay", &e, || {
+        let idx = server.gateway.registry.prefix.index();
+        if idx.holds(e.slot, kk, server.gateway.clock.now_us()) {
+            Ok(())
+        } else {
+            Err("k not in the index yet".into())
+        }
+    })
+    .await;
+    {
+        let idx = server.gateway.registry.prefix.index();
+        let now = server.gateway.clock.now_us();
+        assert!(
+            ka.iter().all(|k| idx.holds(e.slot, *k, now)),
+            "blocks before the gap are kept"
+        );
+    }
+    let s = &e.ingest;
+    // Once on the stream, (here) once more in the replay.
+    assert!(s.malformed.load(Relaxed) >= 1, "{}", counters(&e));
+    assert_eq!(s.gaps.load(Relaxed), 1, "{}", counters(&e));
+    assert_eq!(s.replays_ok.load(Relaxed), 0, "{}", counters(&e));
+    assert_eq!(s.replays_failed.load(Relaxed), 1, "{}", counters(&e));
+    assert!(s.stale.load(Relaxed), "{}", counters(&e));
+    assert_eq!(metric(&server, "kvmesh_kv_events_stale"), 1.0);
+    assert!(s.connected.load(Relaxed), "{}", counters(&e));
+
+    assert_eq!(p.wait_done(), 1);
+    wait_for("resynchronised by the restart", &e, || {
+        index_is(&server, &e, &after, &gone)?;
+        if s.stale.load(Relaxed) {
+            return Err("still stale".into());
+        }
+        Ok(())
+    })
+    .await;
+    assert!(s.restarts.load(Relaxed) >= 1, "{}", counters(&e));
+    assert_eq!(metric(&server, "kvmesh_kv_events_stale"), 0.0);
+    p.finish();
+    server.shutdown().await;
+}
+
+/// The batch whose arrival reveals an unreplayable gap carries real events: once the shell
+/// gives up on the gap it must still apply them. Here that batch is the engine's
+/// `AllBlocksCleared` (its exact resynchronisation point): afterwards the engine is fresh and
+/// the blocks it cleared are gone. (Regression test: the shell used to drop that batch.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_after_unreplayable_gap_is_applied() {
+    let mut c = Cache::default();
+    let a = [H::Int(61), H::bytes(17, 1)];
+    let lost = [H::Int(62)];
+    let mut steps = vec![batch(40.0, vec![c.store(&a, None, None)], "array")];
+    let mut l = batch(41.0, vec![c.store(&lost, None, None)], "map");
+    l["drop"] = json!(true);
+    steps.push(l);
+    let r = [H::bytes(18, 1)];
+    steps.push(batch(
+        42.0,
+        vec![c.clear(), c.store(&r, None, None)],
+        "array",
+    ));
+    let t = [H::Int(63)];
+    steps.push(batch(43.0, vec![c.store(&t, Some(&r[0]), None)], "map"));
+    // A plain root store: applied whatever happened to the batches before it.
+    let z = [H::bytes(19, 1)];
+    steps.push(batch(44.0, vec![c.store(&z, None, None)], "array"));
+    let expected = c.expected();
+    let gone = c.gone_keys();
+    let kz = c.key(&z[0]);
+
+    let p = PyPublisher::start(&steps, false);
+    let (server, e) = start_router(&p).await;
+    assert_eq!(p.wait_done(), 5);
+    wait_for("the last batch", &e, || {
+        let idx = server.gateway.registry.prefix.index();
+        if idx.holds(e.slot, kz, server.gateway.clock.now_us()) {
+            Ok(())
+        } else {
+            Err("z not in the index yet".into())
+        }
+    })
+    .await;
+    let s = &e.ingest;
+    let r1 = index_is(&server, &e, &expected, &gone);
+    let stale = s.stale.load(Relaxed);
+    assert!(
+        r1.is_ok() && !stale,
+        "the batch received right after the gap (AllBlocksCleared + a store) was not applied: \
+         {r1:?}, stale={stale}\n  ingest: {}",
+        counters(&e)
+    );
+    p.finish();
+    server.shutdown().await;
+}
