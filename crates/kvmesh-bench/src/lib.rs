@@ -4,5 +4,9 @@
 pub mod load;
 pub mod workload;
 
-pub use load::{LoadOptions, LoadReport, Sample, Targets, run_shared_prefix};
+pub use load::{
+    CompareRow, EngineCounters, Imbalance, InFlightSampler, InFlightSamples, LoadOptions,
+    LoadReport, Sample, Targets, engine_counters, fetch_text, format_compare_table,
+    run_shared_prefix,
+};
 pub use workload::{Conversation, SharedPrefixWorkload, words};

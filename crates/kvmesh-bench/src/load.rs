@@ -49,6 +49,9 @@ pub struct Sample {
     pub cached_tokens: u64,
     /// Completion tokens.
     pub completion_tokens: u64,
+    /// The router's prediction of `cached_tokens` (`x-kvmesh-predicted-cached-tokens`, sent by
+    /// cache-aware routes), if any.
+    pub predicted_cached_tokens: Option<u64>,
 }
 
 /// Results of a run.
@@ -68,6 +71,27 @@ impl LoadReport {
         let p: u64 = self.samples.iter().map(|s| s.prompt_tokens).sum();
         let c: u64 = self.samples.iter().map(|s| s.cached_tokens).sum();
         if p == 0 { 0.0 } else { c as f64 / p as f64 }
+    }
+
+    /// Σ predicted / Σ actual cached tokens over the requests that carry a prediction (1 =
+    /// the router's view matched the engines'; above 1 it expected hits the engines did not
+    /// have), or `None` without predictions.
+    pub fn prediction_ratio(&self) -> Option<f64> {
+        let (mut p, mut c, mut n) = (0u64, 0u64, 0usize);
+        for s in &self.samples {
+            if let Some(x) = s.predicted_cached_tokens {
+                p += x;
+                c += s.cached_tokens;
+                n += 1;
+            }
+        }
+        (n > 0).then(|| {
+            if c == 0 {
+                f64::INFINITY
+            } else {
+                p as f64 / c as f64
+            }
+        })
     }
 
     /// A TTFT percentile (0..=100).
@@ -230,6 +254,11 @@ async fn stream_chat(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .unwrap_or_else(|| base.to_string());
+    let predicted_cached_tokens = resp
+        .headers()
+        .get("x-kvmesh-predicted-cached-tokens")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
     let mut body = resp.into_body();
     if !status.is_success() {
         let b = body
@@ -286,7 +315,331 @@ async fn stream_chat(
                 .as_u64()
                 .unwrap_or(0),
             completion_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
+            predicted_cached_tokens,
         },
         answer,
     ))
+}
+
+/// An engine's own prefix-cache counters, read from its Prometheus `/metrics` (vLLM's
+/// `vllm:prefix_cache_hits_total` and `vllm:prefix_cache_queries_total`, in tokens, and
+/// `vllm:num_preemptions_total`), summed over label sets and, with `+`, over engines.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineCounters {
+    /// Prompt tokens served from the prefix cache.
+    pub hits: f64,
+    /// Prompt tokens looked up in the prefix cache.
+    pub queries: f64,
+    /// Requests preempted (KV cache full).
+    pub preemptions: f64,
+}
+
+impl EngineCounters {
+    /// Reads the counters from an exposition page (absent metrics count 0).
+    pub fn parse(page: &str) -> EngineCounters {
+        EngineCounters {
+            hits: metric_sum(page, "vllm:prefix_cache_hits_total"),
+            queries: metric_sum(page, "vllm:prefix_cache_queries_total"),
+            preemptions: metric_sum(page, "vllm:num_preemptions_total"),
+        }
+    }
+
+    /// The engine-reported hit rate: hits / queries (0 without queries).
+    pub fn hit_rate(&self) -> f64 {
+        if self.queries > 0.0 {
+            self.hits / self.queries
+        } else {
+            0.0
+        }
+    }
+
+    /// The increase since `before` (counters of the same engines read earlier).
+    pub fn since(&self, before: &EngineCounters) -> EngineCounters {
+        EngineCounters {
+            hits: self.hits - before.hits,
+            queries: self.queries - before.queries,
+            preemptions: self.preemptions - before.preemptions,
+        }
+    }
+}
+
+impl std::ops::Add for EngineCounters {
+    type Output = EngineCounters;
+    fn add(self, o: EngineCounters) -> EngineCounters {
+        EngineCounters {
+            hits: self.hits + o.hits,
+            queries: self.queries + o.queries,
+            preemptions: self.preemptions + o.preemptions,
+        }
+    }
+}
+
+/// Sum of the samples of metric `name` (any labels) in a Prometheus exposition page.
+fn metric_sum(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix(name))
+        .filter(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        .filter_map(|rest| rest.rsplit(' ').next()?.parse::<f64>().ok())
+        .filter(|v| v.is_finite())
+        .sum()
+}
+
+/// GETs `url` and returns the body as text (bounded by `timeout`; non-2xx is an error).
+pub async fn fetch_text(url: &str, timeout: Duration) -> Result<String, String> {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::builder()
+        .uri(url)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("{url}: {e}"))?;
+    tokio::time::timeout(timeout, async {
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("{url}: {}", resp.status()));
+        }
+        let b = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?
+            .to_bytes();
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    })
+    .await
+    .map_err(|_| format!("{url}: timeout after {timeout:?}"))?
+}
+
+/// GETs `{base}/metrics` of every engine (bounded by `timeout` each) and sums their counters.
+pub async fn engine_counters(
+    bases: &[String],
+    timeout: Duration,
+) -> Result<EngineCounters, String> {
+    let mut sum = EngineCounters::default();
+    for base in bases {
+        let page = fetch_text(&format!("{base}/metrics"), timeout).await?;
+        sum = sum + EngineCounters::parse(&page);
+    }
+    Ok(sum)
+}
+
+/// Samples per-engine in-flight counts at a fixed interval while a run goes on.
+pub struct InFlightSampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<Vec<u32>>>,
+}
+
+impl InFlightSampler {
+    /// Calls `read` (one count per engine) every `every` until [`stop`](Self::stop).
+    pub fn start(every: Duration, read: impl Fn() -> Vec<u32> + Send + 'static) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut out = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                tick.tick().await;
+                out.push(read());
+            }
+            out
+        });
+        InFlightSampler { stop, task }
+    }
+
+    /// Stops sampling (within one interval) and returns the samples.
+    pub async fn stop(self) -> InFlightSamples {
+        self.stop.store(true, Ordering::Relaxed);
+        InFlightSamples {
+            samples: self.task.await.unwrap_or_default(),
+        }
+    }
+}
+
+/// Per-engine in-flight counts, one vector per sampled moment.
+#[derive(Debug, Clone, Default)]
+pub struct InFlightSamples {
+    /// The samples, in time order.
+    pub samples: Vec<Vec<u32>>,
+}
+
+/// One sampled moment's spread of load.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Imbalance {
+    /// Index of the sample.
+    pub at: usize,
+    /// The most requests in flight to one engine.
+    pub max: u32,
+    /// The mean over engines.
+    pub mean: f64,
+}
+
+impl Imbalance {
+    /// max / mean.
+    pub fn ratio(&self) -> f64 {
+        if self.mean > 0.0 {
+            f64::from(self.max) / self.mean
+        } else {
+            0.0
+        }
+    }
+}
+
+impl InFlightSamples {
+    /// Each sample's max and mean (samples of no engine are skipped).
+    pub fn moments(&self) -> impl Iterator<Item = Imbalance> + '_ {
+        self.samples
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .map(|(at, s)| Imbalance {
+                at,
+                max: s.iter().copied().max().unwrap_or(0),
+                mean: s.iter().map(|&x| f64::from(x)).sum::<f64>() / s.len() as f64,
+            })
+    }
+
+    /// The sample of the highest max / mean among those whose mean is at least `min_mean`.
+    pub fn worst(&self, min_mean: f64) -> Option<Imbalance> {
+        self.moments()
+            .filter(|m| m.mean >= min_mean && m.mean > 0.0)
+            .max_by(|a, b| a.ratio().total_cmp(&b.ratio()))
+    }
+
+    /// Samples whose mean is at least `min_mean`, and how many of them exceed `bound` × mean.
+    pub fn count_over(&self, min_mean: f64, bound: f64) -> (usize, usize) {
+        let counted: Vec<_> = self
+            .moments()
+            .filter(|m| m.mean >= min_mean && m.mean > 0.0)
+            .collect();
+        let over = counted
+            .iter()
+            .filter(|m| f64::from(m.max) > bound * m.mean)
+            .count();
+        (counted.len(), over)
+    }
+
+    /// The mean over samples of the mean in flight per engine.
+    pub fn average_mean(&self) -> f64 {
+        let (n, s) = self
+            .moments()
+            .fold((0usize, 0.0), |(n, s), m| (n + 1, s + m.mean));
+        if n == 0 { 0.0 } else { s / n as f64 }
+    }
+}
+
+/// One row of a policy comparison (`kvmesh up --compare`, the prefix comparison test).
+#[derive(Debug, Clone, Default)]
+pub struct CompareRow {
+    /// Policy name.
+    pub policy: String,
+    /// Engine-reported prefix-cache hit rate over the run (Δhits / Δqueries of every engine).
+    pub engine_hit_rate: f64,
+    /// Client-side fraction of prompt tokens reported cached (`usage.prompt_tokens_details`).
+    pub client_cached_rate: f64,
+    /// The router's predicted / actual cached tokens ([`LoadReport::prediction_ratio`]).
+    pub prediction_ratio: Option<f64>,
+    /// Preemptions over the run, all engines.
+    pub preemptions: f64,
+    /// TTFT percentiles (wall time; divide by the time scale for simulated time).
+    pub ttft_p50: Duration,
+    /// See `ttft_p50`.
+    pub ttft_p99: Duration,
+    /// The worst sampled max / mean in-flight ratio (samples above the floor), and its sample.
+    pub worst: Option<Imbalance>,
+    /// The most requests in flight on one engine at any sample.
+    pub max_in_flight: Option<u32>,
+    /// The mean in flight per engine, averaged over every sample.
+    pub mean_in_flight: f64,
+    /// Samples counted for `worst` (and all samples taken).
+    pub samples_counted: usize,
+    /// See `samples_counted`.
+    pub samples_total: usize,
+    /// Successful and failed requests.
+    pub ok: usize,
+    /// See `ok`.
+    pub errors: usize,
+    /// Wall time of the load.
+    pub elapsed: Duration,
+}
+
+/// The comparison as a fixed-width text table.
+pub fn format_compare_table(rows: &[CompareRow]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<14} {:>10} {:>10} {:>10} {:>8} {:>10} {:>10} {:>11} {:>16} {:>10} {:>8} {:>7}",
+        "policy",
+        "engine_hit",
+        "client_hit",
+        "pred/real",
+        "preempt",
+        "ttft_p50",
+        "ttft_p99",
+        "mean_inflt",
+        "worst_max/mean",
+        "max_inflt",
+        "ok/err",
+        "wall"
+    );
+    for r in rows {
+        let worst = match r.worst {
+            Some(w) => format!("{:.2} ({}/{:.1})", w.ratio(), w.max, w.mean),
+            None => "n/a".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<14} {:>9.1}% {:>9.1}% {:>10} {:>8} {:>8.1}ms {:>8.1}ms {:>11.1} {:>16} {:>10} {:>8} {:>6.1}s",
+            r.policy,
+            r.engine_hit_rate * 100.0,
+            r.client_cached_rate * 100.0,
+            r.prediction_ratio
+                .map_or("-".to_string(), |x| format!("{x:.3}")),
+            r.preemptions,
+            r.ttft_p50.as_secs_f64() * 1e3,
+            r.ttft_p99.as_secs_f64() * 1e3,
+            r.mean_in_flight,
+            worst,
+            r.max_in_flight.map_or("-".to_string(), |m| m.to_string()),
+            format!("{}/{}", r.ok, r.errors),
+            r.elapsed.as_secs_f64()
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_counters_sum_label_sets_and_skip_lookalikes() {
+        let page = "# HELP vllm:prefix_cache_hits_total x\n\
+                    vllm:prefix_cache_hits_total{engine=\"0\"} 30\n\
+                    vllm:prefix_cache_hits_total{engine=\"1\"} 10\n\
+                    vllm:prefix_cache_hits_totalish 99\n\
+                    vllm:prefix_cache_queries_total{engine=\"0\"} 80\n";
+        let c = EngineCounters::parse(page);
+        assert_eq!((c.hits, c.queries, c.preemptions), (40.0, 80.0, 0.0));
+        assert_eq!(c.hit_rate(), 0.5);
+        let d = (c + c).since(&c);
+        assert_eq!(d, c);
+        assert_eq!(EngineCounters::default().hit_rate(), 0.0);
+    }
+
+    #[test]
+    fn in_flight_imbalance_ignores_moments_below_the_floor() {
+        let s = InFlightSamples {
+            samples: vec![vec![3, 0, 0, 1], vec![12, 8, 10, 10], vec![20, 10, 5, 5]],
+        };
+        let w = s.worst(9.0).unwrap();
+        assert_eq!((w.at, w.max), (2, 20));
+        assert_eq!(w.ratio(), 2.0);
+        assert_eq!(s.count_over(9.0, 1.9), (2, 1));
+        assert_eq!(s.worst(1.0).unwrap().at, 0);
+        assert!(s.worst(50.0).is_none());
+    }
 }
