@@ -67,6 +67,7 @@ fn benches(c: &mut Criterion) {
         segments: cache,
         block_size: 16,
         kind: PolicyKind::Precise,
+        affinity: Default::default(),
         slot_to_idx: Vec::new(),
     };
     let messages = conversation(32 * 1024);

@@ -11,8 +11,10 @@
 use crate::registry::Engine;
 use kvmesh_config::{PrefixConfig, ServeConfig};
 use kvmesh_openai::{ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
-use kvmesh_policy::{MAX_CANDIDATES, PolicyKind, PrefixMatch};
-use kvmesh_prefix::{BlockKey, ExtraKeys, Match, PrefixIndex, block_keys, max_hit_blocks};
+use kvmesh_policy::{MAX_CANDIDATES, PolicyConfig, PolicyKind, PrefixAffinityConfig, PrefixMatch};
+use kvmesh_prefix::{
+    ANCHOR_STRIDE, BlockKey, ExtraKeys, Match, PrefixIndex, block_keys, max_hit_blocks,
+};
 use kvmesh_tokenize::{ChatRenderRequest, SegmentCache, Tokenizer};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -153,8 +155,10 @@ pub struct RoutePrefix {
     pub segments: Arc<SegmentCache>,
     /// Tokens per block.
     pub block_size: u32,
-    /// The policy kind (decides the speculative TTL).
+    /// The policy kind (decides the speculative TTL and the shortest match looked up).
     pub kind: PolicyKind,
+    /// The policy's matching thresholds (matches shorter than it uses are not looked up).
+    pub affinity: PrefixAffinityConfig,
     /// Engine slot → index of the engine in the route (`u32::MAX`: not in this route).
     pub slot_to_idx: Vec<u32>,
 }
@@ -166,9 +170,10 @@ impl RoutePrefix {
         state: &PrefixState,
         cfg: &ServeConfig,
         model: &str,
-        kind: PolicyKind,
+        policy: &PolicyConfig,
         engines: &[Arc<Engine>],
     ) -> Option<RoutePrefix> {
+        let kind = policy.policy;
         if !kind.uses_prefix() {
             return None;
         }
@@ -190,6 +195,7 @@ impl RoutePrefix {
             segments: state.segment_cache(path),
             block_size: cfg.model_block_size(model),
             kind,
+            affinity: policy.prefix,
             slot_to_idx,
         })
     }
@@ -290,7 +296,10 @@ pub fn prompt_keys(
 }
 
 /// Looks `s.keys` up in `index` and translates the engine slots into the route's indices
-/// (`s.matches`).
+/// (`s.matches`). Only matches the policy can use are looked up: `cache_aware` and `precise`
+/// ignore those under their minimum (`min_match_ratio` of the prompt), and `scored` counts
+/// matches of at least `ANCHOR_STRIDE + 1` blocks (144 tokens at 16 per block), so a chat
+/// template's first block, held by the whole fleet, never makes a lookup visit every engine.
 pub fn match_engines(
     state: &PrefixState,
     index: &PrefixIndex,
@@ -299,7 +308,12 @@ pub fn match_engines(
     s: &mut Scratch,
 ) {
     let t1 = std::time::Instant::now();
-    index.lookup(&s.keys, now_us, &mut s.found);
+    let total = s.keys.len() as u32;
+    let min = match rp.kind {
+        PolicyKind::Scored => (ANCHOR_STRIDE as u32 + 1).min(total),
+        _ => rp.affinity.min_blocks(total),
+    };
+    index.lookup_min(&s.keys, min.max(1) as usize, now_us, &mut s.found);
     s.matches.clear();
     for m in &s.found {
         if let Some(&i) = rp.slot_to_idx.get(m.engine as usize)
@@ -381,14 +395,23 @@ pub fn remember(
     index.insert_speculative(engine.slot, keys, now_us + ttl_ms * 1000, now_us);
 }
 
-/// Matched blocks of each candidate (for the predicted-cached-tokens metric and header).
-pub fn candidate_blocks(matches: &[PrefixMatch], candidates: &[usize]) -> [u32; MAX_CANDIDATES] {
+/// Leading blocks of `keys` each candidate holds (for the predicted-cached-tokens metric and
+/// header): probed per candidate, so short matches the lookup skipped are counted too. Call
+/// before [`remember`] marks the first candidate.
+pub fn held_blocks(
+    index: &PrefixIndex,
+    engines: &[Arc<Engine>],
+    candidates: &[usize],
+    keys: &[BlockKey],
+    now_us: u64,
+) -> [u32; MAX_CANDIDATES] {
     let mut out = [0u32; MAX_CANDIDATES];
     for (slot, &c) in out.iter_mut().zip(candidates) {
-        *slot = matches
+        let e = engines[c].slot;
+        *slot = keys
             .iter()
-            .find(|m| m.engine as usize == c)
-            .map_or(0, |m| m.blocks);
+            .take_while(|k| index.holds(e, **k, now_us))
+            .count() as u32;
     }
     out
 }

@@ -164,15 +164,12 @@ async fn forward(
             let t = Instant::now();
             let reason = route.policy.pick(&view, &c, &mut candidates);
             decide_us = t.elapsed().as_micros() as u64;
+            let held = prefix::held_blocks(&index, &route.engines, &candidates, &s.keys, now);
             if let Some(&first) = candidates.first() {
                 prefix::remember(state, &mut index, rp, &route.engines[first], &s.keys, now);
             }
             drop(index);
-            (
-                reason,
-                prefix::candidate_blocks(&s.matches, &candidates),
-                lookup,
-            )
+            (reason, held, lookup)
         }),
         None => {
             let t = Instant::now();

@@ -425,13 +425,8 @@ impl Registry {
                     .collect();
                 let seed = self.cfg.seed ^ stable_hash(model.as_bytes()) ^ version;
                 let policy = Policy::new(&policy_cfg, &members, seed);
-                let prefix = RoutePrefix::build(
-                    &self.prefix,
-                    &self.cfg,
-                    &model,
-                    policy_cfg.policy,
-                    &engines,
-                );
+                let prefix =
+                    RoutePrefix::build(&self.prefix, &self.cfg, &model, &policy_cfg, &engines);
                 let route = ModelRoute {
                     model: model.clone(),
                     engines,

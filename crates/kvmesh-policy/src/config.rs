@@ -289,6 +289,15 @@ pub struct PrefixAffinityConfig {
     pub min_match_blocks: u32,
 }
 
+impl PrefixAffinityConfig {
+    /// The shortest match (in blocks) `cache_aware` and `precise` use for a prompt of
+    /// `total_blocks` blocks: `max(min_match_blocks, ceil(min_match_ratio × total))`, at least
+    /// 1. Shorter matches are ignored, so a gateway may skip looking them up.
+    pub fn min_blocks(&self, total_blocks: u32) -> u32 {
+        crate::policy::min_blocks(self, total_blocks)
+    }
+}
+
 impl Default for PrefixAffinityConfig {
     fn default() -> Self {
         PrefixAffinityConfig {

@@ -11,17 +11,24 @@
 //! 3. Prediction in the normal case: `x-kvmesh-predicted-cached-tokens` equals the engine's
 //!    `usage.prompt_tokens_details.cached_tokens` (chat and completions).
 //!
-//! Delays and spreads are printed (`cargo test -- --nocapture`). The `kvmesh` package has no
-//! HTTP or JSON dev-dependencies: a minimal HTTP/1.1 client and field scraper live here.
+//! Delays and spreads are printed (`cargo test -- --nocapture`).
 
+mod common;
+
+use bytes::Bytes;
+use common::free_port;
+use http::{Method, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use kvmesh_config::{EngineEntry, PolicyKind, ServeConfig, SimConfig};
 use kvmesh_gateway::{Engine, GatewayServer};
 use kvmesh_sim::SimServer;
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MODEL: &str = "prefix-model";
 /// Engines run 20× faster than real time.
@@ -35,236 +42,125 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
 /// One HTTP answer.
 #[derive(Debug)]
 struct Reply {
-    status: u16,
-    /// Lower-case names.
-    headers: Vec<(String, String)>,
+    status: StatusCode,
+    headers: http::HeaderMap,
     body: String,
 }
 
 impl Reply {
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Header `name`, which must be present.
+    fn required_header(&self, name: &str) -> &str {
+        self.header(name)
+            .unwrap_or_else(|| panic!("no {name} header: {self:?}"))
     }
 
     /// `x-kvmesh-engine`: the engine the router used.
     fn engine(&self) -> String {
-        self.header("x-kvmesh-engine")
-            .unwrap_or_else(|| panic!("no x-kvmesh-engine header: {self:?}"))
-            .to_string()
+        self.required_header("x-kvmesh-engine").to_string()
     }
 
     /// `x-kvmesh-predicted-cached-tokens`.
     fn predicted(&self) -> u64 {
-        self.header("x-kvmesh-predicted-cached-tokens")
-            .unwrap_or_else(|| {
-                panic!(
-                    "no x-kvmesh-predicted-cached-tokens header: {:?}",
-                    self.headers
-                )
-            })
+        self.required_header("x-kvmesh-predicted-cached-tokens")
             .parse()
             .expect("numeric prediction")
     }
 
+    /// The integer at `pointer` in the JSON body.
+    fn json_u64(&self, pointer: &str) -> u64 {
+        serde_json::from_str::<Value>(&self.body)
+            .ok()
+            .and_then(|v| v.pointer(pointer).and_then(Value::as_u64))
+            .unwrap_or_else(|| panic!("no {pointer} in {}", self.body))
+    }
+
     /// `usage.prompt_tokens_details.cached_tokens` (what the engine served from its cache).
     fn cached_tokens(&self) -> u64 {
-        json_u64(&self.body, "cached_tokens")
-            .unwrap_or_else(|| panic!("no cached_tokens in {}", self.body))
+        self.json_u64("/usage/prompt_tokens_details/cached_tokens")
     }
 
     /// `usage.prompt_tokens`.
     fn prompt_tokens(&self) -> u64 {
-        json_u64(&self.body, "prompt_tokens")
-            .unwrap_or_else(|| panic!("no prompt_tokens in {}", self.body))
+        self.json_u64("/usage/prompt_tokens")
     }
 
     fn expect_ok(self, what: &str) -> Reply {
-        assert_eq!(self.status, 200, "{what}: {} {}", self.status, self.body);
+        assert_eq!(self.status, StatusCode::OK, "{what}: {}", self.body);
         self
     }
 }
 
-/// The first integer value of `"field": N` in a JSON text (field names used here are unique
-/// in the responses read).
-fn json_u64(body: &str, field: &str) -> Option<u64> {
-    let pat = format!("\"{field}\"");
-    let mut from = 0;
-    while let Some(p) = body[from..].find(&pat) {
-        let rest = body[from + p + pat.len()..].trim_start();
-        if let Some(v) = rest.strip_prefix(':') {
-            let v = v.trim_start();
-            let end = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-            if end > 0 {
-                return v[..end].parse().ok();
-            }
-        }
-        from += p + pat.len();
-    }
-    None
-}
-
-/// A JSON string literal.
-fn js(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
-/// Decodes a chunked body.
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size_txt = String::from_utf8_lossy(&b[..eol]);
-        let size_txt = size_txt.split(';').next().unwrap_or("").trim();
-        let Ok(n) = usize::from_str_radix(size_txt, 16) else {
-            break;
-        };
-        b = &b[eol + 2..];
-        if n == 0 || b.len() < n {
-            out.extend_from_slice(&b[..n.min(b.len())]);
-            break;
-        }
-        out.extend_from_slice(&b[..n]);
-        b = b.get(n + 2..).unwrap_or(&[]);
-    }
-    out
-}
-
-/// One HTTP/1.1 exchange on a fresh connection (`Connection: close`), bounded.
-async fn http(method: &str, url: &str, body: &str) -> Reply {
-    let rest = url.strip_prefix("http://").expect("http URL");
-    let (host, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(host)
+/// One HTTP/1.1 exchange on a fresh connection (engines restart mid-test: no pooled
+/// connection may outlive one), bounded by [`HTTP_TIMEOUT`].
+async fn http(method: Method, url: &str, body: impl Into<Bytes>) -> Reply {
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build_http();
+    let req = http::Request::builder()
+        .method(method.clone())
+        .uri(url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body.into()))
+        .expect("request");
+    let exchange = async {
+        let resp = client
+            .request(req)
             .await
-            .unwrap_or_else(|e| panic!("connect {host}: {e}"));
-        s.set_nodelay(true).ok();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        s.write_all(head.as_bytes()).await.expect("write head");
-        s.write_all(body.as_bytes()).await.expect("write body");
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.expect("read answer");
-        buf
+            .unwrap_or_else(|e| panic!("{method} {url}: {e:?}"));
+        let (head, body) = resp.into_parts();
+        let body = body
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {url}: reading the body: {e:?}"))
+            .to_bytes();
+        Reply {
+            status: head.status,
+            headers: head.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
     };
-    let buf = tokio::time::timeout(HTTP_TIMEOUT, fut)
+    tokio::time::timeout(HTTP_TIMEOUT, exchange)
         .await
-        .unwrap_or_else(|_| panic!("{method} {url}: no answer within {HTTP_TIMEOUT:?}"));
-    let split = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("{method} {url}: malformed answer"));
-    let head = String::from_utf8_lossy(&buf[..split]).into_owned();
-    let raw = &buf[split + 4..];
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let chunked = headers
-        .iter()
-        .any(|(n, v)| n == "transfer-encoding" && v.to_ascii_lowercase().contains("chunked"));
-    let body = if chunked { dechunk(raw) } else { raw.to_vec() };
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&body).into_owned(),
-    }
+        .unwrap_or_else(|_| panic!("{method} {url}: no answer within {HTTP_TIMEOUT:?}"))
 }
 
-/// A chat request: the shared `system` text, then a distinct user turn.
-fn chat_body(system: &str, user: &str, max_tokens: u32) -> String {
-    format!(
-        r#"{{"model":{},"messages":[{{"role":"system","content":{}}},{{"role":"user","content":{}}}],"max_tokens":{max_tokens}}}"#,
-        js(MODEL),
-        js(system),
-        js(user)
-    )
+async fn post_json(url: &str, body: &Value) -> Reply {
+    http(Method::POST, url, body.to_string()).await
+}
+
+/// A chat request (the shared `system` text, then a distinct user turn).
+async fn chat(base: &str, system: &str, user: &str) -> Reply {
+    let body = json!({
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ],
+        "max_tokens": 2,
+    });
+    post_json(&format!("{base}/v1/chat/completions"), &body)
+        .await
+        .expect_ok("chat")
 }
 
 /// A completions request with a text prompt.
-fn completion_body(prompt: &str, max_tokens: u32) -> String {
-    format!(
-        r#"{{"model":{},"prompt":{},"max_tokens":{max_tokens}}}"#,
-        js(MODEL),
-        js(prompt)
-    )
-}
-
-async fn chat(base: &str, system: &str, user: &str) -> Reply {
-    http(
-        "POST",
-        &format!("{base}/v1/chat/completions"),
-        &chat_body(system, user, 2),
-    )
-    .await
-    .expect_ok("chat")
-}
-
 async fn complete(base: &str, prompt: &str) -> Reply {
-    http(
-        "POST",
-        &format!("{base}/v1/completions"),
-        &completion_body(prompt, 2),
-    )
-    .await
-    .expect_ok("completion")
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 2});
+    post_json(&format!("{base}/v1/completions"), &body)
+        .await
+        .expect_ok("completion")
 }
 
 /// About `words` English words (≈ one token each), distinct per `seed`.
 fn long_text(seed: u64, words: usize) -> String {
-    const W: &[&str] = &[
-        "router",
-        "engine",
-        "cache",
-        "prefix",
-        "block",
-        "token",
-        "request",
-        "latency",
-        "batch",
-        "queue",
-        "gossip",
-        "mesh",
-        "policy",
-        "weight",
-        "health",
-        "stream",
-        "model",
-        "prompt",
-        "decode",
-        "prefill",
-        "memory",
-        "event",
-        "replay",
-        "cluster",
-        "node",
-        "partition",
-    ];
+    const WORDS: &str = "router engine cache prefix block token request latency batch queue \
+        gossip mesh policy weight health stream model prompt decode prefill memory event replay \
+        cluster node partition";
+    let w: Vec<&str> = WORDS.split_whitespace().collect();
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = String::with_capacity(words * 8);
     for i in 0..words {
@@ -274,20 +170,13 @@ fn long_text(seed: u64, words: usize) -> String {
         if i > 0 {
             out.push(' ');
         }
-        out.push_str(W[(x % W.len() as u64) as usize]);
+        out.push_str(w[(x % w.len() as u64) as usize]);
     }
     out
 }
 
 // ---------------------------------------------------------------------------------------------
 // A cluster: engines with KV events, a router.
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
 
 struct Sims {
     sims: Vec<SimServer>,
@@ -603,13 +492,14 @@ async fn restart_scenario(reveal: Reveal, discovery_ms: u64) -> Duration {
     let force_a = discovery_ms <= 1_000;
     if force_a {
         for (i, u) in others.iter().enumerate() {
-            let body = format!(
-                r#"{{"model":{},"prompt":{},"max_tokens":20000,"stream":true}}"#,
-                js(MODEL),
-                js(&long_text(700 + i as u64, 20))
-            );
+            let body = json!({
+                "model": MODEL,
+                "prompt": long_text(700 + i as u64, 20),
+                "max_tokens": 20_000,
+                "stream": true,
+            });
             let url = format!("{u}/v1/completions");
-            blockers.push(tokio::spawn(async move { http("POST", &url, &body).await }));
+            blockers.push(tokio::spawn(async move { post_json(&url, &body).await }));
         }
         for u in &others {
             let e = member(&router, u);
@@ -625,8 +515,9 @@ async fn restart_scenario(reveal: Reveal, discovery_ms: u64) -> Duration {
     let restarts_before = ea.ingest.restarts.load(Relaxed);
     let epoch_before = ea.ingest.epoch.load(Relaxed);
     let t0 = Instant::now();
-    let r = http("POST", &format!("{a}/admin/restart"), "").await;
-    assert_eq!(r.status, 200, "restart: {}", r.body);
+    http(Method::POST, &format!("{a}/admin/restart"), "")
+        .await
+        .expect_ok("restart");
     if reveal == Reveal::SeqRegression {
         complete(&a, &long_text(400, 60)).await;
     }
@@ -648,7 +539,7 @@ async fn restart_scenario(reveal: Reveal, discovery_ms: u64) -> Duration {
         delay.as_secs_f64() * 1e3
     );
     // The router's metrics say so too.
-    let page = http("GET", &format!("{base}/metrics"), "").await.body;
+    let page = http(Method::GET, &format!("{base}/metrics"), "").await.body;
     let line = page
         .lines()
         .find(|l| l.starts_with("kvmesh_kv_events_restarts_total{") && l.contains(&a))

@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use hash::Ring;
+pub(crate) use prefix::min_blocks;
 pub(crate) use wrr::Edf;
 
 /// Which engines a pass may choose.
