@@ -33,7 +33,10 @@ pub struct ServeConfig {
     pub admin_token: String,
     /// How long a shutdown waits for in-flight requests to finish, ms.
     pub drain_timeout_ms: u64,
-    /// How often each engine's `/v1/models` and `/metrics` are read, ms.
+    /// How often each engine's `/v1/models` and `/metrics` are read, ms. This bounds how
+    /// stale engine-reported load is and how long a restarted engine that receives no traffic
+    /// (so publishes no KV event with a reset seq) keeps its old blocks in the index: its new
+    /// `process_start_time_seconds` is seen at the next read.
     pub discovery_interval_ms: u64,
     /// Header carrying the request id (taken from the client or generated).
     pub request_id_header: String,
@@ -55,7 +58,7 @@ impl Default for ServeConfig {
             max_body_bytes: 32 * 1024 * 1024,
             admin_token: String::new(),
             drain_timeout_ms: 30_000,
-            discovery_interval_ms: 5_000,
+            discovery_interval_ms: 1_000,
             request_id_header: "x-request-id".to_string(),
             seed: 0,
         }
