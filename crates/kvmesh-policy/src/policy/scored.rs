@@ -118,8 +118,10 @@ pub(crate) fn scored<S: EngineSet + ?Sized>(
 
     // Pass 1: the maxima over the considered engines.
     let (mut max_wait, mut max_lpw, mut max_lat) = (0.0f64, 0.0f64, 0.0f64);
+    let mut max_load = 0u32;
     visit(engines, prefix, filter, start, len, |_, v, _| {
         let s = Signals::of(v);
+        max_load = max_load.max(v.load());
         // Signals are finite and ≥ 0: plain comparisons, no NaN handling.
         if s.waiting > max_wait {
             max_wait = s.waiting;
@@ -137,7 +139,10 @@ pub(crate) fn scored<S: EngineSet + ?Sized>(
     let sp = wp / total;
 
     // Pass 2: scores, overloaded engines last.
-    let guard = Guard::new(engines, guard_cfg);
+    // The fleet totals (a scan of every engine) only when some considered engine is above the
+    // guard's absolute floor: below it none is overloaded whatever the mean.
+    let guard = (u64::from(max_load) + 1 > u64::from(guard_cfg.balance_abs_threshold))
+        .then(|| Guard::new(engines, guard_cfg));
     let ties = tie_seed(seed);
     let mut top = TopK::new(k);
     visit(engines, prefix, filter, start, len, |i, v, blocks| {
@@ -147,7 +152,11 @@ pub(crate) fn scored<S: EngineSet + ?Sized>(
             - wk * s.kv
             - si * s.load_per_weight
             - sl * s.latency;
-        let over = if guard.overloaded(v) { 1.0 } else { 0.0 };
+        let over = if guard.as_ref().is_some_and(|g| g.overloaded(v)) {
+            1.0
+        } else {
+            0.0
+        };
         top.offer_with(over, -score, i, || tie_key(ties, i));
     });
     out.extend(top.engines());
