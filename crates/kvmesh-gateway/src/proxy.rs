@@ -140,6 +140,7 @@ async fn forward(
         ctx = ctx.with_hash_key(k);
     }
     let mut decide_us = 0;
+    let mut reserved: Option<Reservation> = None;
     // Cache-aware routes: prompt → block keys → matches → decision → speculative entries for
     // the chosen engine, all synchronous (the per-thread buffers never cross an await).
     let (reason, cand_blocks, lookup) = match &route.prefix {
@@ -167,6 +168,9 @@ async fn forward(
             let held = prefix::held_blocks(&index, &route.engines, &candidates, &s.keys, now);
             if let Some(&first) = candidates.first() {
                 prefix::remember(state, &mut index, rp, &route.engines[first], &s.keys, now);
+                // Counted in flight before the lock is released, so that the next decision's
+                // load guard sees this request (the attempt takes the count over).
+                reserved = Some(Reservation::new(route.engines[first].clone()));
             }
             drop(index);
             (reason, held, lookup)
@@ -225,6 +229,7 @@ async fn forward(
         }
         attempts += 1;
         let attempt = Attempt::start(gw.clone(), engine.clone(), permit);
+        drop(reserved.take());
         match send(gw, engine, parts, body.clone(), request_id, attempt).await {
             Outcome::Answer(mut r) => {
                 if let (Some(l), Some(rp)) = (lookup, &route.prefix) {
@@ -276,6 +281,22 @@ async fn forward(
             "every engine chosen for model `{}` is refusing traffic (circuit breakers open or unhealthy)",
             route.model
         ))),
+    }
+}
+
+/// One request counted in flight on an engine between the decision and its attempt.
+struct Reservation(Arc<Engine>);
+
+impl Reservation {
+    fn new(e: Arc<Engine>) -> Reservation {
+        e.in_flight.fetch_add(1, Ordering::Relaxed);
+        Reservation(e)
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
