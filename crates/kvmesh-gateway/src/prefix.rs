@@ -45,6 +45,8 @@ pub struct PrefixState {
     index: RwLock<PrefixIndex>,
     /// Free engine slots (ids in the index) and the next never-used one.
     slots: Mutex<(Vec<u32>, u32)>,
+    /// Slots of engines gone for good (their last reference dropped), freed by the next sweep.
+    retired: Mutex<Vec<u32>>,
     tokenizers: Mutex<HashMap<String, Arc<Tokenizer>>>,
     /// Token ids of prompt pieces, shared by every model (keys are text hashes; a piece
     /// tokenized by two tokenizers would collide, so the cache is per tokenizer path).
@@ -60,6 +62,7 @@ impl PrefixState {
             cfg: cfg.prefix.clone(),
             index: RwLock::new(PrefixIndex::new()),
             slots: Mutex::new((Vec::new(), 0)),
+            retired: Mutex::new(Vec::new()),
             tokenizers: Mutex::new(HashMap::new()),
             segments: Mutex::new(HashMap::new()),
             metrics: PrefixMetrics {
@@ -135,14 +138,26 @@ impl PrefixState {
         slot
     }
 
-    /// Frees a removed engine's slot and drops its entries.
+    /// Frees a slot and drops its entries.
     pub fn release_slot(&self, slot: u32) {
         self.index_mut().remove_engine(slot);
         lock(&self.slots).0.push(slot);
     }
 
-    /// Drops expired speculative entries (called about once a second).
+    /// Queues the slot of an engine whose last reference is gone (`Drop` of the engine: no
+    /// request, probe or event task can write for it any more); the next [`sweep`](Self::sweep)
+    /// frees it. Deferred so that a slot is never reused while a late decision or event batch
+    /// of the removed engine could still mark it.
+    pub fn retire_slot(&self, slot: u32) {
+        lock(&self.retired).push(slot);
+    }
+
+    /// Frees retired slots and drops expired speculative entries (about once a second).
     pub fn sweep(&self, now_us: u64) -> usize {
+        let retired = std::mem::take(&mut *lock(&self.retired));
+        for slot in retired {
+            self.release_slot(slot);
+        }
         self.index_mut().expire(now_us)
     }
 }

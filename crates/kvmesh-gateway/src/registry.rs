@@ -79,8 +79,9 @@ pub struct Engine {
     pub removed: AtomicBool,
     /// Counters and histograms.
     pub metrics: EngineMetrics,
-    /// Its id in the prefix index.
+    /// Its id in the prefix index (retired when the engine is dropped).
     pub slot: u32,
+    prefix: Arc<PrefixState>,
     /// KV-event ingestion state (when it has a `kv_events` endpoint).
     pub ingest: IngestStatus,
     /// `process_start_time_seconds` at the last scrape (f64 bits; NaN = unknown) and the
@@ -114,6 +115,7 @@ impl Engine {
         source: Source,
         tracker: EngineTracker,
         slot: u32,
+        prefix: Arc<PrefixState>,
     ) -> Result<Engine, String> {
         let url = entry.url.trim_end_matches('/').to_string();
         let authority: http::uri::Authority = url
@@ -140,6 +142,7 @@ impl Engine {
             removed: AtomicBool::new(false),
             metrics: EngineMetrics::default(),
             slot,
+            prefix,
             ingest: IngestStatus::default(),
             start_time_bits: AtomicU64::new(f64::NAN.to_bits()),
             epoch_at_scrape: AtomicU32::new(0),
@@ -238,6 +241,12 @@ impl Engine {
         );
         v.waiting = self.reported_waiting();
         v
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.prefix.retire_slot(self.slot);
     }
 }
 
@@ -341,7 +350,7 @@ impl Registry {
         entry.validate("engine").map_err(|e| e.to_string())?;
         let tracker = EngineTracker::new(&self.cfg.routing.health, self.clock.now_us(), ramp);
         let slot = self.prefix.alloc_slot();
-        let engine = match Engine::new(entry, source, tracker, slot) {
+        let engine = match Engine::new(entry, source, tracker, slot, self.prefix.clone()) {
             Ok(e) => Arc::new(e),
             Err(err) => {
                 self.prefix.release_slot(slot);
@@ -351,8 +360,7 @@ impl Registry {
         {
             let mut m = lock(&self.members);
             if m.iter().any(|e| e.url == engine.url) {
-                drop(m);
-                self.prefix.release_slot(slot);
+                // Dropping `engine` retires its slot.
                 return Err(format!("engine {} is already registered", engine.url));
             }
             m.push(engine.clone());
@@ -371,7 +379,7 @@ impl Registry {
         };
         removed.removed.store(true, Ordering::Relaxed);
         self.rebuild();
-        self.prefix.release_slot(removed.slot);
+        // Its slot is retired when the last reference (in-flight requests, its tasks) goes.
         Some(removed)
     }
 
@@ -473,5 +481,52 @@ impl Registry {
             .iter()
             .filter(|e| e.tracker().breaker().is_ejected())
             .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvmesh_prefix::BlockKey;
+
+    fn entry(port: u16) -> EngineEntry {
+        EngineEntry {
+            url: format!("http://127.0.0.1:{port}"),
+            models: vec!["m".into()],
+            ..EngineEntry::default()
+        }
+    }
+
+    #[test]
+    fn a_removed_engines_slot_is_reused_only_after_its_last_reference_and_a_sweep() {
+        let reg = Registry::new(Arc::new(ServeConfig::default()), Clock::default());
+        let a = reg.add(&entry(1), Source::Static, false).expect("add a");
+        assert_eq!(a.slot, 0);
+        let key = [BlockKey(0x10)];
+        reg.prefix
+            .index_mut()
+            .insert_speculative(a.slot, &key, 10_000, 1);
+        // Removed while a request still holds it: its slot stays taken, entries too.
+        let held = reg.remove(&a.url).expect("remove a");
+        drop(a);
+        let b = reg.add(&entry(2), Source::Static, false).expect("add b");
+        assert_eq!(
+            b.slot, 1,
+            "the removed engine's slot is not reused while referenced"
+        );
+        reg.prefix.sweep(2);
+        assert!(reg.prefix.index().holds(held.slot, key[0], 2));
+        // Last reference gone: retired, freed (with its entries) by the next sweep.
+        drop(held);
+        reg.prefix.sweep(3);
+        assert!(!reg.prefix.index().has_engine(0));
+        let c = reg.add(&entry(3), Source::Static, false).expect("add c");
+        assert_eq!(c.slot, 0);
+        assert!(!reg.prefix.index().holds(c.slot, key[0], 3));
+        // A duplicate URL is refused and its slot comes back after a sweep.
+        assert!(reg.add(&entry(3), Source::Static, false).is_err());
+        reg.prefix.sweep(4);
+        let d = reg.add(&entry(4), Source::Static, false).expect("add d");
+        assert_eq!(d.slot, 2);
     }
 }
