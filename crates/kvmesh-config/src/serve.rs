@@ -374,6 +374,12 @@ mod tests {
         assert_eq!(e.weight, 2.0);
         assert_eq!(e.kv_events, "tcp://127.0.0.1:5557");
         assert_eq!(e.models, vec!["a".to_string(), "b".to_string()]);
+        let e = EngineEntry::parse(
+            "url=http://127.0.0.1:8001,kv_events=tcp://127.0.0.1:5557,kv_replay=tcp://127.0.0.1:5558",
+        )
+        .expect("with replay");
+        assert_eq!(e.kv_replay, "tcp://127.0.0.1:5558");
+        assert!(EngineEntry::parse("url=http://x:1,kv_replay=tcp://127.0.0.1:1").is_err());
         assert!(EngineEntry::parse("url=http://x:1,wieght=2").is_err());
         assert!(EngineEntry::parse("ftp://x").is_err());
         assert!(EngineEntry::parse("url=http://x:1,weight=-1").is_err());
