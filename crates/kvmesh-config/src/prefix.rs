@@ -111,6 +111,10 @@ pub struct ModelConfig {
     pub tokenizer: Option<String>,
     /// The model's block size; default: `serve.prefix.block_size`.
     pub block_size: Option<u32>,
+    /// The model is a LoRA adapter: its name is mixed into every block key, as vLLM hashes
+    /// an adapter's blocks. Default: what the engines' `/v1/models` says (an adapter is listed
+    /// with a `parent`).
+    pub lora: Option<bool>,
 }
 
 impl ModelConfig {

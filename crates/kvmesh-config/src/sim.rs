@@ -13,6 +13,11 @@ pub struct SimConfig {
     pub listen: String,
     /// Model name served (what `/v1/models` lists and requests must name).
     pub model: String,
+    /// LoRA adapters served on top of the model (vLLM `--lora-modules NAME=PATH`): requests
+    /// naming one are served by the same engine with the adapter's name mixed into every
+    /// block hash (and sent in the KV events' `lora_name`); `/v1/models` lists them with the
+    /// model as `parent`.
+    pub lora_modules: Vec<String>,
     /// Path to a Hugging Face `tokenizer.json` (or a directory holding it and
     /// `tokenizer_config.json`); empty = the bundled Qwen3 tokenizer.
     pub tokenizer: String,
@@ -40,6 +45,7 @@ impl Default for SimConfig {
         SimConfig {
             listen: "127.0.0.1:8100".to_string(),
             model: "Qwen/Qwen3-8B".to_string(),
+            lora_modules: Vec::new(),
             tokenizer: String::new(),
             max_model_len: 32_768,
             default_max_tokens: 64,
@@ -92,6 +98,13 @@ impl SimConfig {
             &format!("{at}.engine.num_blocks"),
             "the cache must hold at least one max_model_len sequence (num_blocks * block_size >= max_model_len)",
         )?;
+        for (i, l) in self.lora_modules.iter().enumerate() {
+            check(
+                !l.is_empty() && *l != self.model && !self.lora_modules[..i].contains(l),
+                &format!("{at}.lora_modules[{i}]"),
+                "must be a non-empty name, distinct from the model and the other adapters",
+            )?;
+        }
         self.kv_events.validate(&format!("{at}.kv_events"))?;
         self.faults.validate(&format!("{at}.faults"))
     }

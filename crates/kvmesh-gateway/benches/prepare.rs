@@ -66,6 +66,7 @@ fn benches(c: &mut Criterion) {
         tokenizer: tokenizer.clone(),
         segments: cache,
         block_size: 16,
+        lora_name: None,
         kind: PolicyKind::Precise,
         affinity: Default::default(),
         slot_to_idx: Vec::new(),

@@ -322,6 +322,7 @@ fn models(gw: &Gateway) -> Response<Body> {
                 created: gw.started_unix,
                 owned_by: "kvmesh".into(),
                 max_model_len: None,
+                parent: None,
             })
             .collect(),
     };

@@ -170,6 +170,8 @@ pub struct RoutePrefix {
     pub segments: Arc<SegmentCache>,
     /// Tokens per block.
     pub block_size: u32,
+    /// The model's name when it is a LoRA adapter (mixed into every block key).
+    pub lora_name: Option<String>,
     /// The policy kind (decides the speculative TTL and the shortest match looked up).
     pub kind: PolicyKind,
     /// The policy's matching thresholds (matches shorter than it uses are not looked up).
@@ -186,6 +188,7 @@ impl RoutePrefix {
         cfg: &ServeConfig,
         model: &str,
         policy: &PolicyConfig,
+        lora: bool,
         engines: &[Arc<Engine>],
     ) -> Option<RoutePrefix> {
         let kind = policy.policy;
@@ -209,6 +212,7 @@ impl RoutePrefix {
             tokenizer,
             segments: state.segment_cache(path),
             block_size: cfg.model_block_size(model),
+            lora_name: lora.then(|| model.to_string()),
             kind,
             affinity: policy.prefix,
             slot_to_idx,
@@ -294,9 +298,9 @@ pub fn prompt_keys(
     };
     let n = s.tokens.len().min(state.cfg.max_prompt_tokens);
     let bs = rp.block_size as usize;
-    let extra = match salt.as_deref() {
-        Some(x) if !x.is_empty() => ExtraKeys::salt(x),
-        _ => ExtraKeys::default(),
+    let extra = ExtraKeys {
+        lora_name: rp.lora_name.as_deref(),
+        cache_salt: salt.as_deref().filter(|x| !x.is_empty()),
     };
     block_keys(&s.tokens[..n], bs, extra, &mut s.keys);
     s.keys.truncate(max_hit_blocks(n, bs));

@@ -60,8 +60,17 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
         && let Ok((200, body)) = get(gw, &format!("{}/v1/models", e.url), t).await
         && let Ok(list) = serde_json::from_slice::<kvmesh_openai::ModelList>(&body)
     {
-        gw.registry
-            .set_discovered_models(e, list.data.into_iter().map(|m| m.id).collect());
+        let adapters = list
+            .data
+            .iter()
+            .filter(|m| m.parent.is_some())
+            .map(|m| m.id.clone())
+            .collect();
+        gw.registry.set_discovered_models(
+            e,
+            list.data.into_iter().map(|m| m.id).collect(),
+            adapters,
+        );
     }
     // The page counts our requests running when it was rendered: at most those in flight
     // now plus those started before the answer came back.

@@ -75,6 +75,8 @@ pub struct Engine {
     kv_usage_ppm: AtomicU32,
     /// Models discovered from `/v1/models`.
     discovered: Mutex<Vec<String>>,
+    /// Those of them that are LoRA adapters (listed with a `parent`).
+    adapters: Mutex<Vec<String>>,
     /// Set when removed: its probe task stops.
     pub removed: AtomicBool,
     /// Counters and histograms.
@@ -139,6 +141,7 @@ impl Engine {
             reported_waiting: AtomicU32::new(UNKNOWN),
             kv_usage_ppm: AtomicU32::new(UNKNOWN),
             discovered: Mutex::new(Vec::new()),
+            adapters: Mutex::new(Vec::new()),
             removed: AtomicBool::new(false),
             metrics: EngineMetrics::default(),
             slot,
@@ -388,14 +391,24 @@ impl Registry {
         lock(&self.members).clone()
     }
 
-    /// Records discovered models; rebuilds when they changed.
-    pub fn set_discovered_models(&self, engine: &Engine, mut models: Vec<String>) {
+    /// Records discovered models and which of them are LoRA adapters; rebuilds when they
+    /// changed.
+    pub fn set_discovered_models(
+        &self,
+        engine: &Engine,
+        mut models: Vec<String>,
+        mut adapters: Vec<String>,
+    ) {
         models.sort();
         models.dedup();
+        adapters.sort();
+        adapters.dedup();
         let changed = {
             let mut d = lock(&engine.discovered);
-            if *d != models {
+            let mut a = lock(&engine.adapters);
+            if *d != models || *a != adapters {
                 *d = models;
+                *a = adapters;
                 true
             } else {
                 false
@@ -433,8 +446,26 @@ impl Registry {
                     .collect();
                 let seed = self.cfg.seed ^ stable_hash(model.as_bytes()) ^ version;
                 let policy = Policy::new(&policy_cfg, &members, seed);
-                let prefix =
-                    RoutePrefix::build(&self.prefix, &self.cfg, &model, &policy_cfg, &engines);
+                // A LoRA adapter's blocks carry its name (as vLLM hashes them): from the
+                // config, else from the engines' /v1/models (`parent`).
+                let lora = self
+                    .cfg
+                    .models
+                    .get(&model)
+                    .and_then(|m| m.lora)
+                    .unwrap_or_else(|| {
+                        engines
+                            .iter()
+                            .any(|e| lock(&e.adapters).contains(&model))
+                    });
+                let prefix = RoutePrefix::build(
+                    &self.prefix,
+                    &self.cfg,
+                    &model,
+                    &policy_cfg,
+                    lora,
+                    &engines,
+                );
                 let route = ModelRoute {
                     model: model.clone(),
                     engines,

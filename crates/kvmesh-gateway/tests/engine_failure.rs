@@ -267,9 +267,13 @@ async fn killed_engine_is_retried_around_ejected_and_ramped_back() {
     let last = after.last().expect("samples after recovery");
     assert!(first.factor < 0.6, "ramp not seen from below: {first:?}");
     assert_eq!(last.factor, 1.0);
+    // The effective weight climbs back to full. (Its peak, not its last sample: the automatic
+    // factor reacts to latency, and one scheduling stall of this shared 2-core machine at the
+    // very end, with other tests running, can halve the last sample: seen once in a full run.)
+    let peak = after.iter().map(|s| s.weight).fold(0.0, f64::max);
     assert!(
-        last.weight > first.weight && last.weight > 0.5,
-        "effective weight {} -> {}",
+        peak > first.weight && peak > 0.9,
+        "effective weight {} -> peak {peak} (last {})",
         first.weight,
         last.weight
     );

@@ -163,6 +163,9 @@ pub struct ModelCard {
     /// Context length (vLLM extension).
     #[serde(default)]
     pub max_model_len: Option<u32>,
+    /// For a LoRA adapter: the base model it runs on (vLLM lists adapters this way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 /// `/v1/models`.

@@ -36,14 +36,20 @@ struct Prepared {
     stream: bool,
     include_usage: bool,
     cache_salt: Option<String>,
+    /// The LoRA adapter the request names, if any.
+    lora: Option<String>,
     /// Completions with `echo`: the prompt text to prepend.
     echo: Option<String>,
 }
 
-fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+/// Checks the requested model: the base model (or none), or one of its LoRA adapters, whose
+/// name is returned.
+fn check_model(st: &AppState, model: Option<&str>) -> Result<Option<String>, ApiError> {
     match model {
-        Some(m) if m != st.cfg.model => Err(ApiError::model_not_found(m)),
-        _ => Ok(()),
+        Some(m) if m == st.cfg.model => Ok(None),
+        Some(m) if st.cfg.lora_modules.iter().any(|l| l == m) => Ok(Some(m.to_string())),
+        Some(m) => Err(ApiError::model_not_found(m)),
+        None => Ok(None),
     }
 }
 
@@ -84,7 +90,7 @@ pub async fn chat(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Response
     let body = read_body(req, st.cfg.max_body_bytes).await?;
     let r: ChatCompletionRequest = parse_body(&body)?;
     r.validate()?;
-    check_model(st, r.model.as_deref())?;
+    let lora = check_model(st, r.model.as_deref())?;
     let template = st.tokenizer.chat_template().ok_or_else(|| {
         ApiError::bad_request(
             "no_chat_template",
@@ -114,6 +120,7 @@ pub async fn chat(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Response
             stream: r.stream,
             include_usage: r.include_usage(),
             cache_salt: r.cache_salt,
+            lora,
             echo: None,
         },
     )
@@ -128,7 +135,7 @@ pub async fn completions(
     let body = read_body(req, st.cfg.max_body_bytes).await?;
     let r: CompletionRequest = parse_body(&body)?;
     r.validate()?;
-    check_model(st, r.model.as_deref())?;
+    let lora = check_model(st, r.model.as_deref())?;
     let inputs = r.prompt.inputs();
     if inputs.len() != 1 {
         return Err(ApiError::invalid_param(
@@ -177,6 +184,7 @@ pub async fn completions(
             stream: r.stream,
             include_usage: r.include_usage(),
             cache_salt: r.cache_salt,
+            lora,
             echo: r.echo.then_some(echo_text),
         },
     )
@@ -218,7 +226,7 @@ async fn run(st: &Arc<AppState>, p: Prepared) -> Result<Response<Body>, ApiError
         id,
         prompt: p.prompt,
         max_tokens: p.max_tokens,
-        lora_name: None,
+        lora_name: p.lora.clone(),
         cache_salt: p.cache_salt,
     };
     let sent = st.engine.send(Command::Add {
@@ -256,7 +264,7 @@ async fn run(st: &Arc<AppState>, p: Prepared) -> Result<Response<Body>, ApiError
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        model: st.cfg.model.clone(),
+        model: p.lora.clone().unwrap_or_else(|| st.cfg.model.clone()),
         kind: p.kind,
         prompt_len,
     };

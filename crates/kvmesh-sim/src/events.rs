@@ -110,6 +110,7 @@ pub fn to_kv_event(e: EngineEvent, int_hashes: bool) -> KvEvent {
             cache_salt,
         } => {
             let blocks = block_hashes.len();
+            let parent_block_hash_is_none = parent_block_hash.is_none();
             let mut ev = KvEvent::stored(
                 block_hashes.into_iter().map(hash).collect(),
                 parent_block_hash.map(hash),
@@ -122,12 +123,29 @@ pub fn to_kv_event(e: EngineEvent, int_hashes: bool) -> KvEvent {
                 ..
             } = &mut ev
             {
-                *l = lora_name;
-                if let Some(salt) = cache_salt {
-                    let mut keys = vec![MsgValue::Array(vec![MsgValue::str(salt)])];
-                    keys.resize(blocks, MsgValue::Nil);
+                // vLLM's per-block extra keys: the LoRA name on every block, the cache salt
+                // after it on a chain's first block.
+                if lora_name.is_some() || cache_salt.is_some() {
+                    let keys = (0..blocks)
+                        .map(|j| {
+                            let mut k: Vec<MsgValue> =
+                                lora_name.iter().map(|n| MsgValue::str(n.clone())).collect();
+                            if j == 0
+                                && parent_block_hash_is_none
+                                && let Some(salt) = &cache_salt
+                            {
+                                k.push(MsgValue::str(salt.clone()));
+                            }
+                            if k.is_empty() {
+                                MsgValue::Nil
+                            } else {
+                                MsgValue::Array(k)
+                            }
+                        })
+                        .collect();
                     *extra_keys = Some(keys);
                 }
+                *l = lora_name;
             }
             ev
         }

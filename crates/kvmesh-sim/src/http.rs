@@ -68,14 +68,25 @@ pub async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, Ap
 fn models(st: &AppState) -> Response<Body> {
     let list = ModelList {
         object: "list".into(),
-        data: vec![ModelCard {
+        data: std::iter::once(ModelCard {
             id: st.cfg.model.clone(),
             object: "model".into(),
             created: st.started_unix,
             owned_by: "vllm".into(),
             root: Some(st.cfg.model.clone()),
             max_model_len: Some(st.cfg.max_model_len),
-        }],
+            parent: None,
+        })
+        .chain(st.cfg.lora_modules.iter().map(|l| ModelCard {
+            id: l.clone(),
+            object: "model".into(),
+            created: st.started_unix,
+            owned_by: "vllm".into(),
+            root: Some(format!("/adapters/{l}")),
+            max_model_len: Some(st.cfg.max_model_len),
+            parent: Some(st.cfg.model.clone()),
+        }))
+        .collect(),
     };
     json(200, serde_json::to_string(&list).unwrap_or_default())
 }

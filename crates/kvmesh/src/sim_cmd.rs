@@ -19,6 +19,11 @@ pub struct SimArgs {
     pub listen: Option<String>,
     #[arg(long, value_name = "NAME", help = format!("Model name served [default: {}]", d().model))]
     pub model: Option<String>,
+    /// A LoRA adapter served on top of the model (repeatable; vLLM's --lora-modules NAME=PATH,
+    /// the path is ignored): requests naming it get the adapter's name in their block hashes
+    /// and KV events.
+    #[arg(long = "lora-modules", value_name = "NAME[=PATH]")]
+    pub lora_modules: Vec<String>,
     #[arg(
         long,
         value_name = "ENDPOINT",
@@ -87,6 +92,11 @@ impl SimArgs {
         }
         set!(self.listen, c.listen);
         set!(self.model, c.model);
+        c.lora_modules.extend(
+            self.lora_modules
+                .iter()
+                .map(|l| l.split_once('=').map_or(l.as_str(), |(n, _)| n).to_string()),
+        );
         set!(self.kv_events, c.kv_events.endpoint);
         set!(self.kv_events_replay, c.kv_events.replay_endpoint);
         set!(self.kv_events_format, c.kv_events.format);

@@ -10,6 +10,9 @@
 //!    KV-event batch of the new process (an unrelated request sent directly to the engine).
 //! 3. Prediction in the normal case: `x-kvmesh-predicted-cached-tokens` equals the engine's
 //!    `usage.prompt_tokens_details.cached_tokens` (chat and completions).
+//! 4. A LoRA adapter (the engines list it with a `parent`): its blocks carry its name on the
+//!    engine and in the router's keys, so predictions hold for it and never leak to the base
+//!    model's requests.
 //!
 //! Delays and spreads are printed (`cargo test -- --nocapture`).
 
@@ -134,8 +137,13 @@ async fn post_json(url: &str, body: &Value) -> Reply {
 
 /// A chat request (the shared `system` text, then a distinct user turn).
 async fn chat(base: &str, system: &str, user: &str) -> Reply {
+    chat_model(base, MODEL, system, user).await
+}
+
+/// [`chat`] naming `model`.
+async fn chat_model(base: &str, model: &str, system: &str, user: &str) -> Reply {
     let body = json!({
-        "model": MODEL,
+        "model": model,
         "messages": [
             {"role": "system", "content": system},
             {"role": "user", "content": user},
@@ -197,6 +205,11 @@ impl Sims {
 
 /// `n` simulated engines publishing KV events (with a replay socket).
 async fn start_sims(n: usize) -> Sims {
+    start_sims_with_adapters(n, &[]).await
+}
+
+/// [`start_sims`] whose engines also serve the LoRA adapters `adapters`.
+async fn start_sims_with_adapters(n: usize, adapters: &[&str]) -> Sims {
     let mut sims = Vec::with_capacity(n);
     let mut entries = Vec::with_capacity(n);
     for i in 0..n {
@@ -205,6 +218,7 @@ async fn start_sims(n: usize) -> Sims {
             model: MODEL.into(),
             time_scale: TIME_SCALE,
             seed: i as u64 + 1,
+            lora_modules: adapters.iter().map(|a| a.to_string()).collect(),
             ..SimConfig::default()
         };
         cfg.kv_events.endpoint = format!("tcp://127.0.0.1:{}", free_port());
@@ -720,6 +734,75 @@ async fn predicted_cached_tokens_match_the_engine() {
     assert_eq!(longer.engine(), b);
     assert!(longer.cached_tokens() >= 1_000);
     assert_eq!(longer.predicted(), longer.cached_tokens());
+
+    router.shutdown().await;
+    sims.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. LoRA adapters.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lora_adapter_prefixes_are_keyed_by_the_adapter_name() {
+    const ADAPTER: &str = "tenant-adapter";
+    // One engine: the base-model request below lands where the adapter's blocks are, so both
+    // the engine's hashes and the router's keys must tell them apart.
+    let sims = start_sims_with_adapters(1, &[ADAPTER]).await;
+    let mut cfg = serve_cfg(&sims, PolicyKind::Precise, 200);
+    // Speculative entries fade fast: the second request is routed on KV events alone.
+    cfg.prefix.speculative_ttl_ms = 100;
+    let router = start_router(&sims, cfg).await;
+    let gw = router.gateway.clone();
+    let keyed = wait_for(Duration::from_secs(20), || {
+        gw.registry.snapshot().routes.get(ADAPTER).is_some_and(|r| {
+            r.engines.len() == 1
+                && r.prefix
+                    .as_ref()
+                    .is_some_and(|p| p.lora_name.as_deref() == Some(ADAPTER))
+        })
+    })
+    .await;
+    assert!(keyed.is_some(), "the adapter was not discovered as one");
+    let base = router.base_url();
+
+    let p = long_text(700, 1_200);
+    let tracked = tracked_blocks(&router);
+    let first = chat_model(&base, ADAPTER, &p, "a question").await;
+    assert_eq!((first.predicted(), first.cached_tokens()), (0, 0));
+    let a = first.engine();
+    let ea = member(&router, &a);
+    let want = tracked[&a] + first.prompt_tokens() / 16;
+    let synced = wait_for(Duration::from_secs(10), || {
+        ea.ingest.tracked_blocks.load(Relaxed) >= want
+    })
+    .await;
+    assert!(
+        synced.is_some(),
+        "the adapter's KV events never covered the prompt"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let again = chat_model(&base, ADAPTER, &p, "a question").await;
+    println!(
+        "adapter, same prompt ({} tokens): predicted {}, engine cached {}",
+        again.prompt_tokens(),
+        again.predicted(),
+        again.cached_tokens()
+    );
+    assert_eq!(again.engine(), a);
+    assert!(again.cached_tokens() >= 1_000);
+    assert_eq!(again.predicted(), again.cached_tokens());
+
+    // The base model with the same prompt on the same engine: other block hashes there, other
+    // keys in the router — nothing cached, nothing predicted.
+    let plain = chat_model(&base, MODEL, &p, "a question").await;
+    println!(
+        "base model, same prompt, same engine: predicted {}, cached {}",
+        plain.predicted(),
+        plain.cached_tokens()
+    );
+    assert_eq!(plain.engine(), a);
+    assert_eq!((plain.predicted(), plain.cached_tokens()), (0, 0));
 
     router.shutdown().await;
     sims.stop().await;
