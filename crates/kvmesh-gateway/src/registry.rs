@@ -453,11 +453,7 @@ impl Registry {
                     .models
                     .get(&model)
                     .and_then(|m| m.lora)
-                    .unwrap_or_else(|| {
-                        engines
-                            .iter()
-                            .any(|e| lock(&e.adapters).contains(&model))
-                    });
+                    .unwrap_or_else(|| engines.iter().any(|e| lock(&e.adapters).contains(&model)));
                 let prefix = RoutePrefix::build(
                     &self.prefix,
                     &self.cfg,
