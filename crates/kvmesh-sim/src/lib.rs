@@ -12,12 +12,14 @@ mod api;
 mod engine_thread;
 mod events;
 mod faults;
+mod fleet;
 mod http;
 mod metrics;
 mod state;
 
 pub use engine_thread::EngineHandle;
 pub use events::to_kv_event;
+pub use fleet::{LocalFleet, free_loopback_port, start_fleet};
 
 use kvmesh_config::SimConfig;
 use kvmesh_engine::EngineParams;

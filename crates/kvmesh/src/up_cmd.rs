@@ -11,7 +11,7 @@ use kvmesh_bench::{
     CompareRow, EngineCounters, InFlightSampler, LoadOptions, LoadReport, SharedPrefixWorkload,
     Targets,
 };
-use kvmesh_config::{EngineEntry, PolicyKind, ServeConfig, SimConfig};
+use kvmesh_config::{PolicyKind, ServeConfig, SimConfig};
 use kvmesh_gateway::GatewayServer;
 use kvmesh_sim::SimServer;
 use std::sync::Arc;
@@ -99,14 +99,6 @@ fn parse_policy(s: &str) -> Result<PolicyKind, String> {
         })
 }
 
-/// A free loopback TCP port (for the engines' ZMQ sockets, which bind by number).
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
-}
-
 /// Engines and routers on loopback.
 struct Cluster {
     sims: Vec<SimServer>,
@@ -119,11 +111,8 @@ impl Cluster {
     /// `a.routers` routers with `policy` in front of all of them.
     async fn start(a: &UpArgs, policy: PolicyKind) -> Result<Cluster, String> {
         let events = matches!(policy, PolicyKind::Precise | PolicyKind::Scored);
-        let mut sims = Vec::new();
-        let mut entries = Vec::new();
-        for i in 0..a.engines {
+        let fleet = kvmesh_sim::start_fleet(a.engines as usize, events, |i| {
             let mut cfg = SimConfig {
-                listen: "127.0.0.1:0".into(),
                 time_scale: a.time_scale,
                 seed: i as u64,
                 ..SimConfig::default()
@@ -135,22 +124,15 @@ impl Cluster {
                     .max_model_len
                     .min(b.saturating_mul(cfg.engine.block_size));
             }
-            if events {
-                cfg.kv_events.endpoint = format!("tcp://127.0.0.1:{}", free_port()?);
-                cfg.kv_events.replay_endpoint = format!("tcp://127.0.0.1:{}", free_port()?);
-            }
-            let s = kvmesh_sim::start(cfg.clone())
-                .await
-                .map_err(|e| e.to_string())?;
-            eprintln!("engine {i}: {}", s.base_url());
-            entries.push(EngineEntry {
-                url: s.base_url(),
-                kv_events: cfg.kv_events.endpoint.clone(),
-                kv_replay: cfg.kv_events.replay_endpoint.clone(),
-                ..EngineEntry::default()
-            });
-            sims.push(s);
+            cfg
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        for (i, url) in fleet.urls().iter().enumerate() {
+            eprintln!("engine {i}: {url}");
         }
+        let entries = fleet.entries.clone();
+        let sims = fleet.sims;
         let mut routers = Vec::new();
         for i in 0..a.routers {
             let mut cfg = ServeConfig {

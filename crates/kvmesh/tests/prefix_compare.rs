@@ -20,7 +20,7 @@
 use kvmesh_bench::{
     CompareRow, InFlightSampler, InFlightSamples, LoadOptions, SharedPrefixWorkload, Targets,
 };
-use kvmesh_config::{EngineEntry, PolicyKind, ServeConfig, SimConfig};
+use kvmesh_config::{PolicyKind, ServeConfig, SimConfig};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -88,13 +88,6 @@ fn guard_cap() -> u32 {
 /// (their moments above 2 × the mean at means ≥ 1 are printed too).
 const MIN_MEAN: f64 = 9.0;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 struct Run {
     row: CompareRow,
     samples: InFlightSamples,
@@ -111,30 +104,20 @@ type EngineViews = Vec<(u32, f64)>;
 /// router's in-flight count per engine, read the engines' counters, shut everything down.
 async fn run_policy(policy: PolicyKind) -> Run {
     let events = matches!(policy, PolicyKind::Precise | PolicyKind::Scored);
-    let mut sims = Vec::new();
-    let mut entries = Vec::new();
-    for i in 0..ENGINES {
+    let fleet = kvmesh_sim::start_fleet(ENGINES as usize, events, |i| {
         let mut cfg = SimConfig {
-            listen: "127.0.0.1:0".into(),
             time_scale: TIME_SCALE,
             seed: i as u64,
             max_model_len: KV_BLOCKS * 16,
             ..SimConfig::default()
         };
         cfg.engine.num_blocks = KV_BLOCKS;
-        if events {
-            cfg.kv_events.endpoint = format!("tcp://127.0.0.1:{}", free_port());
-            cfg.kv_events.replay_endpoint = format!("tcp://127.0.0.1:{}", free_port());
-        }
-        let s = kvmesh_sim::start(cfg.clone()).await.expect("start sim");
-        entries.push(EngineEntry {
-            url: s.base_url(),
-            kv_events: cfg.kv_events.endpoint.clone(),
-            kv_replay: cfg.kv_events.replay_endpoint.clone(),
-            ..EngineEntry::default()
-        });
-        sims.push(s);
-    }
+        cfg
+    })
+    .await
+    .expect("start sims");
+    let entries = fleet.entries.clone();
+    let sims = fleet.sims;
     let urls: Vec<String> = sims.iter().map(|s| s.base_url()).collect();
     let mut cfg = ServeConfig {
         listen: "127.0.0.1:0".into(),

@@ -16,17 +16,13 @@
 //!
 //! Delays and spreads are printed (`cargo test -- --nocapture`).
 
-mod common;
-
 use bytes::Bytes;
-use common::free_port;
 use http::{Method, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use kvmesh_config::{EngineEntry, PolicyKind, ServeConfig, SimConfig};
+use kvmesh_config::{PolicyKind, ServeConfig, SimConfig};
 use kvmesh_gateway::{Engine, GatewayServer};
-use kvmesh_sim::SimServer;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -186,22 +182,7 @@ fn long_text(seed: u64, words: usize) -> String {
 // ---------------------------------------------------------------------------------------------
 // A cluster: engines with KV events, a router.
 
-struct Sims {
-    sims: Vec<SimServer>,
-    entries: Vec<EngineEntry>,
-}
-
-impl Sims {
-    fn urls(&self) -> Vec<String> {
-        self.entries.iter().map(|e| e.url.clone()).collect()
-    }
-
-    async fn stop(self) {
-        for s in self.sims {
-            s.shutdown(Duration::from_secs(2)).await;
-        }
-    }
-}
+type Sims = kvmesh_sim::LocalFleet;
 
 /// `n` simulated engines publishing KV events (with a replay socket).
 async fn start_sims(n: usize) -> Sims {
@@ -210,29 +191,15 @@ async fn start_sims(n: usize) -> Sims {
 
 /// [`start_sims`] whose engines also serve the LoRA adapters `adapters`.
 async fn start_sims_with_adapters(n: usize, adapters: &[&str]) -> Sims {
-    let mut sims = Vec::with_capacity(n);
-    let mut entries = Vec::with_capacity(n);
-    for i in 0..n {
-        let mut cfg = SimConfig {
-            listen: "127.0.0.1:0".into(),
-            model: MODEL.into(),
-            time_scale: TIME_SCALE,
-            seed: i as u64 + 1,
-            lora_modules: adapters.iter().map(|a| a.to_string()).collect(),
-            ..SimConfig::default()
-        };
-        cfg.kv_events.endpoint = format!("tcp://127.0.0.1:{}", free_port());
-        cfg.kv_events.replay_endpoint = format!("tcp://127.0.0.1:{}", free_port());
-        let s = kvmesh_sim::start(cfg.clone()).await.expect("start sim");
-        entries.push(EngineEntry {
-            url: s.base_url(),
-            kv_events: cfg.kv_events.endpoint.clone(),
-            kv_replay: cfg.kv_events.replay_endpoint.clone(),
-            ..EngineEntry::default()
-        });
-        sims.push(s);
-    }
-    Sims { sims, entries }
+    kvmesh_sim::start_fleet(n, true, |i| SimConfig {
+        model: MODEL.into(),
+        time_scale: TIME_SCALE,
+        seed: i as u64 + 1,
+        lora_modules: adapters.iter().map(|a| a.to_string()).collect(),
+        ..SimConfig::default()
+    })
+    .await
+    .expect("start sims")
 }
 
 /// A router over `sims` with `policy`; `discovery_ms`: how often engines' /metrics are read.
@@ -446,7 +413,7 @@ async fn sibling_burst_lands_on_one_engine_under_precise() {
         );
         router.shutdown().await;
     }
-    sims.stop().await;
+    sims.shutdown(Duration::from_secs(2)).await;
     println!("sibling burst test: {:?}", t_all.elapsed());
 }
 
@@ -636,7 +603,7 @@ async fn restart_scenario(reveal: Reveal, discovery_ms: u64) -> Duration {
         b.abort();
     }
     router.shutdown().await;
-    sims.stop().await;
+    sims.shutdown(Duration::from_secs(2)).await;
     println!("  scenario took {:?}", t_all.elapsed());
     delay
 }
@@ -736,7 +703,7 @@ async fn predicted_cached_tokens_match_the_engine() {
     assert_eq!(longer.predicted(), longer.cached_tokens());
 
     router.shutdown().await;
-    sims.stop().await;
+    sims.shutdown(Duration::from_secs(2)).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -805,5 +772,5 @@ async fn lora_adapter_prefixes_are_keyed_by_the_adapter_name() {
     assert_eq!((plain.predicted(), plain.cached_tokens()), (0, 0));
 
     router.shutdown().await;
-    sims.stop().await;
+    sims.shutdown(Duration::from_secs(2)).await;
 }
