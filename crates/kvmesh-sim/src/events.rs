@@ -21,6 +21,14 @@ pub struct EventSink {
 }
 
 impl EventSink {
+    /// The bound PUB endpoint and replay endpoint (port 0 in the config = an OS-assigned one).
+    pub fn endpoints(&self) -> (String, Option<String>) {
+        (
+            self.publisher.endpoint().to_string(),
+            self.publisher.replay_endpoint().map(str::to_string),
+        )
+    }
+
     /// Binds the PUB socket (and the replay socket when configured).
     pub async fn start(
         cfg: &KvEventsConfig,

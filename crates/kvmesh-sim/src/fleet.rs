@@ -27,17 +27,10 @@ impl LocalFleet {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (ZMQ endpoints bind by number: the port is read from a
-/// listener the OS assigned, then released; another process could take it in between).
-pub fn free_loopback_port() -> Result<u16, SimError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// Starts `n` engines on 127.0.0.1 with the configs `cfg(i)` returns (its `listen` is replaced
 /// by an OS-assigned port). With `kv_events`, each publishes vLLM KV events with a replay
-/// socket, on OS-assigned ports, and its entry names both.
+/// socket, bound to OS-assigned ports (port 0: no window in which another process could take
+/// a port picked in advance), and its entry names both as bound.
 pub async fn start_fleet(
     n: usize,
     kv_events: bool,
@@ -51,14 +44,14 @@ pub async fn start_fleet(
         let mut c = cfg(i);
         c.listen = "127.0.0.1:0".into();
         if kv_events {
-            c.kv_events.endpoint = format!("tcp://127.0.0.1:{}", free_loopback_port()?);
-            c.kv_events.replay_endpoint = format!("tcp://127.0.0.1:{}", free_loopback_port()?);
+            c.kv_events.endpoint = "tcp://127.0.0.1:0".into();
+            c.kv_events.replay_endpoint = "tcp://127.0.0.1:0".into();
         }
-        let s = start(c.clone()).await?;
+        let s = start(c).await?;
         fleet.entries.push(EngineEntry {
             url: s.base_url(),
-            kv_events: c.kv_events.endpoint.clone(),
-            kv_replay: c.kv_events.replay_endpoint.clone(),
+            kv_events: s.kv_events_endpoint.clone().unwrap_or_default(),
+            kv_replay: s.kv_replay_endpoint.clone().unwrap_or_default(),
             ..EngineEntry::default()
         });
         fleet.sims.push(s);

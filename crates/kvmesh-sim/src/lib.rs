@@ -19,7 +19,7 @@ mod state;
 
 pub use engine_thread::EngineHandle;
 pub use events::to_kv_event;
-pub use fleet::{LocalFleet, free_loopback_port, start_fleet};
+pub use fleet::{LocalFleet, start_fleet};
 
 use kvmesh_config::SimConfig;
 use kvmesh_engine::EngineParams;
@@ -61,6 +61,10 @@ pub enum SimError {
 pub struct SimServer {
     /// Where the HTTP API listens (the real port when 0 was asked).
     pub http_addr: SocketAddr,
+    /// The KV-event PUB endpoint as bound (the real port when 0 was asked), if events are on.
+    pub kv_events_endpoint: Option<String>,
+    /// The KV-event replay endpoint as bound, if there is one.
+    pub kv_replay_endpoint: Option<String>,
     shutdown: Option<oneshot::Sender<()>>,
     http_task: tokio::task::JoinHandle<()>,
     engine: EngineHandle,
@@ -141,6 +145,13 @@ pub async fn start(cfg: SimConfig) -> Result<SimServer, SimError> {
     } else {
         Some(events::EventSink::start(&cfg.kv_events, drop_events.clone(), metrics.clone()).await?)
     };
+    let (kv_events_endpoint, kv_replay_endpoint) = match &events {
+        Some(sink) => {
+            let (e, r) = sink.endpoints();
+            (Some(e), r)
+        }
+        None => (None, None),
+    };
     let (engine, engine_join) = engine_thread::spawn(
         params,
         cfg.time_scale,
@@ -174,6 +185,8 @@ pub async fn start(cfg: SimConfig) -> Result<SimServer, SimError> {
     tracing::info!(%http_addr, "kvmesh sim listening");
     Ok(SimServer {
         http_addr,
+        kv_events_endpoint,
+        kv_replay_endpoint,
         shutdown: Some(tx),
         http_task,
         engine,

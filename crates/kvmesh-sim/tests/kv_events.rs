@@ -8,13 +8,6 @@ use kvmesh_kvevents::{KvEvent, MsgValue, Subscriber};
 use serde_json::json;
 use std::time::Duration;
 
-fn port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
-
 /// Sends requests until a batch arrives (ZMQ subscriptions take a moment to reach the
 /// publisher), then returns every batch until the stream is quiet.
 async fn drive_and_collect(
@@ -50,9 +43,9 @@ async fn drive_and_collect(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seq_counts_batches_and_restarts_at_zero() {
     let mut cfg = cfg();
-    let ep = format!("tcp://127.0.0.1:{}", port());
-    cfg.kv_events.endpoint = ep.clone();
+    cfg.kv_events.endpoint = "tcp://127.0.0.1:0".into();
     let sim = kvmesh_sim::start(cfg).await.expect("start");
+    let ep = sim.kv_events_endpoint.clone().expect("bound endpoint");
     let base = sim.base_url();
     let c = client();
     let mut sub = Subscriber::connect(&ep, "").await.expect("subscribe");

@@ -142,15 +142,16 @@ pub async fn run(cfg: SimConfig) -> Result<(), String> {
     let server = kvmesh_sim::start(cfg.clone())
         .await
         .map_err(|e| e.to_string())?;
+    // The endpoints as bound: port 0 in the config asks the OS for a free one.
+    let events = match (&server.kv_events_endpoint, &server.kv_replay_endpoint) {
+        (Some(e), Some(r)) => format!("{e}, replay {r}"),
+        (Some(e), None) => e.clone(),
+        _ => "off".into(),
+    };
     eprintln!(
-        "kvmesh sim: model {} on {} (kv events: {}), profile {}, time scale {}",
+        "kvmesh sim: model {} on {} (kv events: {events}), profile {}, time scale {}",
         cfg.model,
         server.base_url(),
-        if cfg.kv_events.endpoint.is_empty() {
-            "off"
-        } else {
-            &cfg.kv_events.endpoint
-        },
         cfg.engine.profile,
         cfg.time_scale
     );
