@@ -374,6 +374,27 @@ fn index_is(
     Ok(())
 }
 
+/// Whether the index says the engine holds every one of `keys` now.
+fn holds_all(server: &GatewayServer, e: &Engine, keys: &[BlockKey]) -> bool {
+    let now = server.gateway.clock.now_us();
+    let idx = server.gateway.registry.prefix.index();
+    keys.iter().all(|k| idx.holds(e.slot, *k, now))
+}
+
+/// [`holds_all`] as a [`wait_for`] condition.
+fn present(
+    server: &GatewayServer,
+    e: &Engine,
+    keys: &[BlockKey],
+    what: &str,
+) -> Result<(), String> {
+    if holds_all(server, e, keys) {
+        Ok(())
+    } else {
+        Err(format!("{what} not in the index yet"))
+    }
+}
+
 /// Polls `cond` every 20 ms until it holds; panics after `WAIT` with its last complaint.
 async fn wait_for(what: &str, e: &Engine, mut cond: impl FnMut() -> Result<(), String>) {
     let deadline = Instant::now() + WAIT;
@@ -615,27 +636,17 @@ async fn gap_without_replay_is_stale_until_all_blocks_cleared() {
     let (server, e) = start_router(&p).await;
     // Checkpoint: g (the last batch before the pause) applied; a kept; the lost block unknown.
     wait_for("batches after the gap", &e, || {
-        let idx = server.gateway.registry.prefix.index();
-        let now = server.gateway.clock.now_us();
-        if kg.iter().all(|k| idx.holds(e.slot, *k, now)) {
-            Ok(())
-        } else {
-            Err("g not in the index yet".into())
-        }
+        present(&server, &e, &kg, "g")
     })
     .await;
-    {
-        let idx = server.gateway.registry.prefix.index();
-        let now = server.gateway.clock.now_us();
-        assert!(
-            ka.iter().all(|k| idx.holds(e.slot, *k, now)),
-            "blocks before the gap are kept"
-        );
-        assert!(
-            !idx.holds(e.slot, klost, now),
-            "the lost batch's block cannot be known"
-        );
-    }
+    assert!(
+        holds_all(&server, &e, &ka),
+        "blocks before the gap are kept"
+    );
+    assert!(
+        !holds_all(&server, &e, &[klost]),
+        "the lost batch's block cannot be known"
+    );
     let s = &e.ingest;
     assert!(s.stale.load(Relaxed), "{}", counters(&e));
     assert_eq!(metric(&server, "kvmesh_kv_events_stale"), 1.0);
@@ -688,22 +699,13 @@ async fn garbage_is_a_gap_replay_cannot_fill_until_restart() {
     let p = PyPublisher::start(&steps, true);
     let (server, e) = start_router(&p).await;
     wait_for("the batch after the failed replay", &e, || {
-        let idx = server.gateway.registry.prefix.index();
-        if idx.holds(e.slot, kk, server.gateway.clock.now_us()) {
-            Ok(())
-        } else {
-            Err("k not in the index yet".into())
-        }
+        present(&server, &e, &[kk], "k")
     })
     .await;
-    {
-        let idx = server.gateway.registry.prefix.index();
-        let now = server.gateway.clock.now_us();
-        assert!(
-            ka.iter().all(|k| idx.holds(e.slot, *k, now)),
-            "blocks before the gap are kept"
-        );
-    }
+    assert!(
+        holds_all(&server, &e, &ka),
+        "blocks before the gap are kept"
+    );
     let s = &e.ingest;
     // Once on the stream, (here) once more in the replay.
     assert!(s.malformed.load(Relaxed) >= 1, "{}", counters(&e));
@@ -760,15 +762,7 @@ async fn batch_after_unreplayable_gap_is_applied() {
     let p = PyPublisher::start(&steps, false);
     let (server, e) = start_router(&p).await;
     assert_eq!(p.wait_done(), 5);
-    wait_for("the last batch", &e, || {
-        let idx = server.gateway.registry.prefix.index();
-        if idx.holds(e.slot, kz, server.gateway.clock.now_us()) {
-            Ok(())
-        } else {
-            Err("z not in the index yet".into())
-        }
-    })
-    .await;
+    wait_for("the last batch", &e, || present(&server, &e, &[kz], "z")).await;
     let s = &e.ingest;
     let r1 = index_is(&server, &e, &expected, &gone);
     let stale = s.stale.load(Relaxed);
