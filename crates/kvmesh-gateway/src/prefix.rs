@@ -229,6 +229,42 @@ pub enum Endpoint {
     Completions,
 }
 
+/// A request body parsed once, for routing (model, user) and for its prompt.
+pub enum ParsedRequest {
+    /// `/v1/chat/completions`.
+    Chat(ChatCompletionRequest),
+    /// `/v1/completions`.
+    Completion(CompletionRequest),
+}
+
+impl ParsedRequest {
+    /// Parses `body` as `endpoint`'s request (leniently: validation is the engine's).
+    pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, String> {
+        Ok(match endpoint {
+            Endpoint::Chat => ParsedRequest::Chat(parse_body(body).map_err(|e| e.message)?),
+            Endpoint::Completions => {
+                ParsedRequest::Completion(parse_body(body).map_err(|e| e.message)?)
+            }
+        })
+    }
+
+    /// The `model` field.
+    pub fn model(&self) -> Option<&str> {
+        match self {
+            ParsedRequest::Chat(r) => r.model.as_deref(),
+            ParsedRequest::Completion(r) => r.model.as_deref(),
+        }
+    }
+
+    /// The `user` field.
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            ParsedRequest::Chat(r) => r.user.as_deref(),
+            ParsedRequest::Completion(r) => r.user.as_deref(),
+        }
+    }
+}
+
 /// Per-thread buffers of the request path (no allocation per request once warm).
 #[derive(Default)]
 pub struct Scratch {
@@ -270,7 +306,8 @@ pub fn prepare(
     now_us: u64,
     s: &mut Scratch,
 ) -> Option<Lookup> {
-    let l = prompt_keys(state, rp, endpoint, body, s)?;
+    let req = ParsedRequest::parse(endpoint, body).ok()?;
+    let l = prompt_keys(state, rp, &req, s)?;
     match_engines(state, &state.index(), rp, now_us, s);
     Some(l)
 }
@@ -280,15 +317,14 @@ pub fn prepare(
 pub fn prompt_keys(
     state: &PrefixState,
     rp: &RoutePrefix,
-    endpoint: Endpoint,
-    body: &[u8],
+    req: &ParsedRequest,
     s: &mut Scratch,
 ) -> Option<Lookup> {
     let t0 = std::time::Instant::now();
     s.tokens.clear();
     s.keys.clear();
     s.matches.clear();
-    let salt = match tokenize(rp, endpoint, body, &mut s.tokens) {
+    let salt = match tokenize(rp, req, &mut s.tokens) {
         Ok(salt) => salt,
         Err(e) => {
             state.metrics.tokenize_failures.fetch_add(1, Relaxed);
@@ -354,13 +390,11 @@ pub fn match_engines(
 /// The prompt's token ids into `out`; returns the request's cache salt.
 fn tokenize(
     rp: &RoutePrefix,
-    endpoint: Endpoint,
-    body: &[u8],
+    req: &ParsedRequest,
     out: &mut Vec<u32>,
 ) -> Result<Option<String>, String> {
-    match endpoint {
-        Endpoint::Chat => {
-            let r: ChatCompletionRequest = parse_body(body).map_err(|e| e.message)?;
+    match req {
+        ParsedRequest::Chat(r) => {
             let req = ChatRenderRequest {
                 messages: &r.messages,
                 tools: r.tools.as_deref(),
@@ -372,10 +406,9 @@ fn tokenize(
             rp.tokenizer
                 .encode_cached(&text, &rp.segments, out)
                 .map_err(|e| e.to_string())?;
-            Ok(r.cache_salt)
+            Ok(r.cache_salt.clone())
         }
-        Endpoint::Completions => {
-            let r: CompletionRequest = parse_body(body).map_err(|e| e.message)?;
+        ParsedRequest::Completion(r) => {
             let inputs = r.prompt.inputs();
             let [input] = inputs.as_slice() else {
                 return Err("batched prompts are routed on load".into());
@@ -387,7 +420,7 @@ fn tokenize(
                 }
                 PromptInput::Tokens(ids) => out.extend_from_slice(ids),
             }
-            Ok(r.cache_salt)
+            Ok(r.cache_salt.clone())
         }
     }
 }

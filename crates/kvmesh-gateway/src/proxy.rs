@@ -3,7 +3,7 @@
 
 use crate::Gateway;
 use crate::metrics::FailKind;
-use crate::prefix::{self, Endpoint};
+use crate::prefix::{self, Endpoint, ParsedRequest};
 use crate::registry::{Engine, ModelRoute, RouteView};
 use crate::track::{Attempt, TrackedBody};
 use bytes::Bytes;
@@ -46,11 +46,29 @@ pub async fn inference(
 ) -> Response<Body> {
     gw.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
+    let endpoint = if parts.uri.path() == "/v1/chat/completions" {
+        Endpoint::Chat
+    } else {
+        Endpoint::Completions
+    };
     let result = async {
         let body = read_body(&parts.headers, body, gw.cfg.max_body_bytes).await?;
-        let peek: Peek = parse_body(&body)?;
         let snap = gw.registry.snapshot();
-        let route = match peek.model.as_deref() {
+        // Cache-aware routes need the prompt: parse the whole body once and read the model
+        // from it. Otherwise (or when it does not parse as such a request) peek at the model
+        // only; the engine reports what is wrong with the rest.
+        let parsed = snap
+            .any_prefix_route
+            .then(|| ParsedRequest::parse(endpoint, &body).ok())
+            .flatten();
+        let (model, user) = match &parsed {
+            Some(p) => (p.model().map(str::to_string), p.user().map(str::to_string)),
+            None => {
+                let peek: Peek = parse_body(&body)?;
+                (peek.model, peek.user)
+            }
+        };
+        let route = match model.as_deref() {
             Some(m) => snap
                 .routes
                 .get(m)
@@ -69,11 +87,11 @@ pub async fn inference(
                 ));
             }
         };
-        let key = hash_key(&route, &parts.headers, peek.user.as_deref());
-        Ok::<_, ApiError>((body, route, key))
+        let key = hash_key(&route, &parts.headers, user.as_deref());
+        Ok::<_, ApiError>((body, route, key, parsed))
     }
     .await;
-    let (body, route, key) = match result {
+    let (body, route, key, parsed) = match result {
         Ok(v) => v,
         Err(e) => {
             gw.metrics.error_response(e.status);
@@ -82,12 +100,7 @@ pub async fn inference(
             return r;
         }
     };
-    let endpoint = if parts.uri.path() == "/v1/chat/completions" {
-        Endpoint::Chat
-    } else {
-        Endpoint::Completions
-    };
-    let mut resp = forward(&gw, &parts, body, &route, key, endpoint, &request_id).await;
+    let mut resp = forward(&gw, &parts, body, &route, key, parsed.as_ref(), &request_id).await;
     set_request_id(&mut resp, &gw.cfg.request_id_header, &request_id);
     if !resp.status().is_success() {
         gw.metrics.error_response(resp.status().as_u16());
@@ -124,7 +137,7 @@ async fn forward(
     body: Bytes,
     route: &Arc<ModelRoute>,
     key: Option<u64>,
-    endpoint: Endpoint,
+    parsed: Option<&ParsedRequest>,
     request_id: &str,
 ) -> Response<Body> {
     // Decide: one policy call gives the first choice and the fallbacks.
@@ -146,7 +159,18 @@ async fn forward(
     let (reason, cand_blocks, lookup) = match &route.prefix {
         Some(rp) => prefix::with_scratch(|s| {
             let state = &gw.registry.prefix;
-            let lookup = prefix::prompt_keys(state, rp, endpoint, &body, s);
+            let lookup = match parsed {
+                Some(req) => prefix::prompt_keys(state, rp, req, s),
+                None => {
+                    // The body is not a request of this endpoint: routed on load (the engine
+                    // answers with the real error).
+                    state
+                        .metrics
+                        .tokenize_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            };
             let Some(l) = lookup else {
                 let t = Instant::now();
                 let reason = route.policy.pick(&view, &ctx, &mut candidates);

@@ -275,6 +275,9 @@ pub struct Snapshot {
     pub engines: Vec<Arc<Engine>>,
     /// Routes by model name.
     pub routes: BTreeMap<String, Arc<ModelRoute>>,
+    /// Some route is cache-aware: request bodies are parsed whole once (model, user and the
+    /// prompt), rather than peeked for the model and parsed again for the prompt.
+    pub any_prefix_route: bool,
 }
 
 /// A route's engines as a policy reads them, at one instant.
@@ -325,6 +328,7 @@ impl Registry {
                 version: 0,
                 engines: Vec::new(),
                 routes: BTreeMap::new(),
+                any_prefix_route: false,
             }),
             rebuilding: Mutex::new(()),
             version: AtomicU64::new(0),
@@ -472,10 +476,13 @@ impl Registry {
                 (model, Arc::new(route))
             })
             .collect();
+        let routes: BTreeMap<String, Arc<ModelRoute>> = routes;
+        let any_prefix_route = routes.values().any(|r| r.prefix.is_some());
         self.snapshot.store(Arc::new(Snapshot {
             version,
             engines: members,
             routes,
+            any_prefix_route,
         }));
     }
 
