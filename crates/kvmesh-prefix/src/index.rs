@@ -33,7 +33,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// A router-assigned engine slot (dense small integers: the index keeps 28 bytes per id up to
 /// the largest one used).
-pub type EngineId = u32;
+pub type Slot = u32;
 
 /// Engine ids must be below this.
 pub const MAX_ENGINES: u32 = 1 << 20;
@@ -48,7 +48,7 @@ const FREE: u32 = u32::MAX;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Match {
     /// The engine.
-    pub engine: EngineId,
+    pub engine: Slot,
     /// Leading blocks of the request it holds (consecutive from the first).
     pub blocks: u32,
 }
@@ -103,7 +103,7 @@ pub struct IndexStats {
 pub enum IndexError {
     /// Engine ids are dense slots below [`MAX_ENGINES`].
     #[error("engine id {0} is out of range (ids must be below {MAX_ENGINES})")]
-    EngineIdOutOfRange(EngineId),
+    EngineIdOutOfRange(Slot),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -248,7 +248,7 @@ impl PrefixIndex {
     /// Adds engine `engine` with room for `capacity` entries (confirmed and speculative
     /// together; beyond it the least recently used entry is evicted). An engine already present
     /// keeps its entries and gets the new capacity.
-    pub fn add_engine(&mut self, engine: EngineId, capacity: u32) -> Result<(), IndexError> {
+    pub fn add_engine(&mut self, engine: Slot, capacity: u32) -> Result<(), IndexError> {
         if engine >= MAX_ENGINES {
             return Err(IndexError::EngineIdOutOfRange(engine));
         }
@@ -273,7 +273,7 @@ impl PrefixIndex {
 
     /// Changes an engine's capacity, evicting its least recently used entries if it shrinks.
     /// Ignored for an unknown engine.
-    pub fn set_capacity(&mut self, engine: EngineId, capacity: u32) {
+    pub fn set_capacity(&mut self, engine: Slot, capacity: u32) {
         let Some(slot) = self.slot_mut(engine) else {
             return;
         };
@@ -284,12 +284,12 @@ impl PrefixIndex {
     }
 
     /// True when the engine was added and not removed.
-    pub fn has_engine(&self, engine: EngineId) -> bool {
+    pub fn has_engine(&self, engine: Slot) -> bool {
         self.slot(engine).is_some()
     }
 
     /// Removes an engine and all its entries.
-    pub fn remove_engine(&mut self, engine: EngineId) {
+    pub fn remove_engine(&mut self, engine: Slot) {
         if self.slot(engine).is_none() {
             return;
         }
@@ -299,7 +299,7 @@ impl PrefixIndex {
     }
 
     /// Drops all of an engine's entries, confirmed and speculative (AllBlocksCleared, restart).
-    pub fn clear_engine(&mut self, engine: EngineId) {
+    pub fn clear_engine(&mut self, engine: Slot) {
         if self.slot(engine).is_none() {
             return;
         }
@@ -309,18 +309,18 @@ impl PrefixIndex {
     }
 
     #[inline]
-    fn slot(&self, engine: EngineId) -> Option<&EngineSlot> {
+    fn slot(&self, engine: Slot) -> Option<&EngineSlot> {
         self.engines.get(engine as usize).filter(|s| s.present)
     }
 
     #[inline]
-    fn slot_mut(&mut self, engine: EngineId) -> Option<&mut EngineSlot> {
+    fn slot_mut(&mut self, engine: Slot) -> Option<&mut EngineSlot> {
         self.engines.get_mut(engine as usize).filter(|s| s.present)
     }
 
     /// The entry index of (engine, key).
     #[inline]
-    fn find(&self, engine: EngineId, key: u64) -> Option<u32> {
+    fn find(&self, engine: Slot, key: u64) -> Option<u32> {
         let entries = &self.entries;
         self.members.0.find(member_hash(engine, key), |i| {
             let e = &entries[i as usize];
@@ -330,7 +330,7 @@ impl PrefixIndex {
 
     /// True when `engine` holds `key` live at `now` (confirmed, or speculative and unexpired).
     #[inline]
-    pub fn holds(&self, engine: EngineId, key: BlockKey, now_us: u64) -> bool {
+    pub fn holds(&self, engine: Slot, key: BlockKey, now_us: u64) -> bool {
         match self.find(engine, key.0) {
             Some(i) => self.entries[i as usize].live(now_us),
             None => false,
@@ -340,7 +340,7 @@ impl PrefixIndex {
     /// One more confirmed copy of `key` on `engine` (a `BlockStored`). Refreshes the entry's
     /// LRU position; may evict the engine's least recently used entry. False when the engine
     /// is unknown or has capacity 0.
-    pub fn store(&mut self, engine: EngineId, key: BlockKey) -> bool {
+    pub fn store(&mut self, engine: Slot, key: BlockKey) -> bool {
         match self.find(engine, key.0) {
             Some(i) => {
                 let e = &mut self.entries[i as usize];
@@ -359,7 +359,7 @@ impl PrefixIndex {
 
     /// One confirmed copy of `key` on `engine` fewer (a `BlockRemoved`). The entry goes when no
     /// copy and no speculative mark remain. False when there was no confirmed copy.
-    pub fn remove(&mut self, engine: EngineId, key: BlockKey) -> bool {
+    pub fn remove(&mut self, engine: Slot, key: BlockKey) -> bool {
         let Some(i) = self.find(engine, key.0) else {
             return false;
         };
@@ -385,7 +385,7 @@ impl PrefixIndex {
     /// its deepest blocks are evicted before their ancestors (as vLLM evicts).
     pub fn insert_speculative(
         &mut self,
-        engine: EngineId,
+        engine: Slot,
         keys: &[BlockKey],
         expiry_us: u64,
         now_us: u64,
@@ -425,7 +425,7 @@ impl PrefixIndex {
     }
 
     /// Applies one ingestion op to `engine`'s entries.
-    pub fn apply(&mut self, engine: EngineId, op: IndexOp) {
+    pub fn apply(&mut self, engine: Slot, op: IndexOp) {
         if self.slot(engine).is_none() {
             self.ignored += 1;
             return;
@@ -442,7 +442,7 @@ impl PrefixIndex {
     }
 
     /// Applies ops in order.
-    pub fn apply_all(&mut self, engine: EngineId, ops: &[IndexOp]) {
+    pub fn apply_all(&mut self, engine: Slot, ops: &[IndexOp]) {
         for &op in ops {
             self.apply(engine, op);
         }
@@ -486,7 +486,7 @@ impl PrefixIndex {
     }
 
     /// Creates the entry (engine, key), evicting the engine's LRU entry when at capacity.
-    fn alloc_entry(&mut self, engine: EngineId, key: u64, count: u32, expiry: u64) -> Option<u32> {
+    fn alloc_entry(&mut self, engine: Slot, key: u64, count: u32, expiry: u64) -> Option<u32> {
         let slot = self.slot(engine)?;
         if slot.capacity == 0 {
             return None;
@@ -549,7 +549,7 @@ impl PrefixIndex {
         Some(idx)
     }
 
-    fn evict_lru(&mut self, engine: EngineId) {
+    fn evict_lru(&mut self, engine: Slot) {
         let tail = self.engines[engine as usize].tail;
         if tail != NIL {
             self.free_entry(tail);
@@ -657,7 +657,7 @@ impl PrefixIndex {
     }
 
     /// An engine's counts; `None` for an unknown engine.
-    pub fn engine_counts(&self, engine: EngineId) -> Option<EngineCounts> {
+    pub fn engine_counts(&self, engine: Slot) -> Option<EngineCounts> {
         self.slot(engine).map(|s| EngineCounts {
             entries: s.len,
             confirmed: s.confirmed,

@@ -23,13 +23,15 @@
 
 #![warn(missing_docs)]
 
+pub mod id;
 pub mod index;
 pub mod ingest;
 pub mod keys;
 mod table;
 
+pub use id::EngineId;
 pub use index::{
-    EngineCounts, EngineId, IndexError, IndexOp, IndexStats, MAX_ENGINES, Match, PrefixIndex,
+    EngineCounts, Slot, IndexError, IndexOp, IndexStats, MAX_ENGINES, Match, PrefixIndex,
 };
 pub use ingest::{
     EngineIngest, IngestConfig, IngestOutcome, IngestStats, RECENT_BATCHES, Staleness,
