@@ -46,7 +46,7 @@ pub use health::{
     fleet_reference_latency, slow_start_factor,
 };
 pub use policy::Policy;
-pub use retry::RetryBudget;
+pub use retry::{AtomicRetryBudget, RetryBudget};
 pub use rng::{Rng, mix64, stable_hash, unit_f64};
 pub use view::{
     EngineMember, EngineSet, EngineView, PrefixInput, PrefixMatch, Reason, RequestCtx, Totals,

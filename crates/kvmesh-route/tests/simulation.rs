@@ -4,13 +4,18 @@
 //! The fleet: 8 engines, each serving up to 8 requests at once (FIFO queue beyond), service
 //! time uniform in [1, 3] s of which 10% is prefill (TTFT = queueing + prefill). Poisson
 //! arrivals at 60% of the healthy capacity, 300 simulated seconds (~5,000 requests). The gateway
-//! logic is what the real one will do: pick → first candidate whose breaker grants a permit →
-//! on failure, retry the next candidate within the retry budget.
+//! logic is the real one's: the core's [`decide`] and [`Attempts`] machine (first candidate whose
+//! breaker grants a permit; on failure, the next candidate within the retry budget, after the
+//! jittered backoff, at most `max_attempts`), the same calls the hyper gateway makes.
 
+use kvmesh_config::RetryConfig;
 use kvmesh_policy::{
     EjectionGuard, EngineMember, EngineTracker, HealthConfig, Permit, Policy, PolicyConfig,
     PolicyKind, RequestCtx, RetryBudget, RetryBudgetConfig, Rng, fleet_reference_latency,
     stable_hash,
+};
+use kvmesh_route::{
+    Accounting, Action, Attempts, Decision, FailKind, Fleet, Next, PrefixProbe, Verdict, decide,
 };
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -33,14 +38,16 @@ enum Fault {
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Ev {
     Arrival,
+    /// An attempt leaves after its backoff.
+    Dispatch(usize),
     FirstByte(usize),
     End(usize),
     Fail(usize),
 }
 
 struct Req {
-    candidates: Vec<usize>,
-    tried: usize,
+    decision: Decision,
+    attempts: Attempts,
     engine: usize,
     permit: Option<Permit>,
     sent_at: u64,
@@ -82,38 +89,52 @@ impl Sim {
         self.events.push(Reverse((t, self.seq, ev)));
     }
 
-    /// Sends request `r` to the first remaining candidate that grants a permit.
+    /// Asks the attempt machine for request `r`'s next attempt; false when it gives up.
     fn attempt(&mut self, r: usize) -> bool {
-        while self.reqs[r].tried < self.reqs[r].candidates.len() {
-            let e = self.reqs[r].candidates[self.reqs[r].tried];
-            self.reqs[r].tried += 1;
-            let Some(permit) = self.trackers[e].try_acquire(self.now) else {
-                continue;
-            };
-            self.stats.attempts[e] += 1;
-            self.in_flight[e] += 1;
-            let req = &mut self.reqs[r];
-            req.engine = e;
-            req.permit = Some(permit);
-            req.sent_at = self.now;
-            if self.fault == Fault::FailFast && e == ODD {
-                self.at(self.now + 5_000, Ev::Fail(r));
-            } else {
-                let slow = if self.fault == Fault::Slow5x && e == ODD {
-                    5
-                } else {
-                    1
-                };
-                req.service = (SECOND + self.rng.below(2 * SECOND as usize) as u64) * slow;
-                if self.running[e] < SLOTS {
-                    self.start(e, r);
-                } else {
-                    self.queues[e].push_back(r);
-                }
+        let u = self.rng.unit();
+        let req = &mut self.reqs[r];
+        let mut fleet = SimFleet(&mut self.trackers);
+        match req
+            .attempts
+            .next(&req.decision.candidates, &mut fleet, &mut self.budget, self.now, u)
+        {
+            Next::Send {
+                engine,
+                permit,
+                backoff_us,
+                ..
+            } => {
+                req.engine = engine;
+                req.permit = Some(permit);
+                self.at(self.now + backoff_us, Ev::Dispatch(r));
+                true
             }
-            return true;
+            Next::GiveUp(_) => false,
         }
-        false
+    }
+
+    /// Request `r`'s attempt reaches its engine.
+    fn dispatch(&mut self, r: usize) {
+        let e = self.reqs[r].engine;
+        self.stats.attempts[e] += 1;
+        self.in_flight[e] += 1;
+        let req = &mut self.reqs[r];
+        req.sent_at = self.now;
+        if self.fault == Fault::FailFast && e == ODD {
+            self.at(self.now + 5_000, Ev::Fail(r));
+        } else {
+            let slow = if self.fault == Fault::Slow5x && e == ODD {
+                5
+            } else {
+                1
+            };
+            req.service = (SECOND + self.rng.below(2 * SECOND as usize) as u64) * slow;
+            if self.running[e] < SLOTS {
+                self.start(e, r);
+            } else {
+                self.queues[e].push_back(r);
+            }
+        }
     }
 
     fn start(&mut self, e: usize, r: usize) {
@@ -127,6 +148,35 @@ impl Sim {
         let e = self.reqs[r].engine;
         self.in_flight[e] -= 1;
         e
+    }
+}
+
+/// The engines' breakers as the attempt machine sees them.
+struct SimFleet<'a>(&'a mut [EngineTracker]);
+
+impl Fleet for SimFleet<'_> {
+    type Permit = Permit;
+    fn try_acquire(&mut self, engine: usize, now_us: u64, ignore_health: bool) -> Option<Permit> {
+        if ignore_health {
+            self.0[engine].try_acquire_ignoring_health(now_us)
+        } else {
+            self.0[engine].try_acquire(now_us)
+        }
+    }
+    fn cancel(&mut self, engine: usize, permit: Permit) {
+        self.0[engine].on_cancel(permit);
+    }
+}
+
+/// No prefix side in this simulation.
+struct NoPrefix;
+
+impl PrefixProbe for NoPrefix {
+    fn held_blocks(&self, _: usize) -> u32 {
+        0
+    }
+    fn events_live(&self, _: usize) -> bool {
+        false
     }
 }
 
@@ -164,7 +214,7 @@ fn run(kind: PolicyKind, fault: Fault, breakers: bool, seed: u64) -> Stats {
     };
     // 60% of the capacity of 7 healthy engines: 0.6 × 7 × 8 slots / 2 s.
     let rate = 0.6 * 7.0 * SLOTS as f64 / 2.0;
-    let mut out = Vec::with_capacity(8);
+    let retry = RetryConfig::default();
     let mut fleet_latency = 0.0;
     let mut next_fleet_update = 0;
     sim.at(0, Ev::Arrival);
@@ -194,12 +244,12 @@ fn run(kind: PolicyKind, fault: Fault, breakers: bool, seed: u64) -> Stats {
                 let session = sim.rng.below(500) as u64;
                 let ctx = RequestCtx::new(sim.rng.next_u64(), t)
                     .with_hash_key(stable_hash(&session.to_le_bytes()));
-                policy.pick(&views, &ctx, &mut out);
+                let decision = decide::<_, NoPrefix>(&policy, &views, ctx, None, Vec::new());
                 sim.budget.on_request(t);
                 sim.stats.requests += 1;
                 sim.reqs.push(Req {
-                    candidates: out.clone(),
-                    tried: 0,
+                    attempts: Attempts::new(&decision, &retry),
+                    decision,
                     engine: usize::MAX,
                     permit: None,
                     sent_at: 0,
@@ -210,6 +260,7 @@ fn run(kind: PolicyKind, fault: Fault, breakers: bool, seed: u64) -> Stats {
                     sim.stats.failed_requests += 1;
                 }
             }
+            Ev::Dispatch(r) => sim.dispatch(r),
             Ev::FirstByte(r) => {
                 let e = sim.reqs[r].engine;
                 let ttft = t - sim.reqs[r].sent_at;
@@ -234,8 +285,14 @@ fn run(kind: PolicyKind, fault: Fault, breakers: bool, seed: u64) -> Stats {
                     .filter(|k| k.breaker().is_ejected())
                     .count();
                 let may_open = sim.guard.may_eject(ejected, ENGINES);
+                let Action::TryNext { account } =
+                    sim.reqs[r].attempts.on_head(Verdict::Failed(FailKind::Status5xx))
+                else {
+                    unreachable!("a failure is never delivered")
+                };
+                assert_eq!(account, Accounting::Failure);
                 sim.trackers[e].on_failure(t, permit, may_open);
-                if !(sim.budget.try_retry(t) && sim.attempt(r)) {
+                if !sim.attempt(r) {
                     sim.stats.failed_requests += 1;
                 }
             }
