@@ -40,6 +40,9 @@ pub struct ServeConfig {
     pub discovery_interval_ms: u64,
     /// Header carrying the request id (taken from the client or generated).
     pub request_id_header: String,
+    /// The `x-kvmesh-engine` response header names the engine by its cluster-stable id (16
+    /// hex digits) instead of its URL, so clients do not learn the engines' addresses.
+    pub hide_engine_urls: bool,
     /// Seed of the routing randomness (0 = from the clock).
     pub seed: u64,
 }
@@ -60,6 +63,7 @@ impl Default for ServeConfig {
             drain_timeout_ms: 30_000,
             discovery_interval_ms: 1_000,
             request_id_header: "x-request-id".to_string(),
+            hide_engine_urls: false,
             seed: 0,
         }
     }

@@ -1,28 +1,41 @@
-//! Monotonic time in microseconds since the router started: the time base of every pure
-//! state machine the gateway drives.
+//! Cluster time: microseconds since the Unix epoch, read from the wall clock once at start and
+//! advanced by a monotonic clock — the time base of every pure state machine the gateway
+//! drives, and the one expiries on the wire are written in (ARCHITECTURE.md, "Time").
+//!
+//! The monotonic part is tokio's clock, so tests that pause tokio's time (`start_paused`)
+//! drive timeouts, breakers, backoffs and retry budgets in virtual time.
 
-use std::time::Instant;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
 
-/// A monotonic clock (cheap to copy).
+/// A clock (cheap to copy): µs since the Unix epoch, monotonic.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
     t0: Instant,
+    unix_at_t0_us: u64,
 }
 
 impl Default for Clock {
     fn default() -> Self {
-        Clock { t0: Instant::now() }
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        Clock {
+            t0: Instant::now(),
+            unix_at_t0_us: unix,
+        }
     }
 }
 
 impl Clock {
-    /// Microseconds since the clock started.
+    /// Now, in µs since the Unix epoch (never goes back).
     pub fn now_us(&self) -> u64 {
-        self.t0.elapsed().as_micros() as u64
+        self.unix_at_t0_us + self.t0.elapsed().as_micros() as u64
     }
 
-    /// Microseconds from the clock's start to `at`.
+    /// The same instant as `at`, in µs since the Unix epoch.
     pub fn at_us(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.t0).as_micros() as u64
+        self.unix_at_t0_us + at.saturating_duration_since(self.t0).as_micros() as u64
     }
 }

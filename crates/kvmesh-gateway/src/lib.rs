@@ -17,6 +17,7 @@ mod probe;
 mod proxy;
 mod registry;
 mod track;
+pub mod upstream;
 
 pub use clock::Clock;
 pub use probe::scrape;
@@ -32,11 +33,12 @@ use hyper_util::rt::TokioExecutor;
 use kvmesh_config::ServeConfig;
 use kvmesh_http::{Body, error, json, ok_empty, prometheus};
 use kvmesh_openai::{ApiError, ModelCard, ModelList};
-use kvmesh_policy::{EjectionGuard, RetryBudget, mix64};
+use kvmesh_policy::{AtomicRetryBudget, EjectionGuard, mix64};
 use metrics::GatewayMetrics;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use upstream::{HyperUpstream, Upstream};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -46,8 +48,10 @@ pub struct Gateway {
     pub cfg: Arc<ServeConfig>,
     /// Engines and the routing snapshot.
     pub registry: Registry,
-    /// Upstream HTTP client (pooled keep-alive connections).
+    /// HTTP client of the probes (health checks, discovery, scrapes).
     pub client: Client<HttpConnector, Full<Bytes>>,
+    /// Where requests are forwarded (hyper's pooled client, or a mock in tests).
+    pub upstream: Arc<dyn Upstream>,
     /// Metrics.
     pub metrics: GatewayMetrics,
     /// Time base.
@@ -56,13 +60,16 @@ pub struct Gateway {
     pub ejection: EjectionGuard,
     /// Set on shutdown: background loops stop.
     pub stopping: AtomicBool,
-    retry_budget: Mutex<RetryBudget>,
+    /// Bounds retries to a fraction of requests (lock-free).
+    pub retry_budget: AtomicRetryBudget,
     seed: AtomicU64,
     started_unix: u64,
 }
 
 impl Gateway {
-    fn new(cfg: ServeConfig) -> Gateway {
+    /// A router's shared state, forwarding through `upstream` (hyper's client when `None`).
+    /// No task is started: [`start`] does that.
+    pub fn new(cfg: ServeConfig, upstream: Option<Arc<dyn Upstream>>) -> Gateway {
         let clock = Clock::default();
         let cfg = Arc::new(cfg);
         let mut connector = HttpConnector::new();
@@ -83,7 +90,8 @@ impl Gateway {
         Gateway {
             registry: Registry::new(cfg.clone(), clock),
             ejection: EjectionGuard::new(&cfg.routing.health.ejection),
-            retry_budget: Mutex::new(RetryBudget::new(&cfg.routing.retry_budget, clock.now_us())),
+            retry_budget: AtomicRetryBudget::new(&cfg.routing.retry_budget, clock.now_us()),
+            upstream: upstream.unwrap_or_else(|| Arc::new(HyperUpstream(client.clone()))),
             client,
             metrics: GatewayMetrics::default(),
             clock,
@@ -105,25 +113,6 @@ impl Gateway {
         )
     }
 
-    /// The retry budget (locked briefly).
-    pub fn retry_budget(&self) -> MutexGuard<'_, RetryBudget> {
-        match self.retry_budget.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
-    }
-
-    /// Jittered exponential backoff before retry number `retry` (1-based).
-    pub fn backoff(&self, retry: usize) -> Duration {
-        let r = &self.cfg.retry;
-        let exp = r
-            .backoff_base_ms
-            .saturating_mul(1u64 << (retry.saturating_sub(1)).min(16));
-        let base = exp.min(r.backoff_max_ms) as f64;
-        let u = kvmesh_policy::unit_f64(self.next_seed());
-        let jittered = base * (1.0 + r.jitter * (2.0 * u - 1.0));
-        Duration::from_micros((jittered.max(0.0) * 1000.0) as u64)
-    }
 }
 
 /// Why the router could not start.
@@ -188,7 +177,7 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
     whole
         .validate()
         .map_err(|e| GatewayError::Config(e.to_string()))?;
-    let gw = Arc::new(Gateway::new(cfg));
+    let gw = Arc::new(Gateway::new(cfg, None));
     // Tokenizers of cache-aware policies load now: a bad path stops start-up.
     let mut paths: Vec<&str> = Vec::new();
     if gw.cfg.routing.policy.policy.uses_prefix() {

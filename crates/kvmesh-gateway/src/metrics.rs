@@ -9,45 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Why an attempt on an engine failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum FailKind {
-    /// TCP connect failed or was refused.
-    Connect,
-    /// No response head within the first-byte timeout.
-    Timeout,
-    /// 5xx answer.
-    Status5xx,
-    /// 429 answer.
-    Status429,
-    /// The body broke or the total timeout hit mid-stream.
-    Stream,
-    /// Any other transport error before the response head.
-    Transport,
-}
-
-impl FailKind {
-    /// Metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailKind::Connect => "connect",
-            FailKind::Timeout => "timeout",
-            FailKind::Status5xx => "5xx",
-            FailKind::Status429 => "429",
-            FailKind::Stream => "stream",
-            FailKind::Transport => "transport",
-        }
-    }
-
-    const ALL: [FailKind; 6] = [
-        FailKind::Connect,
-        FailKind::Timeout,
-        FailKind::Status5xx,
-        FailKind::Status429,
-        FailKind::Stream,
-        FailKind::Transport,
-    ];
-}
+pub use kvmesh_route::FailKind;
 
 /// Per-engine counters and histograms.
 pub struct EngineMetrics {
@@ -78,9 +40,7 @@ impl Default for EngineMetrics {
 impl EngineMetrics {
     /// Counts a failed attempt.
     pub fn failed(&self, kind: FailKind) {
-        if let Some(i) = FailKind::ALL.iter().position(|k| *k == kind) {
-            self.errors[i].fetch_add(1, Relaxed);
-        }
+        self.errors[kind.index()].fetch_add(1, Relaxed);
     }
 }
 

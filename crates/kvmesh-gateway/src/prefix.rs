@@ -11,7 +11,8 @@
 use crate::registry::Engine;
 use kvmesh_config::{PrefixConfig, ServeConfig};
 use kvmesh_openai::{ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
-use kvmesh_policy::{MAX_CANDIDATES, PolicyConfig, PolicyKind, PrefixAffinityConfig, PrefixMatch};
+use kvmesh_policy::{PolicyConfig, PolicyKind, PrefixAffinityConfig, PrefixMatch};
+use kvmesh_route::{PrefixProbe, TtlPlan};
 use kvmesh_prefix::{
     ANCHOR_STRIDE, BlockKey, ExtraKeys, Match, PrefixIndex, block_keys, max_hit_blocks,
 };
@@ -425,45 +426,38 @@ fn tokenize(
     }
 }
 
-/// Marks the chosen engine as holding the request's blocks until `now + ttl`: the policy's
-/// speculative TTL when the engine's events are live and the policy reads events, else the
-/// approximate TTL (the router's own decisions are all it knows).
-pub fn remember(
-    state: &PrefixState,
-    index: &mut PrefixIndex,
-    rp: &RoutePrefix,
-    engine: &Engine,
-    keys: &[BlockKey],
-    now_us: u64,
-) {
-    if keys.is_empty() {
-        return;
+/// How long marks last under this config (the core picks per engine: [`TtlPlan`]).
+pub fn ttl_plan(cfg: &PrefixConfig) -> TtlPlan {
+    TtlPlan {
+        speculative_us: cfg.speculative_ttl_ms.saturating_mul(1000),
+        approximate_us: cfg.approximate_ttl_ms.saturating_mul(1000),
     }
-    let cfg = &state.cfg;
-    let ttl_ms = match rp.kind {
-        PolicyKind::Precise | PolicyKind::Scored if engine.events_live() => cfg.speculative_ttl_ms,
-        _ => cfg.approximate_ttl_ms,
-    };
-    index.insert_speculative(engine.slot, keys, now_us + ttl_ms * 1000, now_us);
 }
 
-/// Leading blocks of `keys` each candidate holds (for the predicted-cached-tokens metric and
-/// header): probed per candidate, so short matches the lookup skipped are counted too. Call
-/// before [`remember`] marks the first candidate.
-pub fn held_blocks(
-    index: &PrefixIndex,
-    engines: &[Arc<Engine>],
-    candidates: &[usize],
-    keys: &[BlockKey],
-    now_us: u64,
-) -> [u32; MAX_CANDIDATES] {
-    let mut out = [0u32; MAX_CANDIDATES];
-    for (slot, &c) in out.iter_mut().zip(candidates) {
-        let e = engines[c].slot;
-        *slot = keys
+/// The core's view of the index for one request: per route engine, the leading blocks of
+/// `keys` it holds (probed exactly, so short matches the lookup skipped count too) and
+/// whether its events are live.
+pub struct IndexProbe<'a> {
+    /// The index (under the caller's lock).
+    pub index: &'a PrefixIndex,
+    /// The route's engines.
+    pub engines: &'a [Arc<Engine>],
+    /// The request's block keys.
+    pub keys: &'a [BlockKey],
+    /// Now (cluster µs).
+    pub now_us: u64,
+}
+
+impl PrefixProbe for IndexProbe<'_> {
+    fn held_blocks(&self, engine: usize) -> u32 {
+        let slot = self.engines[engine].slot;
+        self.keys
             .iter()
-            .take_while(|k| index.holds(e, **k, now_us))
-            .count() as u32;
+            .take_while(|k| self.index.holds(slot, **k, self.now_us))
+            .count() as u32
     }
-    out
+
+    fn events_live(&self, engine: usize) -> bool {
+        self.engines[engine].events_live()
+    }
 }

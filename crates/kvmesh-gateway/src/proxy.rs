@@ -1,18 +1,31 @@
-//! The request path: read and check the body, pick engines with the model's policy, forward,
-//! retry on another engine while nothing has reached the client, stream the answer through.
+//! The request path, a thin driver of the pure core ([`kvmesh_route`]):
+//!
+//! 1. **read**: the body under the size limit (413);
+//! 2. **prepare**: model → route of the current snapshot (404/400), consistent-hash key,
+//!    and for cache-aware routes prompt → block keys ([`prefix::prompt_keys`], no lock);
+//! 3. **decide**: [`kvmesh_route::decide`] — for cache-aware routes under one hold of the
+//!    prefix index lock with the lookup, the speculative mark and the reservation, so that a
+//!    sibling request sees both the mark and the load;
+//! 4. **attempt**: [`Attempts::next`] (breaker permit, retry budget, backoff) → forward →
+//!    [`classify_status`] → [`Attempts::on_head`] (deliver, or account and try the next);
+//! 5. **stream**: the answer through [`TrackedBody`], accounted at its end
+//!    ([`kvmesh_route::stream_end`]).
 
 use crate::Gateway;
-use crate::metrics::FailKind;
-use crate::prefix::{self, Endpoint, ParsedRequest};
+use crate::prefix::{self, Endpoint, IndexProbe, Lookup, ParsedRequest};
 use crate::registry::{Engine, ModelRoute, RouteView};
 use crate::track::{Attempt, TrackedBody};
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, header};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use kvmesh_http::{Body, error, read_body, strip_hop_by_hop};
 use kvmesh_openai::{ApiError, parse_body};
-use kvmesh_policy::{MAX_CANDIDATES, PrefixInput, Reason, RequestCtx, stable_hash};
+use kvmesh_policy::{MAX_CANDIDATES, Permit, RequestCtx, stable_hash, unit_f64};
+use kvmesh_route::{
+    Action, Attempts, Decision, FailKind, Fleet, GiveUp, Next, PrefixPlan, Verdict,
+    classify_status, decide,
+};
 use serde::Deserialize;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -25,19 +38,6 @@ struct Peek {
     user: Option<String>,
 }
 
-/// What one attempt on one engine produced.
-enum Outcome {
-    /// A response to pass to the client (2xx, or a 4xx that is the client's fault).
-    Answer(Response<Body>),
-    /// A failure worth retrying elsewhere; `answer` is the engine's own error response when it
-    /// sent one (returned to the client if no retry is left).
-    Retryable {
-        kind: FailKind,
-        answer: Option<(http::StatusCode, http::HeaderMap, Bytes)>,
-        detail: String,
-    },
-}
-
 /// `POST /v1/chat/completions` and `POST /v1/completions`.
 pub async fn inference(
     gw: Arc<Gateway>,
@@ -46,79 +46,100 @@ pub async fn inference(
 ) -> Response<Body> {
     gw.metrics.requests.fetch_add(1, Ordering::Relaxed);
     let (parts, body) = req.into_parts();
+    let mut resp = match read_body(&parts.headers, body, gw.cfg.max_body_bytes).await {
+        Ok(body) => handle(&gw, &parts, body, &request_id).await,
+        Err(e) => {
+            gw.metrics.error_response(e.status);
+            error(&e)
+        }
+    };
+    set_request_id(&mut resp, &gw.cfg.request_id_header, &request_id);
+    resp
+}
+
+/// Steps 2–5 for a request whose body has been read.
+pub async fn handle(
+    gw: &Arc<Gateway>,
+    parts: &http::request::Parts,
+    body: Bytes,
+    request_id: &str,
+) -> Response<Body> {
     let endpoint = if parts.uri.path() == "/v1/chat/completions" {
         Endpoint::Chat
     } else {
         Endpoint::Completions
     };
-    let result = async {
-        let body = read_body(&parts.headers, body, gw.cfg.max_body_bytes).await?;
-        let snap = gw.registry.snapshot();
-        // Cache-aware routes need the prompt: parse the whole body once and read the model
-        // from it. Otherwise (or when it does not parse as such a request) peek at the model
-        // only; the engine reports what is wrong with the rest.
-        let parsed = snap
-            .any_prefix_route
-            .then(|| ParsedRequest::parse(endpoint, &body).ok())
-            .flatten();
-        let (model, user) = match &parsed {
-            Some(p) => (p.model().map(str::to_string), p.user().map(str::to_string)),
-            None => {
-                let peek: Peek = parse_body(&body)?;
-                (peek.model, peek.user)
-            }
-        };
-        let route = match model.as_deref() {
-            Some(m) => snap
-                .routes
-                .get(m)
-                .cloned()
-                .ok_or_else(|| ApiError::model_not_found(m))?,
-            None if snap.routes.len() == 1 => snap
-                .routes
-                .values()
-                .next()
-                .cloned()
-                .ok_or_else(|| ApiError::unavailable("no engine serves any model"))?,
-            None => {
-                return Err(ApiError::invalid_param(
-                    "model",
-                    "`model` is required: this router serves several models (see /v1/models)",
-                ));
-            }
-        };
-        let key = hash_key(&route, &parts.headers, user.as_deref());
-        Ok::<_, ApiError>((body, route, key, parsed))
-    }
-    .await;
-    let (body, route, key, parsed) = match result {
+    let (route, key, parsed) = match prepare(gw, endpoint, &parts.headers, &body) {
         Ok(v) => v,
         Err(e) => {
             gw.metrics.error_response(e.status);
-            let mut r = error(&e);
-            set_request_id(&mut r, &gw.cfg.request_id_header, &request_id);
-            return r;
+            return error(&e);
         }
     };
-    let mut resp = forward(&gw, &parts, body, &route, key, parsed.as_ref(), &request_id).await;
-    set_request_id(&mut resp, &gw.cfg.request_id_header, &request_id);
+    let (decision, reservation, lookup) = decide_step(gw, &route, key, parsed.as_ref());
+    if decision.is_empty() {
+        let e = ApiError::unavailable(format!(
+            "no engine is available for model `{}`",
+            route.model
+        ));
+        gw.metrics.error_response(e.status);
+        return error(&e);
+    }
+    let resp = attempt_step(gw, parts, body, &route, &decision, reservation, lookup, request_id).await;
     if !resp.status().is_success() {
         gw.metrics.error_response(resp.status().as_u16());
     }
     resp
 }
 
-fn set_request_id(r: &mut Response<Body>, name: &str, id: &str) {
-    if let (Ok(n), Ok(v)) = (
-        http::HeaderName::from_bytes(name.as_bytes()),
-        HeaderValue::from_str(id),
-    ) {
-        r.headers_mut().insert(n, v);
-    }
+/// Step 2: the route and the consistent-hash key; the parsed body when a route is
+/// cache-aware (parsed once for model, user and prompt).
+fn prepare(
+    gw: &Gateway,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Arc<ModelRoute>, Option<u64>, Option<ParsedRequest>), ApiError> {
+    let snap = gw.registry.snapshot();
+    // Cache-aware routes need the prompt: parse the whole body once and read the model from
+    // it. Otherwise (or when it does not parse as such a request) peek at the model only;
+    // the engine reports what is wrong with the rest.
+    let parsed = snap
+        .any_prefix_route
+        .then(|| ParsedRequest::parse(endpoint, body).ok())
+        .flatten();
+    let (model, user) = match &parsed {
+        Some(p) => (p.model().map(str::to_string), p.user().map(str::to_string)),
+        None => {
+            let peek: Peek = parse_body(body)?;
+            (peek.model, peek.user)
+        }
+    };
+    let route = match model.as_deref() {
+        Some(m) => snap
+            .routes
+            .get(m)
+            .cloned()
+            .ok_or_else(|| ApiError::model_not_found(m))?,
+        None if snap.routes.len() == 1 => snap
+            .routes
+            .values()
+            .next()
+            .cloned()
+            .ok_or_else(|| ApiError::unavailable("no engine serves any model"))?,
+        None => {
+            return Err(ApiError::invalid_param(
+                "model",
+                "`model` is required: this router serves several models (see /v1/models)",
+            ));
+        }
+    };
+    let key = hash_key(&route, headers, user.as_deref());
+    Ok((route, key, parsed))
 }
 
 /// The consistent-hash key: the configured header, else the OpenAI `user` field.
-fn hash_key(route: &ModelRoute, headers: &http::HeaderMap, user: Option<&str>) -> Option<u64> {
+fn hash_key(route: &ModelRoute, headers: &HeaderMap, user: Option<&str>) -> Option<u64> {
     let ch = &route.policy_cfg.consistent_hash;
     if !ch.header.is_empty()
         && let Some(v) = headers.get(ch.header.as_str())
@@ -131,17 +152,15 @@ fn hash_key(route: &ModelRoute, headers: &http::HeaderMap, user: Option<&str>) -
     None
 }
 
-async fn forward(
-    gw: &Arc<Gateway>,
-    parts: &http::request::Parts,
-    body: Bytes,
-    route: &Arc<ModelRoute>,
+/// Step 3: the decision. Cache-aware routes: prompt → block keys (no lock), then lookup,
+/// decision, speculative mark and reservation under one hold of the index lock (the
+/// per-thread buffers never cross an await: this is synchronous).
+fn decide_step(
+    gw: &Gateway,
+    route: &ModelRoute,
     key: Option<u64>,
     parsed: Option<&ParsedRequest>,
-    request_id: &str,
-) -> Response<Body> {
-    // Decide: one policy call gives the first choice and the fallbacks.
-    let mut candidates = Vec::with_capacity(MAX_CANDIDATES);
+) -> (Decision, Option<Reservation>, Option<Lookup>) {
     let now = gw.clock.now_us();
     let view = RouteView {
         engines: &route.engines,
@@ -152,11 +171,14 @@ async fn forward(
     if let Some(k) = key {
         ctx = ctx.with_hash_key(k);
     }
-    let mut decide_us = 0;
-    let mut reserved: Option<Reservation> = None;
-    // Cache-aware routes: prompt → block keys → matches → decision → speculative entries for
-    // the chosen engine, all synchronous (the per-thread buffers never cross an await).
-    let (reason, cand_blocks, lookup) = match &route.prefix {
+    let out = Vec::with_capacity(MAX_CANDIDATES);
+    let t = Instant::now();
+    let (decision, reservation, lookup) = match &route.prefix {
+        None => {
+            let d = decide::<_, IndexProbe>(&route.policy, &view, ctx, None, out);
+            let r = d.reserve.map(|i| Reservation::new(route.engines[i].clone()));
+            (d, r, None)
+        }
         Some(rp) => prefix::with_scratch(|s| {
             let state = &gw.registry.prefix;
             let lookup = match parsed {
@@ -172,92 +194,118 @@ async fn forward(
                 }
             };
             let Some(l) = lookup else {
-                let t = Instant::now();
-                let reason = route.policy.pick(&view, &ctx, &mut candidates);
-                decide_us = t.elapsed().as_micros() as u64;
-                return (reason, [0; MAX_CANDIDATES], None);
+                let d = decide::<_, IndexProbe>(&route.policy, &view, ctx, None, out);
+                let r = d.reserve.map(|i| Reservation::new(route.engines[i].clone()));
+                return (d, r, None);
             };
-            // Lookup, decision and speculative entries under one hold of the index lock:
-            // otherwise two siblings of a new prefix could both look up before either marked
-            // its engine, and split (a few µs of lock per request; tokenization stays outside).
             let mut index = state.index_mut();
             prefix::match_engines(state, &index, rp, now, s);
-            let c = ctx.with_prefix(PrefixInput {
+            let probe = IndexProbe {
+                index: &index,
+                engines: &route.engines,
+                keys: &s.keys,
+                now_us: now,
+            };
+            let plan = PrefixPlan {
                 total_blocks: l.total_blocks,
                 matches: &s.matches,
-            });
-            let t = Instant::now();
-            let reason = route.policy.pick(&view, &c, &mut candidates);
-            decide_us = t.elapsed().as_micros() as u64;
-            let held = prefix::held_blocks(&index, &route.engines, &candidates, &s.keys, now);
-            if let Some(&first) = candidates.first() {
-                prefix::remember(state, &mut index, rp, &route.engines[first], &s.keys, now);
-                // Counted in flight before the lock is released, so that the next decision's
-                // load guard sees this request (the attempt takes the count over).
-                reserved = Some(Reservation::new(route.engines[first].clone()));
+                probe: &probe,
+                ttl: prefix::ttl_plan(state.config()),
+            };
+            let d = decide(&route.policy, &view, ctx, Some(plan), out);
+            if let Some(m) = d.mark {
+                let slot = route.engines[m.engine].slot;
+                index.insert_speculative(slot, &s.keys, m.expiry_us, now);
             }
+            // Counted in flight before the lock is released, so that the next decision's
+            // load guard sees this request (the attempt takes the count over).
+            let r = d.reserve.map(|i| Reservation::new(route.engines[i].clone()));
             drop(index);
-            (reason, held, lookup)
+            (d, r, Some(l))
         }),
-        None => {
-            let t = Instant::now();
-            let reason = route.policy.pick(&view, &ctx, &mut candidates);
-            decide_us = t.elapsed().as_micros() as u64;
-            (reason, [0; MAX_CANDIDATES], None)
-        }
     };
     gw.metrics.decision(
         &route.model,
         route.policy_cfg.policy.as_str(),
-        reason.as_str(),
-        decide_us,
+        decision.reason.as_str(),
+        t.elapsed().as_micros() as u64,
     );
-    if candidates.is_empty() || reason == Reason::NoEngines {
-        return error(&ApiError::unavailable(format!(
-            "no engine is available for model `{}`",
-            route.model
-        )));
-    }
-    gw.retry_budget().on_request(now);
+    (decision, reservation, lookup)
+}
 
-    let max_attempts = (gw.cfg.retry.max_attempts as usize)
-        .min(candidates.len())
-        .max(1);
-    let mut last: Option<Outcome> = None;
-    let mut attempts = 0usize;
-    for (pos, &idx) in candidates.iter().enumerate() {
-        if attempts >= max_attempts {
-            break;
-        }
-        let engine = &route.engines[idx];
-        let now = gw.clock.now_us();
-        let permit = if reason == Reason::AllIneligible {
-            // Panic mode: every engine failed its health checks; try them anyway rather than
-            // refuse everything (a broken health endpoint must not take the fleet down).
-            engine.tracker().try_acquire_ignoring_health(now)
+/// The route's breakers as the attempt machine asks them.
+struct RouteFleet<'a>(&'a [Arc<Engine>]);
+
+impl Fleet for RouteFleet<'_> {
+    type Permit = Permit;
+
+    fn try_acquire(&mut self, engine: usize, now_us: u64, ignore_health: bool) -> Option<Permit> {
+        let mut t = self.0[engine].tracker();
+        if ignore_health {
+            t.try_acquire_ignoring_health(now_us)
         } else {
-            engine.tracker().try_acquire(now)
-        };
-        let Some(permit) = permit else {
-            // The breaker refuses (open, or half-open with its probe out): next candidate.
-            continue;
-        };
-        if attempts > 0 {
-            if !gw.retry_budget().try_retry(gw.clock.now_us()) {
-                gw.metrics.budget_exhausted.fetch_add(1, Ordering::Relaxed);
-                engine.tracker().on_cancel(permit);
-                break;
-            }
-            gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(gw.backoff(attempts)).await;
+            t.try_acquire(now_us)
         }
-        attempts += 1;
+    }
+
+    fn cancel(&mut self, engine: usize, permit: Permit) {
+        self.0[engine].tracker().on_cancel(permit);
+    }
+}
+
+/// Steps 4 and 5: attempts until one is delivered or the machine gives up.
+#[allow(clippy::too_many_arguments)]
+async fn attempt_step(
+    gw: &Arc<Gateway>,
+    parts: &http::request::Parts,
+    body: Bytes,
+    route: &ModelRoute,
+    decision: &Decision,
+    mut reservation: Option<Reservation>,
+    lookup: Option<Lookup>,
+    request_id: &str,
+) -> Response<Body> {
+    let mut attempts = Attempts::new(decision, &gw.cfg.retry);
+    let mut budget = &gw.retry_budget;
+    budget.on_request(gw.clock.now_us());
+    let mut last: Option<Failed> = None;
+    loop {
+        let u = unit_f64(gw.next_seed());
+        let next = attempts.next(
+            &decision.candidates,
+            &mut RouteFleet(&route.engines),
+            &mut budget,
+            gw.clock.now_us(),
+            u,
+        );
+        let (pos, engine, permit) = match next {
+            Next::Send {
+                pos,
+                engine,
+                permit,
+                attempt,
+                backoff_us,
+            } => {
+                if attempt > 1 {
+                    gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_micros(backoff_us)).await;
+                }
+                (pos, &route.engines[engine], permit)
+            }
+            Next::GiveUp(g) => {
+                if matches!(g, GiveUp::BudgetExhausted { .. }) {
+                    gw.metrics.budget_exhausted.fetch_add(1, Ordering::Relaxed);
+                }
+                return give_up(g, last, &route.model);
+            }
+        };
         let attempt = Attempt::start(gw.clone(), engine.clone(), permit);
-        drop(reserved.take());
-        match send(gw, engine, parts, body.clone(), request_id, attempt).await {
-            Outcome::Answer(mut r) => {
+        drop(reservation.take());
+        let retry_429 = attempts.retries_429();
+        match send(gw, engine, parts, body.clone(), request_id, attempt, retry_429).await {
+            Sent::Answer(mut r) => {
                 if let (Some(l), Some(rp)) = (lookup, &route.prefix) {
-                    let predicted = u64::from(cand_blocks[pos]) * u64::from(rp.block_size);
+                    let predicted = u64::from(decision.predicted(pos)) * u64::from(rp.block_size);
                     engine
                         .prompt_tokens
                         .fetch_add(u64::from(l.prompt_tokens), Ordering::Relaxed);
@@ -271,40 +319,50 @@ async fn forward(
                 }
                 return r;
             }
-            other => {
-                if let Outcome::Retryable { kind, detail, .. } = &other {
-                    tracing::debug!(request_id, engine = %engine.url, kind = kind.as_str(), %detail, "attempt failed");
+            Sent::Failed(f, attempt) => {
+                tracing::debug!(request_id, engine = %engine.url, kind = f.kind.as_str(), detail = %f.detail, "attempt failed");
+                match attempts.on_head(Verdict::Failed(f.kind)) {
+                    Action::TryNext { account } => attempt.account(account, Some(f.kind)),
+                    Action::Deliver => unreachable!("a failed attempt is never delivered"),
                 }
-                last = Some(other);
+                last = Some(f);
             }
         }
     }
-    match last {
-        Some(Outcome::Retryable {
-            answer: Some((status, mut headers, b)),
-            ..
-        }) => {
-            // The engine's own error answer (5xx/429) goes back as it was.
+}
+
+/// The response when the attempts gave up: the last engine's own error answer (5xx/429) as
+/// it was, else an OpenAI-shaped error with the core's status.
+fn give_up(g: GiveUp, last: Option<Failed>, model: &str) -> Response<Body> {
+    match (g, last) {
+        (
+            GiveUp::BudgetExhausted { .. } | GiveUp::Exhausted { .. },
+            Some(Failed {
+                answer: Some((status, mut headers, b)),
+                ..
+            }),
+        ) => {
             strip_hop_by_hop(&mut headers);
             let mut r = Response::new(kvmesh_http::full(b));
             *r.status_mut() = status;
             *r.headers_mut() = headers;
             r
         }
-        Some(Outcome::Retryable { kind, detail, .. }) => {
-            let e = match kind {
-                FailKind::Timeout => {
-                    ApiError::with_status(504, format!("upstream timeout: {detail}"))
-                }
-                _ => ApiError::with_status(502, format!("upstream failure: {detail}")),
-            };
-            error(&e)
-        }
-        Some(Outcome::Answer(r)) => r,
-        None => error(&ApiError::unavailable(format!(
-            "every engine chosen for model `{}` is refusing traffic (circuit breakers open or unhealthy)",
-            route.model
+        (GiveUp::NoEngines, _) => error(&ApiError::unavailable(format!(
+            "no engine is available for model `{model}`"
         ))),
+        (GiveUp::AllRefused, _) => error(&ApiError::unavailable(format!(
+            "every engine chosen for model `{model}` is refusing traffic (circuit breakers open or unhealthy)"
+        ))),
+        (g, f) => {
+            let detail = f.map(|f| f.detail).unwrap_or_default();
+            let what = if g.status() == 504 {
+                "upstream timeout"
+            } else {
+                "upstream failure"
+            };
+            error(&ApiError::with_status(g.status(), format!("{what}: {detail}")))
+        }
     }
 }
 
@@ -324,15 +382,45 @@ impl Drop for Reservation {
     }
 }
 
-/// One attempt: forward, wait for the response head, classify.
+/// A failed attempt: its kind, the engine's own error answer when it sent one (returned to
+/// the client if no retry is left), and what happened.
+struct Failed {
+    kind: FailKind,
+    answer: Option<(StatusCode, HeaderMap, Bytes)>,
+    detail: String,
+}
+
+/// What one attempt produced.
+enum Sent {
+    /// A response to pass to the client (2xx, or a 4xx that is the client's fault), tracked
+    /// to the end of its body.
+    Answer(Response<Body>),
+    /// A failure worth retrying elsewhere; the attempt awaits its accounting.
+    Failed(Failed, Attempt),
+}
+
+fn failed(kind: FailKind, detail: String, attempt: Attempt) -> Sent {
+    Sent::Failed(
+        Failed {
+            kind,
+            answer: None,
+            detail,
+        },
+        attempt,
+    )
+}
+
+/// One attempt: forward, wait for the response head (bounded by the first-byte timeout),
+/// classify it.
 async fn send(
-    gw: &Arc<Gateway>,
-    engine: &Arc<Engine>,
+    gw: &Gateway,
+    engine: &Engine,
     parts: &http::request::Parts,
     body: Bytes,
     request_id: &str,
     attempt: Attempt,
-) -> Outcome {
+    retry_429: bool,
+) -> Sent {
     let mut headers = parts.headers.clone();
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
@@ -355,94 +443,70 @@ async fn send(
         .build()
     {
         Ok(u) => u,
-        Err(e) => {
-            attempt.fail(FailKind::Transport);
-            return Outcome::Retryable {
-                kind: FailKind::Transport,
-                answer: None,
-                detail: e.to_string(),
-            };
-        }
+        Err(e) => return failed(FailKind::Transport, e.to_string(), attempt),
     };
     let mut up = Request::new(Full::new(body));
     *up.method_mut() = parts.method.clone();
     *up.uri_mut() = uri;
     *up.headers_mut() = headers;
     let first_byte = Duration::from_millis(gw.cfg.timeouts.first_byte_ms);
-    let resp = match tokio::time::timeout(first_byte, gw.client.request(up)).await {
+    let resp = match tokio::time::timeout(first_byte, gw.upstream.send(up)).await {
         Err(_) => {
-            attempt.fail(FailKind::Timeout);
-            return Outcome::Retryable {
-                kind: FailKind::Timeout,
-                answer: None,
-                detail: format!("{}: no response within {first_byte:?}", engine.url),
-            };
+            let detail = format!("{}: no response within {first_byte:?}", engine.url);
+            return failed(FailKind::Timeout, detail, attempt);
         }
         Ok(Err(e)) => {
-            let kind = if e.is_connect() {
+            let kind = if e.connect {
                 FailKind::Connect
             } else {
                 FailKind::Transport
             };
-            attempt.fail(kind);
-            return Outcome::Retryable {
-                kind,
-                answer: None,
-                detail: format!("{}: {e}", engine.url),
-            };
+            return failed(kind, format!("{}: {e}", engine.url), attempt);
         }
         Ok(Ok(r)) => r,
     };
     let status = resp.status();
-    let retry_429 = status.as_u16() == 429 && gw.cfg.retry.on_429;
-    if status.is_server_error() || retry_429 {
-        let kind = if retry_429 {
-            FailKind::Status429
-        } else {
-            FailKind::Status5xx
-        };
-        // 429 says "busy", not "broken": it is retried but does not count against the
-        // engine's health; 5xx does.
-        if retry_429 {
-            attempt.cancel_with(kind);
-        } else {
-            attempt.fail(kind);
-        }
+    if let Verdict::Failed(kind) = classify_status(status.as_u16(), retry_429) {
         let (p, b) = resp.into_parts();
-        let bytes = tokio::time::timeout(
-            Duration::from_secs(5),
-            Limited::collect_limited(b, 64 * 1024),
-        )
+        let bytes = tokio::time::timeout(Duration::from_secs(5), async {
+            http_body_util::Limited::new(b, 64 * 1024)
+                .collect()
+                .await
+                .ok()
+                .map(|c| c.to_bytes())
+        })
         .await
         .ok()
         .flatten()
         .unwrap_or_default();
-        return Outcome::Retryable {
-            kind,
-            answer: Some((status, p.headers, bytes)),
-            detail: format!("{}: status {status}", engine.url),
-        };
+        return Sent::Failed(
+            Failed {
+                kind,
+                answer: Some((status, p.headers, bytes)),
+                detail: format!("{}: status {status}", engine.url),
+            },
+            attempt,
+        );
     }
     // Success or the client's own error: stream it through, tracked to the end.
     let (mut p, b) = resp.into_parts();
     strip_hop_by_hop(&mut p.headers);
-    if let Ok(v) = HeaderValue::from_str(&engine.url) {
-        p.headers.insert("x-kvmesh-engine", v);
-    }
+    p.headers
+        .insert("x-kvmesh-engine", engine.header_value.clone());
     let total = Duration::from_millis(gw.cfg.timeouts.total_ms);
     let tracked = TrackedBody::new(b, attempt, total);
-    Outcome::Answer(Response::from_parts(p, tracked.boxed_unsync()))
+    Sent::Answer(Response::from_parts(p, tracked.boxed_unsync()))
 }
 
-/// Collecting a small error body with a size cap.
-struct Limited;
-
-impl Limited {
-    async fn collect_limited(b: Incoming, limit: usize) -> Option<Bytes> {
-        http_body_util::Limited::new(b, limit)
-            .collect()
-            .await
-            .ok()
-            .map(|c| c.to_bytes())
+fn set_request_id(r: &mut Response<Body>, name: &str, id: &str) {
+    if let (Ok(n), Ok(v)) = (
+        http::HeaderName::from_bytes(name.as_bytes()),
+        HeaderValue::from_str(id),
+    ) {
+        r.headers_mut().insert(n, v);
     }
 }
+
+#[cfg(test)]
+#[path = "proxy_tests.rs"]
+mod tests;

@@ -14,7 +14,8 @@ use kvmesh_config::{EngineEntry, ServeConfig};
 use kvmesh_policy::{
     EngineMember, EngineSet, EngineTracker, EngineView, Policy, PolicyConfig, stable_hash,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use kvmesh_prefix::EngineId;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -49,8 +50,12 @@ pub struct Engine {
     pub url: String,
     /// `host:port`.
     pub authority: http::uri::Authority,
-    /// Stable identity for consistent hashing (same on every router).
-    pub key: u64,
+    /// Cluster-stable identity (every router derives the same from the URL): consistent
+    /// hashing's ring positions, the registry's map key, the mesh's name for the engine.
+    pub id: EngineId,
+    /// Value of the `x-kvmesh-engine` response header (its URL, or its id when
+    /// `hide_engine_urls`), built once.
+    pub header_value: http::HeaderValue,
     /// Configured weight.
     pub base_weight: f64,
     /// KV-event endpoint (precise routing), or empty.
@@ -114,6 +119,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Engine {
     fn new(
         entry: &EngineEntry,
+        hide_url: bool,
         source: Source,
         tracker: EngineTracker,
         slot: u32,
@@ -125,8 +131,16 @@ impl Engine {
             .unwrap_or(&url)
             .parse()
             .map_err(|e| format!("bad engine URL {url}: {e}"))?;
+        let id = EngineId::from_url(&url);
+        let header_value = if hide_url {
+            http::HeaderValue::from_str(&id.to_string())
+        } else {
+            http::HeaderValue::from_str(&url)
+        }
+        .map_err(|e| format!("bad engine URL {url}: {e}"))?;
         Ok(Engine {
-            key: stable_hash(url.as_bytes()),
+            id,
+            header_value,
             url,
             authority,
             base_weight: entry.weight,
@@ -300,13 +314,20 @@ impl EngineSet for RouteView<'_> {
     }
 }
 
+/// The engines in registration order, and by id.
+#[derive(Default)]
+struct Members {
+    list: Vec<Arc<Engine>>,
+    by_id: HashMap<EngineId, Arc<Engine>>,
+}
+
 /// The membership, the current snapshot, and what it is built from.
 pub struct Registry {
     cfg: Arc<ServeConfig>,
     /// The prefix index and tokenizers (engine slots are allocated here).
     pub prefix: Arc<PrefixState>,
     clock: Clock,
-    members: Mutex<Vec<Arc<Engine>>>,
+    members: Mutex<Members>,
     snapshot: ArcSwap<Snapshot>,
     /// Serialises rebuilds: two concurrent ones (say, two engines' discoveries) could
     /// otherwise store their snapshots in the wrong order and leave a stale one in place.
@@ -323,7 +344,7 @@ impl Registry {
             prefix: Arc::new(PrefixState::new(&cfg)),
             cfg,
             clock,
-            members: Mutex::new(Vec::new()),
+            members: Mutex::new(Members::default()),
             snapshot: ArcSwap::from_pointee(Snapshot {
                 version: 0,
                 engines: Vec::new(),
@@ -357,7 +378,14 @@ impl Registry {
         entry.validate("engine").map_err(|e| e.to_string())?;
         let tracker = EngineTracker::new(&self.cfg.routing.health, self.clock.now_us(), ramp);
         let slot = self.prefix.alloc_slot();
-        let engine = match Engine::new(entry, source, tracker, slot, self.prefix.clone()) {
+        let engine = match Engine::new(
+            entry,
+            self.cfg.hide_engine_urls,
+            source,
+            tracker,
+            slot,
+            self.prefix.clone(),
+        ) {
             Ok(e) => Arc::new(e),
             Err(err) => {
                 self.prefix.release_slot(slot);
@@ -366,11 +394,12 @@ impl Registry {
         };
         {
             let mut m = lock(&self.members);
-            if m.iter().any(|e| e.url == engine.url) {
+            if m.by_id.contains_key(&engine.id) {
                 // Dropping `engine` retires its slot.
                 return Err(format!("engine {} is already registered", engine.url));
             }
-            m.push(engine.clone());
+            m.by_id.insert(engine.id, engine.clone());
+            m.list.push(engine.clone());
         }
         self.rebuild();
         Ok(engine)
@@ -378,11 +407,12 @@ impl Registry {
 
     /// Removes an engine by URL; its in-flight requests finish.
     pub fn remove(&self, url: &str) -> Option<Arc<Engine>> {
-        let url = url.trim_end_matches('/');
+        let id = EngineId::from_url(url);
         let removed = {
             let mut m = lock(&self.members);
-            let i = m.iter().position(|e| e.url == url)?;
-            m.remove(i)
+            let removed = m.by_id.remove(&id)?;
+            m.list.retain(|e| e.id != id);
+            removed
         };
         removed.removed.store(true, Ordering::Relaxed);
         self.rebuild();
@@ -392,7 +422,22 @@ impl Registry {
 
     /// Every engine (the authoritative list).
     pub fn members(&self) -> Vec<Arc<Engine>> {
-        lock(&self.members).clone()
+        lock(&self.members).list.clone()
+    }
+
+    /// Number of engines.
+    pub fn len(&self) -> usize {
+        lock(&self.members).list.len()
+    }
+
+    /// Whether no engine is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The engine with this id.
+    pub fn get(&self, id: EngineId) -> Option<Arc<Engine>> {
+        lock(&self.members).by_id.get(&id).cloned()
     }
 
     /// Records discovered models and which of them are LoRA adapters; rebuilds when they
@@ -443,7 +488,7 @@ impl Registry {
                 let members: Vec<EngineMember> = engines
                     .iter()
                     .map(|e| {
-                        let mut m = EngineMember::new(e.key);
+                        let mut m = EngineMember::new(e.id.0);
                         m.base_weight = e.base_weight;
                         m
                     })

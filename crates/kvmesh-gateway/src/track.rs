@@ -3,11 +3,12 @@
 //! first data frame, end-to-end latency and the success/failure verdict at the end.
 
 use crate::Gateway;
-use crate::metrics::FailKind;
 use crate::registry::Engine;
+use crate::upstream::{BoxError, UpstreamBody};
 use bytes::Bytes;
-use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use kvmesh_policy::{BreakerEvent, Permit};
+use kvmesh_route::{Accounting, FailKind, StreamEnd, stream_end};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -39,40 +40,43 @@ impl Attempt {
         }
     }
 
-    /// A failure that counts against the engine (5xx, connect error, timeout, broken stream).
-    pub fn fail(mut self, kind: FailKind) {
-        self.engine.metrics.failed(kind);
-        if let Some(p) = self.permit.take() {
-            let fleet = self.gw.registry.members().len();
-            let may_open = self
-                .gw
-                .ejection
-                .may_eject(self.gw.registry.ejected_count(), fleet);
-            let ev = self
-                .engine
-                .tracker()
-                .on_failure(self.gw.clock.now_us(), p, may_open);
-            match ev {
-                Some(BreakerEvent::Opened { for_us }) => {
-                    self.engine
-                        .metrics
-                        .ejections
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(engine = %self.engine.url, open_ms = for_us / 1000, "circuit breaker opened");
-                }
-                Some(BreakerEvent::OpenSuppressed) => {
-                    tracing::warn!(engine = %self.engine.url, "breaker would open but too much of the fleet is ejected");
-                }
-                _ => {}
-            }
+    /// Ends the attempt with the core's verdict: `kind` is counted as a failed attempt of
+    /// that kind (a 429 is counted but, accounted as a cancel, not held against the engine).
+    pub fn account(mut self, account: Accounting, kind: Option<FailKind>) {
+        if let Some(k) = kind {
+            self.engine.metrics.failed(k);
         }
-    }
-
-    /// A failure that does not count against the engine's health (429: busy, not broken).
-    pub fn cancel_with(mut self, kind: FailKind) {
-        self.engine.metrics.failed(kind);
-        if let Some(p) = self.permit.take() {
-            self.engine.tracker().on_cancel(p);
+        let Some(p) = self.permit.take() else {
+            return;
+        };
+        let now = self.gw.clock.now_us();
+        match account {
+            Accounting::Success => {
+                let e2e = now.saturating_sub(self.sent_us);
+                self.engine.metrics.e2e.observe_us(e2e);
+                let ev = self.engine.tracker().on_success(now, p, e2e);
+                if ev == Some(BreakerEvent::Closed) {
+                    tracing::info!(engine = %self.engine.url, "circuit breaker closed: engine recovered");
+                }
+            }
+            Accounting::Cancel => self.engine.tracker().on_cancel(p),
+            Accounting::Failure => {
+                let fleet = self.gw.registry.len();
+                let may_open = self
+                    .gw
+                    .ejection
+                    .may_eject(self.gw.registry.ejected_count(), fleet);
+                match self.engine.tracker().on_failure(now, p, may_open) {
+                    Some(BreakerEvent::Opened { for_us }) => {
+                        self.engine.metrics.ejections.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(engine = %self.engine.url, open_ms = for_us / 1000, "circuit breaker opened");
+                    }
+                    Some(BreakerEvent::OpenSuppressed) => {
+                        tracing::warn!(engine = %self.engine.url, "breaker would open but too much of the fleet is ejected");
+                    }
+                    _ => {}
+                }
+            }
         }
     }
 
@@ -93,23 +97,17 @@ impl Attempt {
         self.gw.metrics.observe_ttft(now, ttft);
     }
 
-    fn succeed(mut self) {
-        let now = self.gw.clock.now_us();
-        let e2e = now.saturating_sub(self.sent_us);
-        self.engine.metrics.e2e.observe_us(e2e);
-        if let Some(p) = self.permit.take() {
-            let ev = self.engine.tracker().on_success(now, p, e2e);
-            if ev == Some(BreakerEvent::Closed) {
-                tracing::info!(engine = %self.engine.url, "circuit breaker closed: engine recovered");
-            }
-        }
+    fn end(self, end: StreamEnd) {
+        let (account, kind) = stream_end(end);
+        self.account(account, kind);
     }
 }
 
 impl Drop for Attempt {
     fn drop(&mut self) {
         if let Some(p) = self.permit.take() {
-            // No verdict: the client went away (or the router is shutting down).
+            // No verdict: the client went away (or the router is shutting down):
+            // `stream_end(StreamEnd::ClientGone)` is a cancel.
             self.engine.tracker().on_cancel(p);
         }
         self.engine.in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -120,14 +118,14 @@ impl Drop for Attempt {
 /// first data frame and the end to the attempt. Dropping it (client disconnect) drops the
 /// upstream body, which closes the upstream connection: the engine aborts the request.
 pub struct TrackedBody {
-    inner: Incoming,
+    inner: UpstreamBody,
     attempt: Option<Attempt>,
     deadline: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl TrackedBody {
     /// Wraps `inner`; `total` bounds the whole attempt, counted from when it was sent.
-    pub fn new(inner: Incoming, attempt: Attempt, total: Duration) -> Self {
+    pub fn new(inner: UpstreamBody, attempt: Attempt, total: Duration) -> Self {
         let left = total.saturating_sub(attempt.elapsed());
         TrackedBody {
             inner,
@@ -139,7 +137,7 @@ impl TrackedBody {
 
 impl HttpBody for TrackedBody {
     type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -157,20 +155,20 @@ impl HttpBody for TrackedBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 if let Some(a) = this.attempt.take() {
-                    a.fail(FailKind::Stream);
+                    a.end(StreamEnd::BodyError);
                 }
-                Poll::Ready(Some(Err(Box::new(e))))
+                Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
                 if let Some(a) = this.attempt.take() {
-                    a.succeed();
+                    a.end(StreamEnd::Complete);
                 }
                 Poll::Ready(None)
             }
             Poll::Pending => {
                 if this.attempt.is_some() && this.deadline.as_mut().poll(cx).is_ready() {
                     if let Some(a) = this.attempt.take() {
-                        a.fail(FailKind::Stream);
+                        a.end(StreamEnd::TotalTimeout);
                     }
                     return Poll::Ready(Some(Err("the request exceeded the total timeout".into())));
                 }

@@ -1,0 +1,294 @@
+//! The request path on tokio's paused time with a scripted upstream: retry, breaker, budget,
+//! timeout and cancellation verdicts, without sockets or sleeps in real time.
+
+use super::*;
+use crate::Gateway;
+use crate::registry::Source;
+use crate::upstream::{MockReply, MockUpstream};
+use kvmesh_config::{EngineEntry, ServeConfig};
+use kvmesh_policy::{BreakerState, PolicyKind};
+
+const A: &str = "127.0.0.1:9";
+const B: &str = "127.0.0.2:9";
+const C: &str = "127.0.0.3:9";
+
+fn cfg() -> ServeConfig {
+    let mut c = ServeConfig {
+        seed: 42,
+        ..ServeConfig::default()
+    };
+    c.routing.policy.policy = PolicyKind::LeastRequest;
+    c.routing.health.active.enabled = false;
+    c
+}
+
+/// A router over `engines` (no task started, nothing listens: the mock answers).
+fn gateway(c: ServeConfig, mock: &Arc<MockUpstream>, engines: &[&str]) -> Arc<Gateway> {
+    let gw = Arc::new(Gateway::new(c, Some(mock.clone())));
+    for a in engines {
+        let e = EngineEntry {
+            url: format!("http://{a}"),
+            models: vec!["m".into()],
+            ..EngineEntry::default()
+        };
+        gw.registry
+            .add(&e, Source::Static, false)
+            .expect("add engine");
+    }
+    gw
+}
+
+fn engine(gw: &Gateway, a: &str) -> Arc<Engine> {
+    gw.registry
+        .get(kvmesh_prefix::EngineId::from_url(&format!("http://{a}")))
+        .expect("engine")
+}
+
+const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+
+/// Sends one chat request and reads the whole answer.
+async fn call(gw: &Arc<Gateway>) -> (u16, HeaderMap, String) {
+    let (parts, ()) = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(())
+        .expect("request")
+        .into_parts();
+    let r = handle(gw, &parts, Bytes::from_static(BODY.as_bytes()), "rid").await;
+    let (p, b) = r.into_parts();
+    let bytes = b.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    (
+        p.status.as_u16(),
+        p.headers,
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
+}
+
+fn calls_to(mock: &MockUpstream, a: &str) -> usize {
+    mock.calls().iter().filter(|c| c.authority == a).count()
+}
+
+fn errors(gw: &Gateway, a: &str, k: FailKind) -> u64 {
+    engine(gw, a).metrics.errors[k.index()].load(Ordering::Relaxed)
+}
+
+fn in_flight(gw: &Gateway) -> u32 {
+    gw.registry
+        .members()
+        .iter()
+        .map(|e| e.in_flight.load(Ordering::Relaxed))
+        .sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_5xx_is_retried_on_another_engine_and_counted_against_the_first() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::ok(500, "boom"));
+    mock.set_default(B, MockReply::ok(200, "{\"ok\":1}"));
+    mock.set_default(C, MockReply::ok(200, "{\"ok\":1}"));
+    let gw = gateway(cfg(), &mock, &[A, B, C]);
+    for _ in 0..30 {
+        let (status, h, body) = call(&gw).await;
+        assert_eq!(status, 200, "{body}");
+        assert_ne!(h["x-kvmesh-engine"], "http://127.0.0.1:9");
+        assert_eq!(in_flight(&gw), 0);
+    }
+    let to_a = calls_to(&mock, A);
+    assert!(to_a >= 1, "least_request reaches A at least once");
+    assert_eq!(errors(&gw, A, FailKind::Status5xx), to_a as u64);
+    assert_eq!(
+        gw.metrics.retries.load(Ordering::Relaxed),
+        to_a as u64,
+        "each failure on A cost exactly one retry"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn consecutive_failures_open_the_breaker_then_a_probe_after_the_open_period() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::ConnectError);
+    mock.set_default(B, MockReply::ok(200, "{}"));
+    mock.set_default(C, MockReply::ok(200, "{}"));
+    // Round robin keeps offering A its turn (least_request would already steer away from it:
+    // failures lower its automatic weight).
+    let mut c = cfg();
+    c.routing.policy.policy = PolicyKind::RoundRobin;
+    let gw = gateway(c, &mock, &[A, B, C]);
+    let mut n = 0;
+    while !engine(&gw, A).tracker().breaker().is_ejected() {
+        assert_eq!(call(&gw).await.0, 200);
+        n += 1;
+        assert!(n < 500, "the breaker never opened");
+    }
+    assert_eq!(errors(&gw, A, FailKind::Connect), 5, "opens at the 5th failure");
+    let before = calls_to(&mock, A);
+    for _ in 0..50 {
+        assert_eq!(call(&gw).await.0, 200);
+    }
+    assert_eq!(calls_to(&mock, A), before, "an open breaker gets no traffic");
+    // After the open period, one half-open probe goes to A (and fails again).
+    tokio::time::advance(Duration::from_millis(5_100)).await;
+    for _ in 0..50 {
+        assert_eq!(call(&gw).await.0, 200);
+    }
+    assert_eq!(calls_to(&mock, A), before + 1, "exactly one probe");
+    assert!(matches!(
+        engine(&gw, A).tracker().breaker().state(gw.clock.now_us()),
+        BreakerState::Open { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_retry_budget_returns_the_engines_own_error() {
+    let mut c = cfg();
+    c.routing.retry_budget.ratio = 0.0;
+    c.routing.retry_budget.min_per_second = 0.0;
+    c.routing.retry_budget.max_tokens = 0.0;
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::ok(503, "{\"error\":\"engine busy\"}"));
+    mock.set_default(B, MockReply::ok(503, "{\"error\":\"engine busy\"}"));
+    let gw = gateway(c, &mock, &[A, B]);
+    let (status, _, body) = call(&gw).await;
+    assert_eq!(status, 503);
+    assert_eq!(body, "{\"error\":\"engine busy\"}", "passed through as it was");
+    assert_eq!(mock.calls().len(), 1, "no retry without budget");
+    assert_eq!(gw.metrics.budget_exhausted.load(Ordering::Relaxed), 1);
+    assert_eq!(in_flight(&gw), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_engine_times_out_and_the_retry_succeeds_after_a_backoff() {
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = 2_000;
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::Hang);
+    mock.set_default(B, MockReply::ok(200, "{}"));
+    let gw = gateway(c, &mock, &[A, B]);
+    // Make A the first choice: B looks busier.
+    engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
+    let t0 = tokio::time::Instant::now();
+    let (status, ..) = call(&gw).await;
+    engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    assert_eq!(status, 200);
+    assert_eq!(errors(&gw, A, FailKind::Timeout), 1);
+    // Virtual time: the first-byte timeout, then the first backoff (10 ms ± 20%).
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(2_008), "{waited:?}");
+    assert!(waited <= Duration::from_millis(2_013), "{waited:?}");
+    assert_eq!(in_flight(&gw), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_engine_timing_out_is_a_504_and_refusing_is_a_502() {
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = 1_000;
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::Hang);
+    mock.set_default(B, MockReply::Hang);
+    let gw = gateway(c.clone(), &mock, &[A, B]);
+    let (status, _, body) = call(&gw).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("upstream timeout"), "{body}");
+    let mock = MockUpstream::new();
+    let gw = gateway(c, &mock, &[A, B]);
+    let (status, _, body) = call(&gw).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("\"error\""), "OpenAI-shaped: {body}");
+    assert_eq!(in_flight(&gw), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_is_retried_elsewhere_but_never_opens_the_breaker() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::ok(429, "slow down"));
+    mock.set_default(B, MockReply::ok(200, "{}"));
+    let gw = gateway(cfg(), &mock, &[A, B]);
+    for _ in 0..40 {
+        // 100 ms between requests: the budget's floor (10/s) pays each retry.
+        tokio::time::advance(Duration::from_millis(100)).await;
+        engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
+        let (status, ..) = call(&gw).await;
+        engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+        assert_eq!(status, 200);
+    }
+    assert_eq!(errors(&gw, A, FailKind::Status429), 40);
+    assert_eq!(
+        engine(&gw, A).tracker().breaker().state(gw.clock.now_us()),
+        BreakerState::Closed,
+        "busy is not broken"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_mid_stream_cancels_upstream_and_releases_the_engine() {
+    let mock = MockUpstream::new();
+    let chunk = |ms, s: &str| (Duration::from_millis(ms), Ok(Bytes::copy_from_slice(s.as_bytes())));
+    mock.set_default(
+        A,
+        MockReply::Respond {
+            head_after: Duration::from_millis(5),
+            status: 200,
+            chunks: vec![chunk(1, "data: 1\n\n"), chunk(1_000, "data: 2\n\n")],
+        },
+    );
+    let gw = gateway(cfg(), &mock, &[A]);
+    let (parts, ()) = Request::post("/v1/chat/completions")
+        .body(())
+        .expect("request")
+        .into_parts();
+    let r = handle(&gw, &parts, Bytes::from_static(BODY.as_bytes()), "rid").await;
+    assert_eq!(r.status(), 200);
+    let mut body = r.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(first.into_data().expect("data"), "data: 1\n\n");
+    assert_eq!(in_flight(&gw), 1, "counted until the end of the stream");
+    assert_eq!(mock.live_bodies(), 1);
+    drop(body); // the client goes away
+    assert_eq!(mock.live_bodies(), 0, "the upstream body is dropped: the engine aborts");
+    assert_eq!(in_flight(&gw), 0);
+    let a = engine(&gw, A);
+    assert!(a.metrics.errors.iter().all(|e| e.load(Ordering::Relaxed) == 0));
+    assert_eq!(a.tracker().breaker().state(gw.clock.now_us()), BreakerState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_breaks_mid_stream_is_a_failure_not_a_retry() {
+    let mock = MockUpstream::new();
+    mock.set_default(
+        A,
+        MockReply::Respond {
+            head_after: Duration::ZERO,
+            status: 200,
+            chunks: vec![
+                (Duration::ZERO, Ok(Bytes::from_static(b"data: 1\n\n"))),
+                (Duration::from_millis(3), Err("reset".into())),
+            ],
+        },
+    );
+    mock.set_default(B, MockReply::ok(200, "{}"));
+    let gw = gateway(cfg(), &mock, &[A, B]);
+    engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
+    let (parts, ()) = Request::post("/v1/chat/completions")
+        .body(())
+        .expect("request")
+        .into_parts();
+    let r = handle(&gw, &parts, Bytes::from_static(BODY.as_bytes()), "rid").await;
+    assert_eq!(r.status(), 200);
+    assert!(r.into_body().collect().await.is_err(), "the client sees the break");
+    engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    assert_eq!(errors(&gw, A, FailKind::Stream), 1);
+    assert_eq!(mock.calls().len(), 1, "bytes reached the client: never retried");
+    assert_eq!(in_flight(&gw), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hidden_engine_urls_name_the_engine_by_its_id() {
+    let mut c = cfg();
+    c.hide_engine_urls = true;
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::ok(200, "{}"));
+    let gw = gateway(c, &mock, &[A]);
+    let (_, h, _) = call(&gw).await;
+    let id = kvmesh_prefix::EngineId::from_url("http://127.0.0.1:9").to_string();
+    assert_eq!(h["x-kvmesh-engine"], id.as_str());
+    assert_eq!(mock.calls()[0].headers["x-request-id"], "rid");
+}
