@@ -14,82 +14,61 @@
 //! replay socket fills or the engine goes stale (routed approximately) until its next exact
 //! resynchronisation point (`AllBlocksCleared` or a restart).
 
-use crate::Gateway;
-use crate::registry::Engine;
+use crate::clock::Clock;
+use crate::engine::Engine;
+use crate::prefix::PrefixState;
+use crate::tasks::Tasks;
+use kvmesh_config::ServeConfig;
 use kvmesh_kvevents::{DecodeLimits, KvFrame, RecvError, Subscriber, decode_batch, replay};
 use kvmesh_prefix::{EngineIngest, IndexOp, IngestConfig, IngestOutcome};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// What the applier task receives.
-#[derive(Debug)]
-pub enum IngestMsg {
-    /// A batch from the socket.
-    Frame(KvFrame),
-    /// The engine's process start time changed; `epoch` is the ingestion epoch the probe saw
-    /// with the previous start time. Ignored when a seq regression already started a newer
-    /// epoch (the events said it first).
-    RestartHint {
-        /// Epoch at the previous scrape.
-        epoch: u32,
-    },
+/// What the ingestion of an engine needs from the router: its config, the prefix side and
+/// the clock — not the whole gateway.
+#[derive(Clone)]
+pub struct IngestCtx {
+    /// The router's config (`[serve.prefix]`, per-model block sizes).
+    pub cfg: Arc<ServeConfig>,
+    /// The index the ops go to.
+    pub prefix: Arc<PrefixState>,
+    /// Cluster time.
+    pub clock: Clock,
 }
 
-/// Per-engine ingestion counters and state (read by `/metrics` and the request path).
-#[derive(Default)]
-pub struct IngestStatus {
-    /// The SUB socket is connected.
-    pub connected: AtomicBool,
-    /// The engine's blocks are not exactly known (gap open or given up, or never synced).
-    pub stale: AtomicBool,
-    /// Batches applied.
-    pub batches: AtomicU64,
-    /// Batches dropped because the queue was full.
-    pub dropped: AtomicU64,
-    /// Messages that could not be decoded.
-    pub malformed: AtomicU64,
-    /// Gaps opened.
-    pub gaps: AtomicU64,
-    /// Replays that filled their gap.
-    pub replays_ok: AtomicU64,
-    /// Replays that failed or came back short (engine marked stale).
-    pub replays_failed: AtomicU64,
-    /// Restarts seen (seq regressions and restart hints).
-    pub restarts: AtomicU64,
-    /// Events skipped for a block-size mismatch.
-    pub skipped_block_size: AtomicU64,
-    /// The ingestion epoch (restarts so far).
-    pub epoch: AtomicU32,
-    /// Blocks the engine holds according to its events (engine hashes tracked).
-    pub tracked_blocks: AtomicU64,
-    /// Sender of the applier's queue (restart hints from the probe).
-    pub(crate) tx: std::sync::OnceLock<mpsc::Sender<IngestMsg>>,
-}
-
-/// Starts the reader and applier tasks of `e` if it has a KV-event endpoint.
-pub fn spawn(gw: &Arc<Gateway>, e: &Arc<Engine>) {
+/// Starts the reader and applier tasks of `e` if it has a KV-event endpoint; they end when
+/// the engine is removed or the router stops.
+pub fn spawn(ctx: &IngestCtx, tasks: &Tasks, e: &Arc<Engine>) {
     if e.kv_events.is_empty() {
         return;
     }
-    let (tx, rx) = mpsc::channel(gw.cfg.prefix.ingest_queue_batches);
-    let _ = e.ingest.tx.set(tx.clone());
-    tokio::spawn(read_loop(gw.clone(), e.clone(), tx));
-    tokio::spawn(apply_loop(gw.clone(), e.clone(), rx));
+    let (tx, rx) = mpsc::channel(ctx.cfg.prefix.ingest_queue_batches);
+    e.ingest.has_applier.store(true, Relaxed);
+    let (c, en, stop) = (ctx.clone(), e.clone(), e.stop.clone());
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = read_loop(c, en, tx) => {}
+        }
+    });
+    let (c, en, stop) = (ctx.clone(), e.clone(), e.stop.clone());
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = apply_loop(c, en, rx) => {}
+        }
+    });
 }
 
-fn stopped(gw: &Gateway, e: &Engine) -> bool {
-    gw.stopping.load(Relaxed) || e.removed.load(Relaxed)
-}
-
-async fn read_loop(gw: Arc<Gateway>, e: Arc<Engine>, tx: mpsc::Sender<IngestMsg>) {
+async fn read_loop(ctx: IngestCtx, e: Arc<Engine>, tx: mpsc::Sender<KvFrame>) {
     let limits = DecodeLimits::default();
     let mut backoff = Duration::from_millis(100);
-    while !stopped(&gw, &e) {
+    loop {
         let sub = Subscriber::connect_with(
             &e.kv_events,
-            &gw.cfg.prefix.kv_events_topic,
+            &ctx.cfg.prefix.kv_events_topic,
             limits.clone(),
             Duration::from_secs(2),
         )
@@ -107,12 +86,9 @@ async fn read_loop(gw: Arc<Gateway>, e: Arc<Engine>, tx: mpsc::Sender<IngestMsg>
         e.ingest.connected.store(true, Relaxed);
         tracing::info!(engine = %e.url, endpoint = %e.kv_events, "subscribed to kv events");
         loop {
-            if stopped(&gw, &e) {
-                break;
-            }
             match sub.recv_timeout(Duration::from_millis(250)).await {
                 Ok(Some(frame)) => {
-                    if tx.try_send(IngestMsg::Frame(frame)).is_err() {
+                    if tx.try_send(frame).is_err() {
                         e.ingest.dropped.fetch_add(1, Relaxed);
                     }
                 }
@@ -132,52 +108,46 @@ async fn read_loop(gw: Arc<Gateway>, e: Arc<Engine>, tx: mpsc::Sender<IngestMsg>
 }
 
 struct Applier {
-    gw: Arc<Gateway>,
+    ctx: IngestCtx,
     e: Arc<Engine>,
     ingest: EngineIngest,
     ops: Vec<IndexOp>,
     limits: DecodeLimits,
 }
 
-async fn apply_loop(gw: Arc<Gateway>, e: Arc<Engine>, mut rx: mpsc::Receiver<IngestMsg>) {
+async fn apply_loop(ctx: IngestCtx, e: Arc<Engine>, mut rx: mpsc::Receiver<KvFrame>) {
     let block_size = e
         .models()
         .iter()
-        .find_map(|m| gw.cfg.models.get(m).and_then(|c| c.block_size))
-        .unwrap_or(gw.cfg.prefix.block_size);
+        .find_map(|m| ctx.cfg.models.get(m).and_then(|c| c.block_size))
+        .unwrap_or(ctx.cfg.prefix.block_size);
     let mut a = Applier {
         ingest: EngineIngest::new(IngestConfig {
             block_size,
-            capacity: gw.cfg.prefix.engine_capacity_blocks as usize,
+            capacity: ctx.cfg.prefix.engine_capacity_blocks as usize,
         }),
-        gw,
+        ctx,
         e,
         ops: Vec::new(),
         limits: DecodeLimits::default(),
     };
     loop {
-        let msg = tokio::select! {
-            m = rx.recv() => m,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                if stopped(&a.gw, &a.e) { break; }
-                continue;
+        tokio::select! {
+            f = rx.recv() => {
+                let Some(f) = f else { break };
+                a.on_frame(f.seq, &f.batch).await;
             }
-        };
-        let Some(msg) = msg else { break };
-        if stopped(&a.gw, &a.e) {
-            break;
+            _ = a.e.ingest.wake.notified() => {}
         }
-        match msg {
-            IngestMsg::Frame(f) => a.on_frame(f.seq, &f.batch).await,
-            IngestMsg::RestartHint { epoch } => {
-                if a.ingest.epoch() == epoch {
-                    a.ops.clear();
-                    a.ingest.on_restart(&mut a.ops);
-                    a.apply();
-                    a.e.ingest.restarts.fetch_add(1, Relaxed);
-                    tracing::info!(engine = %a.e.url, "engine restarted (new process start time): its blocks are dropped");
-                }
-            }
+        // A restart hint from the probe (a new process start time) at the epoch it saw.
+        if let Some(epoch) = a.e.ingest.take_restart_hint()
+            && a.ingest.epoch() == epoch
+        {
+            a.ops.clear();
+            a.ingest.on_restart(&mut a.ops);
+            a.apply();
+            a.e.ingest.restarts.fetch_add(1, Relaxed);
+            tracing::info!(engine = %a.e.url, "engine restarted (new process start time): its blocks are dropped");
         }
         a.publish();
     }
@@ -185,16 +155,12 @@ async fn apply_loop(gw: Arc<Gateway>, e: Arc<Engine>, mut rx: mpsc::Receiver<Ing
 
 impl Applier {
     fn now(&self) -> u64 {
-        self.gw.clock.now_us()
+        self.ctx.clock.now_us()
     }
 
     fn apply(&mut self) {
         if !self.ops.is_empty() {
-            self.gw
-                .registry
-                .prefix
-                .index_mut()
-                .apply_all(self.e.slot, &self.ops);
+            self.ctx.prefix.index_mut().apply_all(self.e.slot, &self.ops);
         }
     }
 
@@ -238,7 +204,7 @@ impl Applier {
             self.ingest.mark_stale(self.now());
             return false;
         }
-        let timeout = Duration::from_millis(self.gw.cfg.prefix.replay_timeout_ms);
+        let timeout = Duration::from_millis(self.ctx.cfg.prefix.replay_timeout_ms);
         match replay(&self.e.kv_replay, from, timeout).await {
             Ok(batches) => {
                 for b in batches {
@@ -281,11 +247,3 @@ impl Applier {
     }
 }
 
-/// The probe saw the engine's `process_start_time_seconds` change: tell the applier.
-pub fn restart_hint(e: &Engine, epoch_at_previous_scrape: u32) {
-    if let Some(tx) = e.ingest.tx.get() {
-        let _ = tx.try_send(IngestMsg::RestartHint {
-            epoch: epoch_at_previous_scrape,
-        });
-    }
-}

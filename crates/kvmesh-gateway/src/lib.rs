@@ -8,112 +8,39 @@
 //! Per engine a background loop runs active health checks and reads `/v1/models` and
 //! `/metrics`; DNS names are re-resolved periodically.
 
-mod admin;
+// Modules, leaves first: each imports only modules above it in this list (ARCHITECTURE.md,
+// "The gateway's modules").
 mod clock;
-pub mod ingest;
-mod metrics;
+pub mod upstream;
+mod tasks;
 pub mod prefix;
+mod engine;
+mod registry;
+mod metrics;
+mod gateway;
+pub mod ingest;
+mod track;
 mod probe;
 mod proxy;
-mod registry;
-mod track;
-pub mod upstream;
+mod admin;
 
 pub use clock::Clock;
+pub use engine::{Engine, EngineMetrics, IngestStatus, Source};
+pub use gateway::Gateway;
 pub use probe::scrape;
-pub use registry::{Engine, Registry, Snapshot, Source};
+pub use registry::{Registry, Snapshot};
+pub use tasks::Tasks;
+pub use upstream::{MockReply, MockUpstream, Upstream};
 
-use bytes::Bytes;
 use http::{Method, Request, Response};
-use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use kvmesh_config::ServeConfig;
 use kvmesh_http::{Body, error, json, ok_empty, prometheus};
 use kvmesh_openai::{ApiError, ModelCard, ModelList};
-use kvmesh_policy::{AtomicRetryBudget, EjectionGuard, mix64};
-use metrics::GatewayMetrics;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use upstream::{HyperUpstream, Upstream};
 use std::time::Duration;
 use tokio::sync::oneshot;
-
-/// Shared state of one router.
-pub struct Gateway {
-    /// The configuration it started with.
-    pub cfg: Arc<ServeConfig>,
-    /// Engines and the routing snapshot.
-    pub registry: Registry,
-    /// HTTP client of the probes (health checks, discovery, scrapes).
-    pub client: Client<HttpConnector, Full<Bytes>>,
-    /// Where requests are forwarded (hyper's pooled client, or a mock in tests).
-    pub upstream: Arc<dyn Upstream>,
-    /// Metrics.
-    pub metrics: GatewayMetrics,
-    /// Time base.
-    pub clock: Clock,
-    /// Caps how much of the fleet breakers may eject.
-    pub ejection: EjectionGuard,
-    /// Set on shutdown: background loops stop.
-    pub stopping: AtomicBool,
-    /// Bounds retries to a fraction of requests (lock-free).
-    pub retry_budget: AtomicRetryBudget,
-    seed: AtomicU64,
-    started_unix: u64,
-}
-
-impl Gateway {
-    /// A router's shared state, forwarding through `upstream` (hyper's client when `None`).
-    /// No task is started: [`start`] does that.
-    pub fn new(cfg: ServeConfig, upstream: Option<Arc<dyn Upstream>>) -> Gateway {
-        let clock = Clock::default();
-        let cfg = Arc::new(cfg);
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(Duration::from_millis(cfg.timeouts.connect_ms)));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .build(connector);
-        let seed = if cfg.seed == 0 {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        } else {
-            cfg.seed
-        };
-        Gateway {
-            registry: Registry::new(cfg.clone(), clock),
-            ejection: EjectionGuard::new(&cfg.routing.health.ejection),
-            retry_budget: AtomicRetryBudget::new(&cfg.routing.retry_budget, clock.now_us()),
-            upstream: upstream.unwrap_or_else(|| Arc::new(HyperUpstream(client.clone()))),
-            client,
-            metrics: GatewayMetrics::default(),
-            clock,
-            stopping: AtomicBool::new(false),
-            seed: AtomicU64::new(seed),
-            started_unix: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            cfg,
-        }
-    }
-
-    /// A fresh per-request random seed.
-    pub fn next_seed(&self) -> u64 {
-        mix64(
-            self.seed
-                .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed),
-        )
-    }
-
-}
 
 /// Why the router could not start.
 #[derive(Debug, thiserror::Error)]
@@ -149,18 +76,19 @@ impl GatewayServer {
 
     /// Stops accepting, drains in-flight requests (bounded by the config's drain timeout).
     pub async fn shutdown(mut self) {
-        self.gateway.stopping.store(true, Ordering::Relaxed);
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
         let drain = Duration::from_millis(self.gateway.cfg.drain_timeout_ms + 1000);
         let _ = tokio::time::timeout(drain, &mut self.task).await;
+        // Requests drained: stop and join the background tasks.
+        self.gateway.tasks.shutdown(Duration::from_secs(5)).await;
     }
 }
 
 impl Drop for GatewayServer {
     fn drop(&mut self) {
-        self.gateway.stopping.store(true, Ordering::Relaxed);
+        self.gateway.tasks.cancel();
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -196,7 +124,7 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
             .tokenizer(p)
             .map_err(GatewayError::Config)?;
     }
-    spawn_sweeper(gw.clone());
+    spawn_sweeper(&gw);
     for e in gw.cfg.engines.clone() {
         probe::add_engine(&gw, &e, Source::Static, false).map_err(GatewayError::Config)?;
     }
@@ -239,13 +167,14 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
 
 /// Drops expired speculative prefix entries once a second (lookups already ignore them; this
 /// returns their memory and capacity).
-fn spawn_sweeper(gw: Arc<Gateway>) {
-    tokio::spawn(async move {
+fn spawn_sweeper(gw: &Arc<Gateway>) {
+    let g = gw.clone();
+    gw.tasks.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while !gw.stopping.load(Ordering::Relaxed) {
+        loop {
             tick.tick().await;
-            gw.registry.prefix.sweep(gw.clock.now_us());
+            g.registry.prefix.sweep(g.clock.now_us());
         }
     });
 }

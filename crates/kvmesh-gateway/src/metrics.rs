@@ -1,6 +1,7 @@
 //! The router's `/metrics` (Prometheus text). Every metric name of the router is in this file.
 
-use crate::registry::{Engine, Registry};
+use crate::engine::Engine;
+use crate::registry::Registry;
 use kvmesh_metrics::{
     Histogram, LATENCY_BUCKETS, MICRO_BUCKETS, escape_label, family, header, sample,
 };
@@ -10,39 +11,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 pub use kvmesh_route::FailKind;
-
-/// Per-engine counters and histograms.
-pub struct EngineMetrics {
-    /// Attempts sent to this engine.
-    pub requests: AtomicU64,
-    /// Failed attempts by kind (index = FailKind order).
-    pub errors: [AtomicU64; 6],
-    /// Times its breaker opened (ejections).
-    pub ejections: AtomicU64,
-    /// Time to first byte of the body.
-    pub ttft: Histogram,
-    /// Time to the end of the body.
-    pub e2e: Histogram,
-}
-
-impl Default for EngineMetrics {
-    fn default() -> Self {
-        EngineMetrics {
-            requests: AtomicU64::new(0),
-            errors: Default::default(),
-            ejections: AtomicU64::new(0),
-            ttft: Histogram::new(LATENCY_BUCKETS),
-            e2e: Histogram::new(LATENCY_BUCKETS),
-        }
-    }
-}
-
-impl EngineMetrics {
-    /// Counts a failed attempt.
-    pub fn failed(&self, kind: FailKind) {
-        self.errors[kind.index()].fetch_add(1, Relaxed);
-    }
-}
 
 /// Decisions of one model by (policy, reason).
 type DecisionCounts = BTreeMap<(&'static str, &'static str), u64>;

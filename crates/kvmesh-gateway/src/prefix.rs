@@ -8,11 +8,10 @@
 //! routing decisions (speculative marks: `speculative_ttl_ms` under `precise`/`scored`,
 //! `approximate_ttl_ms` under `cache_aware` and for engines whose event stream is not live).
 
-use crate::registry::Engine;
 use kvmesh_config::{PrefixConfig, ServeConfig};
 use kvmesh_openai::{ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
 use kvmesh_policy::{PolicyConfig, PolicyKind, PrefixAffinityConfig, PrefixMatch};
-use kvmesh_route::{PrefixProbe, TtlPlan};
+use kvmesh_route::TtlPlan;
 use kvmesh_prefix::{
     ANCHOR_STRIDE, BlockKey, ExtraKeys, Match, PrefixIndex, block_keys, max_hit_blocks,
 };
@@ -145,6 +144,15 @@ impl PrefixState {
         lock(&self.slots).0.push(slot);
     }
 
+    /// A slot for a new engine, returned (retired, then freed by a sweep) when the lease is
+    /// dropped with the engine's last reference.
+    pub fn lease(state: &Arc<PrefixState>) -> SlotLease {
+        SlotLease {
+            slot: state.alloc_slot(),
+            state: state.clone(),
+        }
+    }
+
     /// Queues the slot of an engine whose last reference is gone (`Drop` of the engine: no
     /// request, probe or event task can write for it any more); the next [`sweep`](Self::sweep)
     /// frees it. Deferred so that a slot is never reused while a late decision or event batch
@@ -160,6 +168,27 @@ impl PrefixState {
             self.release_slot(slot);
         }
         self.index_mut().expire(now_us)
+    }
+}
+
+/// An engine's slot in the index, held by the engine: dropped with the engine's last
+/// reference (no request, probe or event task can write for it any more), it retires the
+/// slot, and the next sweep frees it with its entries.
+pub struct SlotLease {
+    slot: u32,
+    state: Arc<PrefixState>,
+}
+
+impl SlotLease {
+    /// The slot.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        self.state.retire_slot(self.slot);
     }
 }
 
@@ -190,7 +219,7 @@ impl RoutePrefix {
         model: &str,
         policy: &PolicyConfig,
         lora: bool,
-        engines: &[Arc<Engine>],
+        slots: &[u32],
     ) -> Option<RoutePrefix> {
         let kind = policy.policy;
         if !kind.uses_prefix() {
@@ -204,10 +233,10 @@ impl RoutePrefix {
                 return None;
             }
         };
-        let max_slot = engines.iter().map(|e| e.slot).max().unwrap_or(0);
+        let max_slot = slots.iter().copied().max().unwrap_or(0);
         let mut slot_to_idx = vec![u32::MAX; max_slot as usize + 1];
-        for (i, e) in engines.iter().enumerate() {
-            slot_to_idx[e.slot as usize] = i as u32;
+        for (i, &s) in slots.iter().enumerate() {
+            slot_to_idx[s as usize] = i as u32;
         }
         Some(RoutePrefix {
             tokenizer,
@@ -434,30 +463,3 @@ pub fn ttl_plan(cfg: &PrefixConfig) -> TtlPlan {
     }
 }
 
-/// The core's view of the index for one request: per route engine, the leading blocks of
-/// `keys` it holds (probed exactly, so short matches the lookup skipped count too) and
-/// whether its events are live.
-pub struct IndexProbe<'a> {
-    /// The index (under the caller's lock).
-    pub index: &'a PrefixIndex,
-    /// The route's engines.
-    pub engines: &'a [Arc<Engine>],
-    /// The request's block keys.
-    pub keys: &'a [BlockKey],
-    /// Now (cluster µs).
-    pub now_us: u64,
-}
-
-impl PrefixProbe for IndexProbe<'_> {
-    fn held_blocks(&self, engine: usize) -> u32 {
-        let slot = self.engines[engine].slot;
-        self.keys
-            .iter()
-            .take_while(|k| self.index.holds(slot, **k, self.now_us))
-            .count() as u32
-    }
-
-    fn events_live(&self, engine: usize) -> bool {
-        self.engines[engine].events_live()
-    }
-}

@@ -1,8 +1,9 @@
 //! Background work per engine and per DNS name: active health checks, model discovery
 //! (`/v1/models`), load scraping (`/metrics`: running, waiting, KV usage), re-resolution.
 
-use crate::Gateway;
-use crate::registry::{Engine, Source};
+use crate::engine::{Engine, Source};
+use crate::gateway::Gateway;
+use crate::ingest::{self, IngestCtx};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use kvmesh_config::{DnsEntry, EngineEntry};
@@ -129,9 +130,9 @@ fn note_start_time(gw: &Gateway, e: &Engine, t: Option<f64>) {
     let prev_epoch = e.epoch_at_scrape.swap(epoch_now, Ordering::Relaxed);
     if prev.is_finite() && (t - prev).abs() > 1e-6 {
         tracing::info!(engine = %e.url, "engine process start time changed: restarted");
-        if e.ingest.tx.get().is_some() {
+        if e.ingest.has_applier.load(Ordering::Relaxed) {
             // The applier decides: it knows whether the events already told it.
-            crate::ingest::restart_hint(e, prev_epoch);
+            e.ingest.hint_restart(prev_epoch);
         } else {
             // Only routing decisions were remembered for it; they are all wrong now.
             gw.registry.prefix.index_mut().clear_engine(e.slot);
@@ -164,7 +165,18 @@ pub fn scrape(page: &str, name: &str) -> Option<f64> {
 /// The loop of one engine: until it is removed, check health every interval and discover
 /// every discovery interval.
 pub fn spawn_engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
-    tokio::spawn(async move {
+    let stop = e.stop.clone();
+    let g = gw.clone();
+    gw.tasks.spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = engine_loop(g, e) => {}
+        }
+    });
+}
+
+async fn engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
+    {
         let health_every = Duration::from_millis(gw.cfg.routing.health.active.interval_ms);
         let discover_every = Duration::from_millis(gw.cfg.discovery_interval_ms);
         let mut health = tokio::time::interval(health_every);
@@ -172,9 +184,6 @@ pub fn spawn_engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
         health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         disc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if e.removed.load(Ordering::Relaxed) || gw.stopping.load(Ordering::Relaxed) {
-                break;
-            }
             tokio::select! {
                 _ = health.tick() => check_health(&gw, &e).await,
                 _ = disc.tick() => {
@@ -183,7 +192,16 @@ pub fn spawn_engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
                 }
             }
         }
-    });
+    }
+}
+
+/// What an engine's ingestion needs from the router.
+fn ingest_ctx(gw: &Gateway) -> IngestCtx {
+    IngestCtx {
+        cfg: gw.cfg.clone(),
+        prefix: gw.registry.prefix.clone(),
+        clock: gw.clock,
+    }
 }
 
 /// Adds an engine and starts its loop; returns it.
@@ -195,22 +213,20 @@ pub fn add_engine(
 ) -> Result<Arc<Engine>, String> {
     let e = gw.registry.add(entry, source, ramp)?;
     spawn_engine_loop(gw.clone(), e.clone());
-    crate::ingest::spawn(gw, &e);
+    ingest::spawn(&ingest_ctx(gw), &gw.tasks, &e);
     tracing::info!(engine = %e.url, weight = e.base_weight, "engine added");
     Ok(e)
 }
 
 /// The loop of one DNS name: resolve, add new addresses, remove vanished ones.
 pub fn spawn_dns_loop(gw: Arc<Gateway>, d: DnsEntry) {
-    tokio::spawn(async move {
+    let g = gw.clone();
+    gw.tasks.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(d.refresh_ms));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            if gw.stopping.load(Ordering::Relaxed) {
-                break;
-            }
-            resolve_once(&gw, &d, true).await;
+            resolve_once(&g, &d, true).await;
         }
     });
 }

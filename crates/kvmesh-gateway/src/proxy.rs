@@ -11,9 +11,10 @@
 //! 5. **stream**: the answer through [`TrackedBody`], accounted at its end
 //!    ([`kvmesh_route::stream_end`]).
 
-use crate::Gateway;
-use crate::prefix::{self, Endpoint, IndexProbe, Lookup, ParsedRequest};
-use crate::registry::{Engine, ModelRoute, RouteView};
+use crate::gateway::Gateway;
+use crate::engine::Engine;
+use crate::prefix::{self, Endpoint, Lookup, ParsedRequest};
+use crate::registry::{ModelRoute, RouteView};
 use crate::track::{Attempt, TrackedBody};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
@@ -22,8 +23,9 @@ use hyper::body::Incoming;
 use kvmesh_http::{Body, error, read_body, strip_hop_by_hop};
 use kvmesh_openai::{ApiError, parse_body};
 use kvmesh_policy::{MAX_CANDIDATES, Permit, RequestCtx, stable_hash, unit_f64};
+use kvmesh_prefix::{BlockKey, PrefixIndex};
 use kvmesh_route::{
-    Action, Attempts, Decision, FailKind, Fleet, GiveUp, Next, PrefixPlan, Verdict,
+    Action, Attempts, Decision, FailKind, Fleet, GiveUp, Next, PrefixPlan, PrefixProbe, Verdict,
     classify_status, decide,
 };
 use serde::Deserialize;
@@ -231,6 +233,34 @@ fn decide_step(
         t.elapsed().as_micros() as u64,
     );
     (decision, reservation, lookup)
+}
+
+/// The core's view of the index for one request: per route engine, the leading blocks of
+/// `keys` it holds (probed exactly, so short matches the lookup skipped count too) and
+/// whether its events are live.
+pub struct IndexProbe<'a> {
+    /// The index (under the caller's lock).
+    pub index: &'a PrefixIndex,
+    /// The route's engines.
+    pub engines: &'a [Arc<Engine>],
+    /// The request's block keys.
+    pub keys: &'a [BlockKey],
+    /// Now (cluster µs).
+    pub now_us: u64,
+}
+
+impl PrefixProbe for IndexProbe<'_> {
+    fn held_blocks(&self, engine: usize) -> u32 {
+        let slot = self.engines[engine].slot;
+        self.keys
+            .iter()
+            .take_while(|k| self.index.holds(slot, **k, self.now_us))
+            .count() as u32
+    }
+
+    fn events_live(&self, engine: usize) -> bool {
+        self.engines[engine].events_live()
+    }
 }
 
 /// The route's breakers as the attempt machine asks them.

@@ -2,8 +2,8 @@
 //! timeout and cancellation verdicts, without sockets or sleeps in real time.
 
 use super::*;
-use crate::Gateway;
-use crate::registry::Source;
+use crate::gateway::Gateway;
+use crate::engine::Source;
 use crate::upstream::{MockReply, MockUpstream};
 use kvmesh_config::{EngineEntry, ServeConfig};
 use kvmesh_policy::{BreakerState, PolicyKind};

@@ -6,8 +6,7 @@
 //! snapshot (one atomic load, no lock) and reads per-engine counters.
 
 use crate::clock::Clock;
-use crate::ingest::IngestStatus;
-use crate::metrics::EngineMetrics;
+use crate::engine::{Engine, Source};
 use crate::prefix::{PrefixState, RoutePrefix};
 use arc_swap::ArcSwap;
 use kvmesh_config::{EngineEntry, ServeConfig};
@@ -16,255 +15,11 @@ use kvmesh_policy::{
 };
 use kvmesh_prefix::EngineId;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Where an engine came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
-    /// The config file or `--engine`.
-    Static,
-    /// `POST /admin/engines`.
-    Admin,
-    /// A DNS name.
-    Dns(String),
-}
-
-impl Source {
-    /// Label for the admin API.
-    pub fn label(&self) -> String {
-        match self {
-            Source::Static => "static".into(),
-            Source::Admin => "admin".into(),
-            Source::Dns(n) => format!("dns:{n}"),
-        }
-    }
-}
-
-const UNKNOWN: u32 = u32::MAX;
-
-/// One engine and its live state. Shared (`Arc`) by the snapshot, in-flight requests and its
-/// probe task; a removed engine lives on until its last request ends.
-pub struct Engine {
-    /// Base URL, `http://host:port`.
-    pub url: String,
-    /// `host:port`.
-    pub authority: http::uri::Authority,
-    /// Cluster-stable identity (every router derives the same from the URL): consistent
-    /// hashing's ring positions, the registry's map key, the mesh's name for the engine.
-    pub id: EngineId,
-    /// Value of the `x-kvmesh-engine` response header (its URL, or its id when
-    /// `hide_engine_urls`), built once.
-    pub header_value: http::HeaderValue,
-    /// Configured weight.
-    pub base_weight: f64,
-    /// KV-event endpoint (precise routing), or empty.
-    pub kv_events: String,
-    /// KV-event replay endpoint, or empty.
-    pub kv_replay: String,
-    /// Where it came from.
-    pub source: Source,
-    /// Models given in its config (empty = discovered).
-    pub static_models: Vec<String>,
-    /// Requests this router has in flight to it, until the end of each stream.
-    pub in_flight: AtomicU32,
-    /// Breaker, health, latency, slow start.
-    pub tracker: Mutex<EngineTracker>,
-    /// Running + waiting requests the engine last reported (`UNKNOWN` if never).
-    reported_load: AtomicU32,
-    /// This router's own requests in flight to it when that report was read.
-    own_at_report: AtomicU32,
-    /// Waiting requests the engine last reported.
-    reported_waiting: AtomicU32,
-    /// KV-cache usage × 1e6 the engine last reported.
-    kv_usage_ppm: AtomicU32,
-    /// Models discovered from `/v1/models`.
-    discovered: Mutex<Vec<String>>,
-    /// Those of them that are LoRA adapters (listed with a `parent`).
-    adapters: Mutex<Vec<String>>,
-    /// Set when removed: its probe task stops.
-    pub removed: AtomicBool,
-    /// Counters and histograms.
-    pub metrics: EngineMetrics,
-    /// Its id in the prefix index (retired when the engine is dropped).
-    pub slot: u32,
-    prefix: Arc<PrefixState>,
-    /// KV-event ingestion state (when it has a `kv_events` endpoint).
-    pub ingest: IngestStatus,
-    /// `process_start_time_seconds` at the last scrape (f64 bits; NaN = unknown) and the
-    /// ingestion epoch then: a new start time without a seq regression is a restart.
-    pub(crate) start_time_bits: AtomicU64,
-    pub(crate) epoch_at_scrape: AtomicU32,
-    /// Prompt tokens of requests routed to it, and how many of them the router predicted
-    /// cached (cache-aware routes).
-    pub prompt_tokens: AtomicU64,
-    /// See `prompt_tokens`.
-    pub predicted_cached_tokens: AtomicU64,
-    /// The engine's own `vllm:prefix_cache_hits_total` / `queries_total` at the last scrape
-    /// (NaN bits = unknown), and the predicted-token count then (for the drift gauge).
-    pub(crate) engine_hits_bits: AtomicU64,
-    pub(crate) engine_queries_bits: AtomicU64,
-    /// Predicted / actual cached tokens over the last scrape interval (f64 bits; NaN = none).
-    pub(crate) prediction_ratio_bits: AtomicU64,
-    pub(crate) predicted_at_scrape: AtomicU64,
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
-
-impl Engine {
-    fn new(
-        entry: &EngineEntry,
-        hide_url: bool,
-        source: Source,
-        tracker: EngineTracker,
-        slot: u32,
-        prefix: Arc<PrefixState>,
-    ) -> Result<Engine, String> {
-        let url = entry.url.trim_end_matches('/').to_string();
-        let authority: http::uri::Authority = url
-            .strip_prefix("http://")
-            .unwrap_or(&url)
-            .parse()
-            .map_err(|e| format!("bad engine URL {url}: {e}"))?;
-        let id = EngineId::from_url(&url);
-        let header_value = if hide_url {
-            http::HeaderValue::from_str(&id.to_string())
-        } else {
-            http::HeaderValue::from_str(&url)
-        }
-        .map_err(|e| format!("bad engine URL {url}: {e}"))?;
-        Ok(Engine {
-            id,
-            header_value,
-            url,
-            authority,
-            base_weight: entry.weight,
-            kv_events: entry.kv_events.clone(),
-            kv_replay: entry.kv_replay.clone(),
-            source,
-            static_models: entry.models.clone(),
-            in_flight: AtomicU32::new(0),
-            tracker: Mutex::new(tracker),
-            reported_load: AtomicU32::new(UNKNOWN),
-            own_at_report: AtomicU32::new(0),
-            reported_waiting: AtomicU32::new(UNKNOWN),
-            kv_usage_ppm: AtomicU32::new(UNKNOWN),
-            discovered: Mutex::new(Vec::new()),
-            adapters: Mutex::new(Vec::new()),
-            removed: AtomicBool::new(false),
-            metrics: EngineMetrics::default(),
-            slot,
-            prefix,
-            ingest: IngestStatus::default(),
-            start_time_bits: AtomicU64::new(f64::NAN.to_bits()),
-            epoch_at_scrape: AtomicU32::new(0),
-            prompt_tokens: AtomicU64::new(0),
-            predicted_cached_tokens: AtomicU64::new(0),
-            engine_hits_bits: AtomicU64::new(f64::NAN.to_bits()),
-            engine_queries_bits: AtomicU64::new(f64::NAN.to_bits()),
-            prediction_ratio_bits: AtomicU64::new(f64::NAN.to_bits()),
-            predicted_at_scrape: AtomicU64::new(0),
-        })
-    }
-
-    /// Its KV events are being received and its blocks are exactly known (precise routing
-    /// trusts them; otherwise routing decisions are remembered for the approximate TTL).
-    pub fn events_live(&self) -> bool {
-        !self.kv_events.is_empty()
-            && self.ingest.connected.load(Ordering::Relaxed)
-            && !self.ingest.stale.load(Ordering::Relaxed)
-    }
-
-    /// The breaker/health/latency state, locked briefly (never across an await).
-    pub fn tracker(&self) -> MutexGuard<'_, EngineTracker> {
-        lock(&self.tracker)
-    }
-
-    /// The models it serves: its static list, else what discovery found.
-    pub fn models(&self) -> Vec<String> {
-        if self.static_models.is_empty() {
-            lock(&self.discovered).clone()
-        } else {
-            self.static_models.clone()
-        }
-    }
-
-    /// Records what the engine's `/metrics` said; `own`: how many of this router's requests
-    /// the report may count (those in flight to it while the page was read).
-    pub fn set_reported(
-        &self,
-        running: Option<u32>,
-        waiting: Option<u32>,
-        kv_usage: Option<f64>,
-        own: u32,
-    ) {
-        self.own_at_report.store(own, Ordering::Relaxed);
-        let load = match (running, waiting) {
-            (Some(r), Some(w)) => r.saturating_add(w),
-            (Some(r), None) => r,
-            (None, Some(w)) => w,
-            (None, None) => UNKNOWN,
-        };
-        self.reported_load
-            .store(load.min(UNKNOWN - 1), Ordering::Relaxed);
-        self.reported_waiting.store(
-            waiting.map_or(UNKNOWN, |w| w.min(UNKNOWN - 1)),
-            Ordering::Relaxed,
-        );
-        self.kv_usage_ppm.store(
-            kv_usage.map_or(UNKNOWN, |u| (u.clamp(0.0, 1.0) * 1e6) as u32),
-            Ordering::Relaxed,
-        );
-    }
-
-    /// Engine-reported running + waiting, brought up to date for this router's own requests:
-    /// the report counted the ones in flight when it was read, which may have ended since
-    /// (a stale report would keep them as phantom load for a whole discovery interval), so
-    /// they are replaced by the current count: the others' load as reported + ours now.
-    pub fn reported_load(&self) -> Option<u32> {
-        let v = self.reported_load.load(Ordering::Relaxed);
-        (v != UNKNOWN).then(|| {
-            v.saturating_sub(self.own_at_report.load(Ordering::Relaxed))
-                .saturating_add(self.in_flight.load(Ordering::Relaxed))
-        })
-    }
-
-    /// Engine-reported waiting (queue depth).
-    pub fn reported_waiting(&self) -> Option<u32> {
-        let v = self.reported_waiting.load(Ordering::Relaxed);
-        (v != UNKNOWN).then_some(v)
-    }
-
-    /// Engine-reported KV-cache usage (0..=1).
-    pub fn kv_usage(&self) -> Option<f32> {
-        let v = self.kv_usage_ppm.load(Ordering::Relaxed);
-        (v != UNKNOWN).then_some(v as f32 / 1e6)
-    }
-
-    /// The view a policy reads.
-    pub fn view(&self, now_us: u64, fleet_latency_us: f64) -> EngineView {
-        let mut v = self.tracker().view(
-            now_us,
-            self.base_weight,
-            self.in_flight.load(Ordering::Relaxed),
-            self.reported_load(),
-            self.kv_usage(),
-            fleet_latency_us,
-        );
-        v.waiting = self.reported_waiting();
-        v
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.prefix.retire_slot(self.slot);
-    }
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The engines of one model and its prepared policy.
@@ -377,21 +132,15 @@ impl Registry {
     ) -> Result<Arc<Engine>, String> {
         entry.validate("engine").map_err(|e| e.to_string())?;
         let tracker = EngineTracker::new(&self.cfg.routing.health, self.clock.now_us(), ramp);
-        let slot = self.prefix.alloc_slot();
-        let engine = match Engine::new(
+        // A refused engine drops its lease: the slot is retired and freed by the next sweep.
+        let lease = PrefixState::lease(&self.prefix);
+        let engine = Arc::new(Engine::new(
             entry,
             self.cfg.hide_engine_urls,
             source,
             tracker,
-            slot,
-            self.prefix.clone(),
-        ) {
-            Ok(e) => Arc::new(e),
-            Err(err) => {
-                self.prefix.release_slot(slot);
-                return Err(err);
-            }
-        };
+            lease,
+        )?);
         {
             let mut m = lock(&self.members);
             if m.by_id.contains_key(&engine.id) {
@@ -414,7 +163,7 @@ impl Registry {
             m.list.retain(|e| e.id != id);
             removed
         };
-        removed.removed.store(true, Ordering::Relaxed);
+        removed.stop.cancel();
         self.rebuild();
         // Its slot is retired when the last reference (in-flight requests, its tasks) goes.
         Some(removed)
@@ -452,17 +201,7 @@ impl Registry {
         models.dedup();
         adapters.sort();
         adapters.dedup();
-        let changed = {
-            let mut d = lock(&engine.discovered);
-            let mut a = lock(&engine.adapters);
-            if *d != models || *a != adapters {
-                *d = models;
-                *a = adapters;
-                true
-            } else {
-                false
-            }
-        };
+        let changed = engine.set_discovered(models, adapters);
         if changed {
             self.rebuild();
         }
@@ -502,14 +241,15 @@ impl Registry {
                     .models
                     .get(&model)
                     .and_then(|m| m.lora)
-                    .unwrap_or_else(|| engines.iter().any(|e| lock(&e.adapters).contains(&model)));
+                    .unwrap_or_else(|| engines.iter().any(|e| e.is_adapter(&model)));
+                let slots: Vec<u32> = engines.iter().map(|e| e.slot).collect();
                 let prefix = RoutePrefix::build(
                     &self.prefix,
                     &self.cfg,
                     &model,
                     &policy_cfg,
                     lora,
-                    &engines,
+                    &slots,
                 );
                 let route = ModelRoute {
                     model: model.clone(),

@@ -2,8 +2,8 @@
 //! in-flight count (RAII: it returns to zero whatever happens), breaker permit, TTFT at the
 //! first data frame, end-to-end latency and the success/failure verdict at the end.
 
-use crate::Gateway;
-use crate::registry::Engine;
+use crate::engine::Engine;
+use crate::gateway::Gateway;
 use crate::upstream::{BoxError, UpstreamBody};
 use bytes::Bytes;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};

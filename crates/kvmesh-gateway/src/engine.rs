@@ -1,0 +1,373 @@
+//! One engine the router knows: identity (cluster-stable [`EngineId`], URL, where it came
+//! from), its live load (this router's in-flight count, what the engine reports), its
+//! breaker/health/latency state, its counters, its KV-event ingestion status and its prefix
+//! index slot (a lease: freed once the last reference is gone).
+//!
+//! A leaf of the gateway: it imports only the prefix side's slot lease.
+
+use crate::prefix::SlotLease;
+use kvmesh_config::EngineEntry;
+use kvmesh_metrics::{Histogram, LATENCY_BUCKETS};
+use kvmesh_policy::{EngineTracker, EngineView};
+use kvmesh_prefix::EngineId;
+use kvmesh_route::FailKind;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Where an engine came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The config file or `--engine`.
+    Static,
+    /// `POST /admin/engines`.
+    Admin,
+    /// A DNS name.
+    Dns(String),
+}
+
+impl Source {
+    /// Label for the admin API.
+    pub fn label(&self) -> String {
+        match self {
+            Source::Static => "static".into(),
+            Source::Admin => "admin".into(),
+            Source::Dns(n) => format!("dns:{n}"),
+        }
+    }
+}
+
+const UNKNOWN: u32 = u32::MAX;
+
+/// One engine and its live state. Shared (`Arc`) by the snapshot, in-flight requests and its
+/// probe task; a removed engine lives on until its last request ends.
+pub struct Engine {
+    /// Base URL, `http://host:port`.
+    pub url: String,
+    /// `host:port`.
+    pub authority: http::uri::Authority,
+    /// Cluster-stable identity (every router derives the same from the URL): consistent
+    /// hashing's ring positions, the registry's map key, the mesh's name for the engine.
+    pub id: EngineId,
+    /// Value of the `x-kvmesh-engine` response header (its URL, or its id when
+    /// `hide_engine_urls`), built once.
+    pub header_value: http::HeaderValue,
+    /// Configured weight.
+    pub base_weight: f64,
+    /// KV-event endpoint (precise routing), or empty.
+    pub kv_events: String,
+    /// KV-event replay endpoint, or empty.
+    pub kv_replay: String,
+    /// Where it came from.
+    pub source: Source,
+    /// Models given in its config (empty = discovered).
+    pub static_models: Vec<String>,
+    /// Requests this router has in flight to it, until the end of each stream.
+    pub in_flight: AtomicU32,
+    /// Breaker, health, latency, slow start.
+    pub tracker: Mutex<EngineTracker>,
+    /// Running + waiting requests the engine last reported (`UNKNOWN` if never).
+    reported_load: AtomicU32,
+    /// This router's own requests in flight to it when that report was read.
+    own_at_report: AtomicU32,
+    /// Waiting requests the engine last reported.
+    reported_waiting: AtomicU32,
+    /// KV-cache usage × 1e6 the engine last reported.
+    kv_usage_ppm: AtomicU32,
+    /// Models discovered from `/v1/models`.
+    discovered: Mutex<Vec<String>>,
+    /// Those of them that are LoRA adapters (listed with a `parent`).
+    adapters: Mutex<Vec<String>>,
+    /// Cancelled when removed: its probe and ingestion tasks stop.
+    pub stop: CancellationToken,
+    /// Counters and histograms.
+    pub metrics: EngineMetrics,
+    /// Its slot in the prefix index (the lease's slot, copied for the hot path).
+    pub slot: u32,
+    /// Returns the slot to the prefix side when the last reference to the engine is gone.
+    _lease: SlotLease,
+    /// KV-event ingestion state (when it has a `kv_events` endpoint).
+    pub ingest: IngestStatus,
+    /// `process_start_time_seconds` at the last scrape (f64 bits; NaN = unknown) and the
+    /// ingestion epoch then: a new start time without a seq regression is a restart.
+    pub(crate) start_time_bits: AtomicU64,
+    pub(crate) epoch_at_scrape: AtomicU32,
+    /// Prompt tokens of requests routed to it, and how many of them the router predicted
+    /// cached (cache-aware routes).
+    pub prompt_tokens: AtomicU64,
+    /// See `prompt_tokens`.
+    pub predicted_cached_tokens: AtomicU64,
+    /// The engine's own `vllm:prefix_cache_hits_total` / `queries_total` at the last scrape
+    /// (NaN bits = unknown), and the predicted-token count then (for the drift gauge).
+    pub(crate) engine_hits_bits: AtomicU64,
+    pub(crate) engine_queries_bits: AtomicU64,
+    /// Predicted / actual cached tokens over the last scrape interval (f64 bits; NaN = none).
+    pub(crate) prediction_ratio_bits: AtomicU64,
+    pub(crate) predicted_at_scrape: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Engine {
+    /// An engine from its config entry; `hide_url`: name it by its id in `x-kvmesh-engine`.
+    pub fn new(
+        entry: &EngineEntry,
+        hide_url: bool,
+        source: Source,
+        tracker: EngineTracker,
+        lease: SlotLease,
+    ) -> Result<Engine, String> {
+        let url = entry.url.trim_end_matches('/').to_string();
+        let authority: http::uri::Authority = url
+            .strip_prefix("http://")
+            .unwrap_or(&url)
+            .parse()
+            .map_err(|e| format!("bad engine URL {url}: {e}"))?;
+        let id = EngineId::from_url(&url);
+        let header_value = if hide_url {
+            http::HeaderValue::from_str(&id.to_string())
+        } else {
+            http::HeaderValue::from_str(&url)
+        }
+        .map_err(|e| format!("bad engine URL {url}: {e}"))?;
+        Ok(Engine {
+            id,
+            header_value,
+            url,
+            authority,
+            base_weight: entry.weight,
+            kv_events: entry.kv_events.clone(),
+            kv_replay: entry.kv_replay.clone(),
+            source,
+            static_models: entry.models.clone(),
+            in_flight: AtomicU32::new(0),
+            tracker: Mutex::new(tracker),
+            reported_load: AtomicU32::new(UNKNOWN),
+            own_at_report: AtomicU32::new(0),
+            reported_waiting: AtomicU32::new(UNKNOWN),
+            kv_usage_ppm: AtomicU32::new(UNKNOWN),
+            discovered: Mutex::new(Vec::new()),
+            adapters: Mutex::new(Vec::new()),
+            stop: CancellationToken::new(),
+            metrics: EngineMetrics::default(),
+            slot: lease.slot(),
+            _lease: lease,
+            ingest: IngestStatus::default(),
+            start_time_bits: AtomicU64::new(f64::NAN.to_bits()),
+            epoch_at_scrape: AtomicU32::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            predicted_cached_tokens: AtomicU64::new(0),
+            engine_hits_bits: AtomicU64::new(f64::NAN.to_bits()),
+            engine_queries_bits: AtomicU64::new(f64::NAN.to_bits()),
+            prediction_ratio_bits: AtomicU64::new(f64::NAN.to_bits()),
+            predicted_at_scrape: AtomicU64::new(0),
+        })
+    }
+
+    /// Its KV events are being received and its blocks are exactly known (precise routing
+    /// trusts them; otherwise routing decisions are remembered for the approximate TTL).
+    pub fn events_live(&self) -> bool {
+        !self.kv_events.is_empty()
+            && self.ingest.connected.load(Ordering::Relaxed)
+            && !self.ingest.stale.load(Ordering::Relaxed)
+    }
+
+    /// It was removed from the registry (its in-flight requests finish).
+    pub fn removed(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    /// The breaker/health/latency state, locked briefly (never across an await).
+    pub fn tracker(&self) -> MutexGuard<'_, EngineTracker> {
+        lock(&self.tracker)
+    }
+
+    /// The models it serves: its static list, else what discovery found.
+    pub fn models(&self) -> Vec<String> {
+        if self.static_models.is_empty() {
+            lock(&self.discovered).clone()
+        } else {
+            self.static_models.clone()
+        }
+    }
+
+    /// Records the models discovered from `/v1/models` (sorted, deduplicated) and which of
+    /// them are LoRA adapters; true when they changed.
+    pub fn set_discovered(&self, models: Vec<String>, adapters: Vec<String>) -> bool {
+        let mut d = lock(&self.discovered);
+        let mut a = lock(&self.adapters);
+        if *d != models || *a != adapters {
+            *d = models;
+            *a = adapters;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether `model` is one of its LoRA adapters (as discovered).
+    pub fn is_adapter(&self, model: &str) -> bool {
+        lock(&self.adapters).iter().any(|m| m == model)
+    }
+
+    /// Records what the engine's `/metrics` said; `own`: how many of this router's requests
+    /// the report may count (those in flight to it while the page was read).
+    pub fn set_reported(
+        &self,
+        running: Option<u32>,
+        waiting: Option<u32>,
+        kv_usage: Option<f64>,
+        own: u32,
+    ) {
+        self.own_at_report.store(own, Ordering::Relaxed);
+        let load = match (running, waiting) {
+            (Some(r), Some(w)) => r.saturating_add(w),
+            (Some(r), None) => r,
+            (None, Some(w)) => w,
+            (None, None) => UNKNOWN,
+        };
+        self.reported_load
+            .store(load.min(UNKNOWN - 1), Ordering::Relaxed);
+        self.reported_waiting.store(
+            waiting.map_or(UNKNOWN, |w| w.min(UNKNOWN - 1)),
+            Ordering::Relaxed,
+        );
+        self.kv_usage_ppm.store(
+            kv_usage.map_or(UNKNOWN, |u| (u.clamp(0.0, 1.0) * 1e6) as u32),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Engine-reported running + waiting, brought up to date for this router's own requests:
+    /// the report counted the ones in flight when it was read, which may have ended since
+    /// (a stale report would keep them as phantom load for a whole discovery interval), so
+    /// they are replaced by the current count: the others' load as reported + ours now.
+    pub fn reported_load(&self) -> Option<u32> {
+        let v = self.reported_load.load(Ordering::Relaxed);
+        (v != UNKNOWN).then(|| {
+            v.saturating_sub(self.own_at_report.load(Ordering::Relaxed))
+                .saturating_add(self.in_flight.load(Ordering::Relaxed))
+        })
+    }
+
+    /// Engine-reported waiting (queue depth).
+    pub fn reported_waiting(&self) -> Option<u32> {
+        let v = self.reported_waiting.load(Ordering::Relaxed);
+        (v != UNKNOWN).then_some(v)
+    }
+
+    /// Engine-reported KV-cache usage (0..=1).
+    pub fn kv_usage(&self) -> Option<f32> {
+        let v = self.kv_usage_ppm.load(Ordering::Relaxed);
+        (v != UNKNOWN).then_some(v as f32 / 1e6)
+    }
+
+    /// The view a policy reads.
+    pub fn view(&self, now_us: u64, fleet_latency_us: f64) -> EngineView {
+        let mut v = self.tracker().view(
+            now_us,
+            self.base_weight,
+            self.in_flight.load(Ordering::Relaxed),
+            self.reported_load(),
+            self.kv_usage(),
+            fleet_latency_us,
+        );
+        v.waiting = self.reported_waiting();
+        v
+    }
+}
+
+/// Per-engine counters and histograms.
+pub struct EngineMetrics {
+    /// Attempts sent to this engine.
+    pub requests: AtomicU64,
+    /// Failed attempts by kind (index = FailKind order).
+    pub errors: [AtomicU64; 6],
+    /// Times its breaker opened (ejections).
+    pub ejections: AtomicU64,
+    /// Time to first byte of the body.
+    pub ttft: Histogram,
+    /// Time to the end of the body.
+    pub e2e: Histogram,
+}
+
+impl Default for EngineMetrics {
+    fn default() -> Self {
+        EngineMetrics {
+            requests: AtomicU64::new(0),
+            errors: Default::default(),
+            ejections: AtomicU64::new(0),
+            ttft: Histogram::new(LATENCY_BUCKETS),
+            e2e: Histogram::new(LATENCY_BUCKETS),
+        }
+    }
+}
+
+impl EngineMetrics {
+    /// Counts a failed attempt.
+    pub fn failed(&self, kind: FailKind) {
+        self.errors[kind.index()].fetch_add(1, Relaxed);
+    }
+}
+
+/// Per-engine ingestion counters and state (read by `/metrics` and the request path).
+#[derive(Default)]
+pub struct IngestStatus {
+    /// The SUB socket is connected.
+    pub connected: AtomicBool,
+    /// The engine's blocks are not exactly known (gap open or given up, or never synced).
+    pub stale: AtomicBool,
+    /// Batches applied.
+    pub batches: AtomicU64,
+    /// Batches dropped because the queue was full.
+    pub dropped: AtomicU64,
+    /// Messages that could not be decoded.
+    pub malformed: AtomicU64,
+    /// Gaps opened.
+    pub gaps: AtomicU64,
+    /// Replays that filled their gap.
+    pub replays_ok: AtomicU64,
+    /// Replays that failed or came back short (engine marked stale).
+    pub replays_failed: AtomicU64,
+    /// Restarts seen (seq regressions and restart hints).
+    pub restarts: AtomicU64,
+    /// Events skipped for a block-size mismatch.
+    pub skipped_block_size: AtomicU64,
+    /// The ingestion epoch (restarts so far).
+    pub epoch: AtomicU32,
+    /// Blocks the engine holds according to its events (engine hashes tracked).
+    pub tracked_blocks: AtomicU64,
+    /// An applier runs for this engine (its KV events are read).
+    pub has_applier: AtomicBool,
+    /// Restart hint from the probe: the ingestion epoch it saw with the previous process
+    /// start time, plus one (0 = none pending).
+    pub restart_hint: AtomicU64,
+    /// Wakes the applier for a hint.
+    pub wake: Notify,
+}
+
+impl IngestStatus {
+    /// The probe saw the engine's process start time change while the ingestion was at
+    /// `epoch`: the applier clears the engine unless a seq regression already started a newer
+    /// epoch (the events said it first).
+    pub fn hint_restart(&self, epoch: u32) {
+        self.restart_hint
+            .store(u64::from(epoch) + 1, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Takes the pending restart hint (the epoch it was seen at).
+    pub fn take_restart_hint(&self) -> Option<u32> {
+        match self.restart_hint.swap(0, Ordering::Relaxed) {
+            0 => None,
+            e => Some((e - 1) as u32),
+        }
+    }
+}
+

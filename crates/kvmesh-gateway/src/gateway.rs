@@ -1,0 +1,93 @@
+//! The shared state of one router: its config, registry, metrics, clocks, clients, retry
+//! budget and background tasks. Above the registry and the metrics; below the drivers
+//! (probe, track, proxy, admin) that take it.
+
+use crate::clock::Clock;
+use crate::metrics::GatewayMetrics;
+use crate::registry::Registry;
+use crate::tasks::Tasks;
+use crate::upstream::{HyperUpstream, Upstream};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kvmesh_config::ServeConfig;
+use kvmesh_policy::{AtomicRetryBudget, EjectionGuard, mix64};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Shared state of one router.
+pub struct Gateway {
+    /// The configuration it started with.
+    pub cfg: Arc<ServeConfig>,
+    /// Engines and the routing snapshot.
+    pub registry: Registry,
+    /// HTTP client of the probes (health checks, discovery, scrapes).
+    pub client: Client<HttpConnector, Full<Bytes>>,
+    /// Where requests are forwarded (hyper's pooled client, or a mock in tests).
+    pub upstream: Arc<dyn Upstream>,
+    /// Metrics.
+    pub metrics: GatewayMetrics,
+    /// Time base.
+    pub clock: Clock,
+    /// Caps how much of the fleet breakers may eject.
+    pub ejection: EjectionGuard,
+    /// Background tasks: stopped and joined on shutdown.
+    pub tasks: Tasks,
+    /// Bounds retries to a fraction of requests (lock-free).
+    pub retry_budget: AtomicRetryBudget,
+    seed: AtomicU64,
+    pub(crate) started_unix: u64,
+}
+
+impl Gateway {
+    /// A router's shared state, forwarding through `upstream` (hyper's client when `None`).
+    /// No task is started: [`start`] does that.
+    pub fn new(cfg: ServeConfig, upstream: Option<Arc<dyn Upstream>>) -> Gateway {
+        let clock = Clock::default();
+        let cfg = Arc::new(cfg);
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_millis(cfg.timeouts.connect_ms)));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1024)
+            .build(connector);
+        let seed = if cfg.seed == 0 {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        } else {
+            cfg.seed
+        };
+        Gateway {
+            registry: Registry::new(cfg.clone(), clock),
+            ejection: EjectionGuard::new(&cfg.routing.health.ejection),
+            retry_budget: AtomicRetryBudget::new(&cfg.routing.retry_budget, clock.now_us()),
+            upstream: upstream.unwrap_or_else(|| Arc::new(HyperUpstream(client.clone()))),
+            client,
+            metrics: GatewayMetrics::default(),
+            clock,
+            tasks: Tasks::default(),
+            seed: AtomicU64::new(seed),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            cfg,
+        }
+    }
+
+    /// A fresh per-request random seed.
+    pub fn next_seed(&self) -> u64 {
+        mix64(
+            self.seed
+                .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed),
+        )
+    }
+
+}
+

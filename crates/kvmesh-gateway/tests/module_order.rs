@@ -1,0 +1,70 @@
+//! The gateway's modules import each other one way only: each module's `crate::…` paths name
+//! only modules declared before it in lib.rs (leaves first), so there is no import cycle.
+//! ARCHITECTURE.md gives the same order.
+
+use std::path::Path;
+
+#[test]
+fn modules_import_only_modules_declared_before_them() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    let order: Vec<String> = lib
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let l = l.strip_prefix("pub ").unwrap_or(l);
+            l.strip_prefix("mod ")
+                .and_then(|m| m.strip_suffix(';'))
+                .map(str::to_string)
+        })
+        .collect();
+    assert!(order.len() >= 10, "modules found in lib.rs: {order:?}");
+    for (pos, m) in order.iter().enumerate() {
+        let text = std::fs::read_to_string(src.join(format!("{m}.rs"))).expect("module file");
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or("");
+            for (i, _) in code.match_indices("crate::") {
+                let name: String = code[i + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if name.is_empty() {
+                    continue; // crate::Type re-exported at the root
+                }
+                let Some(dep) = order.iter().position(|o| *o == name) else {
+                    panic!("{m}.rs imports crate::{name}, which is not a module of lib.rs");
+                };
+                assert!(
+                    dep < pos,
+                    "{m}.rs imports crate::{name}, declared after it: imports must point to \
+                     modules declared earlier in lib.rs (order: {order:?})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn no_module_uses_a_root_re_export() {
+    // `crate::Gateway` and the like would import the root, which imports every module.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for entry in std::fs::read_dir(&src).expect("src") {
+        let p = entry.expect("entry").path();
+        if p.file_name().is_some_and(|n| n == "lib.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).expect("file");
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or("");
+            for (i, _) in code.match_indices("crate::") {
+                let next = code[i + 7..].chars().next();
+                assert!(
+                    !next.is_some_and(|c| c.is_ascii_uppercase()),
+                    "{}: `{}` uses a root re-export",
+                    p.display(),
+                    line.trim()
+                );
+            }
+        }
+    }
+}
