@@ -1,8 +1,8 @@
 //! `/admin/engines`: list, add and remove engines at run time, behind a bearer token.
 
+use crate::engine::Source;
 use crate::gateway::Gateway;
 use crate::probe;
-use crate::engine::Source;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use kvmesh_config::EngineEntry;

@@ -88,6 +88,4 @@ impl Gateway {
                 .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed),
         )
     }
-
 }
-

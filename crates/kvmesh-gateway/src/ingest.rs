@@ -160,7 +160,10 @@ impl Applier {
 
     fn apply(&mut self) {
         if !self.ops.is_empty() {
-            self.ctx.prefix.index_mut().apply_all(self.e.slot, &self.ops);
+            self.ctx
+                .prefix
+                .index_mut()
+                .apply_all(self.e.slot, &self.ops);
         }
     }
 
@@ -246,4 +249,3 @@ impl Applier {
             .store(self.ingest.tracked_hashes() as u64, Relaxed);
     }
 }
-

@@ -8,21 +8,22 @@
 //! Per engine a background loop runs active health checks and reads `/v1/models` and
 //! `/metrics`; DNS names are re-resolved periodically.
 
-// Modules, leaves first: each imports only modules above it in this list (ARCHITECTURE.md,
-// "The gateway's modules").
+// Modules import one way only, leaves first: clock, upstream, tasks, prefix, engine,
+// registry, metrics, gateway, ingest, track, probe, proxy, admin (ARCHITECTURE.md, "The
+// gateway's modules"; tests/module_order.rs holds it).
+mod admin;
 mod clock;
-pub mod upstream;
-mod tasks;
-pub mod prefix;
 mod engine;
-mod registry;
-mod metrics;
 mod gateway;
 pub mod ingest;
-mod track;
+mod metrics;
+pub mod prefix;
 mod probe;
 mod proxy;
-mod admin;
+mod registry;
+mod tasks;
+mod track;
+pub mod upstream;
 
 pub use clock::Clock;
 pub use engine::{Engine, EngineMetrics, IngestStatus, Source};
@@ -35,7 +36,7 @@ pub use upstream::{MockReply, MockUpstream, Upstream};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use kvmesh_config::ServeConfig;
-use kvmesh_http::{Body, error, json, ok_empty, prometheus};
+use kvmesh_http::{Body, error, json, ok_empty, openmetrics};
 use kvmesh_openai::{ApiError, ModelCard, ModelList};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -216,7 +217,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             }
         }
         (&Method::GET, "/metrics") => {
-            prometheus(gw.metrics.render(&gw.registry, gw.clock.now_us()))
+            openmetrics(gw.metrics.render(&gw.registry, gw.clock.now_us()))
         }
         (_, "/admin/engines") => admin::engines(&gw, req).await,
         (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {

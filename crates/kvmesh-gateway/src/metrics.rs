@@ -1,559 +1,666 @@
-//! The router's `/metrics` (Prometheus text). Every metric name of the router is in this file.
+//! The router's `/metrics` on `prometheus-client` (OpenMetrics text). Every metric name of
+//! the router is in this file.
+//!
+//! The request path only touches atomics: counters are `prometheus-client` handles (routes
+//! hold their decision series, taken at snapshot rebuild), histograms are lock-free
+//! fixed-bucket ones, the p99-TTFT window rotates between two of them. A scrape registers
+//! those handles in a fresh `prometheus_client` registry together with a [`Snapshot`]
+//! collector that reads the engines and the prefix index at that instant.
 
 use crate::engine::Engine;
+use crate::prefix::PrefixState;
 use crate::registry::Registry;
-use kvmesh_metrics::{
-    Histogram, LATENCY_BUCKETS, MICRO_BUCKETS, escape_label, family, header, sample,
-};
-use kvmesh_policy::BreakerState;
-use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use kvmesh_metrics::{Histogram, LATENCY_BUCKETS, MICRO_BUCKETS};
+use kvmesh_policy::{BreakerState, SlowStartConfig};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 pub use kvmesh_route::FailKind;
 
-/// Decisions of one model by (policy, reason).
-type DecisionCounts = BTreeMap<(&'static str, &'static str), u64>;
+/// Labels of `kvmesh_error_responses_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    /// The HTTP status.
+    pub status: u16,
+}
 
 /// Router-wide metrics.
 pub struct GatewayMetrics {
     /// Requests received on the inference endpoints.
-    pub requests: AtomicU64,
+    pub requests: Counter,
     /// Retries sent (attempts after the first).
-    pub retries: AtomicU64,
+    pub retries: Counter,
     /// Retries refused by the retry budget.
-    pub budget_exhausted: AtomicU64,
-    /// Requests that ended in an error answer from the router (by status).
-    responses_by_status: Mutex<BTreeMap<u16, u64>>,
-    /// Routing decisions by model, then (policy, reason).
-    decisions: Mutex<BTreeMap<String, DecisionCounts>>,
-    /// Time spent deciding (policy only).
-    pub decision_time: Histogram,
-    /// TTFT of all requests in the current window, for the p99 gauge.
-    ttft_window: Mutex<(Histogram, u64)>,
-    ttft_last_p99: AtomicU64,
+    pub budget_exhausted: Counter,
+    /// Answers with an error status (its own or an engine's), by status.
+    error_responses: Family<StatusLabels, Counter>,
+    /// Time spent deciding.
+    pub decision_time: Arc<Histogram>,
+    ttft: TtftWindow,
+}
+
+impl Default for GatewayMetrics {
+    fn default() -> Self {
+        GatewayMetrics {
+            requests: Counter::default(),
+            retries: Counter::default(),
+            budget_exhausted: Counter::default(),
+            error_responses: Family::default(),
+            decision_time: Arc::new(Histogram::new(MICRO_BUCKETS)),
+            ttft: TtftWindow::default(),
+        }
+    }
 }
 
 /// Length of the window over which the p99-TTFT gauge is computed (µs).
 const TTFT_WINDOW_US: u64 = 60_000_000;
 
-impl Default for GatewayMetrics {
+/// TTFTs of the current minute for the p99 gauge, without a lock: two histograms, the one
+/// in use swapped (and the other cleared) when the minute is over.
+struct TtftWindow {
+    hist: [Histogram; 2],
+    current: AtomicUsize,
+    started_us: AtomicU64,
+    last_p99_bits: AtomicU64,
+}
+
+impl Default for TtftWindow {
     fn default() -> Self {
-        GatewayMetrics {
-            requests: AtomicU64::new(0),
-            retries: AtomicU64::new(0),
-            budget_exhausted: AtomicU64::new(0),
-            responses_by_status: Mutex::new(BTreeMap::new()),
-            decisions: Mutex::new(BTreeMap::new()),
-            decision_time: Histogram::new(MICRO_BUCKETS),
-            ttft_window: Mutex::new((Histogram::new(LATENCY_BUCKETS), 0)),
-            ttft_last_p99: AtomicU64::new(f64::NAN.to_bits()),
+        TtftWindow {
+            hist: [
+                Histogram::new(LATENCY_BUCKETS),
+                Histogram::new(LATENCY_BUCKETS),
+            ],
+            current: AtomicUsize::new(0),
+            started_us: AtomicU64::new(0),
+            last_p99_bits: AtomicU64::new(f64::NAN.to_bits()),
         }
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
+impl TtftWindow {
+    fn observe(&self, now_us: u64, ttft_us: u64) {
+        let started = self.started_us.load(Relaxed);
+        if now_us.saturating_sub(started) >= TTFT_WINDOW_US
+            && self
+                .started_us
+                .compare_exchange(started, now_us, Relaxed, Relaxed)
+                .is_ok()
+        {
+            // This thread closes the window: keep its p99, start the other one empty.
+            let cur = self.current.load(Relaxed);
+            if let Some(p) = self.hist[cur].quantile_bound(0.99) {
+                self.last_p99_bits.store(p.to_bits(), Relaxed);
+            }
+            self.hist[1 - cur].reset();
+            self.current.store(1 - cur, Relaxed);
+        }
+        self.hist[self.current.load(Relaxed)].observe_us(ttft_us);
+    }
+
+    fn p99(&self) -> f64 {
+        self.hist[self.current.load(Relaxed)]
+            .quantile_bound(0.99)
+            .unwrap_or_else(|| f64::from_bits(self.last_p99_bits.load(Relaxed)))
     }
 }
 
 impl GatewayMetrics {
-    /// Counts one routing decision.
-    pub fn decision(&self, model: &str, policy: &'static str, reason: &'static str, took_us: u64) {
-        self.decision_time.observe_us(took_us);
-        let mut d = lock(&self.decisions);
-        // No allocation once the model is known (the common case).
-        let per_model = match d.get_mut(model) {
-            Some(m) => m,
-            None => d.entry(model.to_string()).or_default(),
-        };
-        *per_model.entry((policy, reason)).or_default() += 1;
-    }
-
-    /// Counts an answer the router gave with an error status (its own or an engine's).
+    /// Counts an answer the router gave with an error status (rare: the family's lookup
+    /// is a read lock on an existing series).
     pub fn error_response(&self, status: u16) {
-        *lock(&self.responses_by_status).entry(status).or_default() += 1;
+        self.error_responses
+            .get_or_create(&StatusLabels { status })
+            .inc();
     }
 
     /// Records a TTFT into the rolling p99 window.
     pub fn observe_ttft(&self, now_us: u64, ttft_us: u64) {
-        let mut w = lock(&self.ttft_window);
-        if now_us.saturating_sub(w.1) >= TTFT_WINDOW_US {
-            if let Some(p) = w.0.quantile_bound(0.99) {
-                self.ttft_last_p99.store(p.to_bits(), Relaxed);
-            }
-            *w = (Histogram::new(LATENCY_BUCKETS), now_us);
-        }
-        w.0.observe_us(ttft_us);
+        self.ttft.observe(now_us, ttft_us);
     }
 
-    fn ttft_p99(&self) -> f64 {
-        let w = lock(&self.ttft_window);
-        w.0.quantile_bound(0.99)
-            .unwrap_or_else(|| f64::from_bits(self.ttft_last_p99.load(Relaxed)))
-    }
-
-    /// The exposition text.
+    /// The exposition text (OpenMetrics).
     pub fn render(&self, reg: &Registry, now_us: u64) -> String {
-        let mut out = String::with_capacity(16 * 1024);
-        family(
-            &mut out,
-            "kvmesh_requests_total",
-            "Requests received on the inference endpoints.",
-            "counter",
-            "",
-            self.requests.load(Relaxed),
+        let mut r = prometheus_client::registry::Registry::default();
+        r.register(
+            "kvmesh_requests",
+            "Requests received on the inference endpoints",
+            self.requests.clone(),
         );
-        family(
-            &mut out,
-            "kvmesh_retries_total",
-            "Attempts sent to another engine after a failed attempt.",
-            "counter",
-            "",
-            self.retries.load(Relaxed),
+        r.register(
+            "kvmesh_retries",
+            "Attempts sent to another engine after a failed attempt",
+            self.retries.clone(),
         );
-        family(
-            &mut out,
-            "kvmesh_retry_budget_exhausted_total",
-            "Retries not sent because the retry budget was spent.",
-            "counter",
-            "",
-            self.budget_exhausted.load(Relaxed),
+        r.register(
+            "kvmesh_retry_budget_exhausted",
+            "Retries not sent because the retry budget was spent",
+            self.budget_exhausted.clone(),
         );
-        header(
-            &mut out,
-            "kvmesh_error_responses_total",
-            "Answers with an error status, by status.",
-            "counter",
+        r.register(
+            "kvmesh_error_responses",
+            "Answers with an error status, by status",
+            self.error_responses.clone(),
         );
-        for (status, n) in lock(&self.responses_by_status).iter() {
-            sample(
-                &mut out,
-                "kvmesh_error_responses_total",
-                &format!("status=\"{status}\""),
-                n,
-            );
-        }
-        header(
-            &mut out,
-            "kvmesh_routing_decisions_total",
-            "Routing decisions by model, policy and reason.",
-            "counter",
+        r.register(
+            "kvmesh_routing_decisions",
+            "Routing decisions by model, policy and reason",
+            reg.decisions.clone(),
         );
-        for (model, per) in lock(&self.decisions).iter() {
-            for ((policy, reason), n) in per {
-                sample(
-                    &mut out,
-                    "kvmesh_routing_decisions_total",
-                    &format!(
-                        "model=\"{}\",policy=\"{policy}\",reason=\"{reason}\"",
-                        escape_label(model)
-                    ),
-                    n,
-                );
-            }
-        }
-        self.decision_time.render(
-            &mut out,
-            "kvmesh_routing_decision_seconds",
-            "Time a routing decision took (policy only).",
-            "",
-        );
-        let members = reg.members();
-        let mut engines: Vec<&Engine> = members.iter().map(|e| &**e).collect();
+        let mut engines = reg.members();
         engines.sort_by(|a, b| a.url.cmp(&b.url));
+        r.register_collector(Box::new(Snapshot {
+            engines,
+            prefix: reg.prefix.clone(),
+            decision_time: self.decision_time.clone(),
+            ttft_p99: self.ttft.p99(),
+            now_us,
+            fleet_latency_us: reg.fleet_latency_us(),
+            slow_start: reg.health_cfg().slow_start,
+        }));
+        let mut out = String::with_capacity(32 * 1024);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        out
+    }
+}
+
+/// What a scrape reads, taken at one instant.
+struct Snapshot {
+    engines: Vec<Arc<Engine>>,
+    prefix: Arc<PrefixState>,
+    decision_time: Arc<Histogram>,
+    ttft_p99: f64,
+    now_us: u64,
+    fleet_latency_us: f64,
+    slow_start: SlowStartConfig,
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("engines", &self.engines.len())
+            .finish()
+    }
+}
+
+/// A value encoded as a counter or a gauge.
+enum Value {
+    Counter(u64),
+    CounterF(f64),
+    Gauge(i64),
+    GaugeF(f64),
+}
+
+fn put(m: &mut MetricEncoder<'_>, v: &Value) -> std::fmt::Result {
+    match v {
+        Value::Counter(x) => m.encode_counter::<NoLabelSet, _, u64>(x, None),
+        Value::CounterF(x) => m.encode_counter::<NoLabelSet, _, f64>(x, None),
+        Value::Gauge(x) => m.encode_gauge(x),
+        Value::GaugeF(x) => m.encode_gauge(x),
+    }
+}
+
+fn kind(v: &Value) -> MetricType {
+    match v {
+        Value::Counter(_) | Value::CounterF(_) => MetricType::Counter,
+        Value::Gauge(_) | Value::GaugeF(_) => MetricType::Gauge,
+    }
+}
+
+/// One unlabelled sample.
+fn single(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: Value) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, kind(&v))?;
+    put(&mut m, &v)
+}
+
+fn histogram(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: &[(&[(&str, &str)], &Histogram)],
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, h) in series {
+        if labels.is_empty() {
+            m.encode_histogram::<NoLabelSet>(h.sum_secs(), h.count(), &h.buckets(), None)?;
+        } else {
+            let mut f = m.encode_family(labels)?;
+            f.encode_histogram::<NoLabelSet>(h.sum_secs(), h.count(), &h.buckets(), None)?;
+        }
+    }
+    Ok(())
+}
+
+/// One series per engine of `engines` (values `None` are left out: unknown).
+fn per_engine(
+    enc: &mut DescriptorEncoder<'_>,
+    engines: &[&Engine],
+    name: &str,
+    help: &str,
+    kind_of: MetricType,
+    f: &dyn Fn(&Engine) -> Option<Value>,
+) -> std::fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, kind_of)?;
+    for e in engines {
+        if let Some(v) = f(e) {
+            let labels = [("engine", e.url.as_str())];
+            let mut fam = m.encode_family(&labels)?;
+            put(&mut fam, &v)?;
+        }
+    }
+    Ok(())
+}
+
+fn finite(bits: &AtomicU64) -> Option<f64> {
+    Some(f64::from_bits(bits.load(Relaxed))).filter(|v| v.is_finite())
+}
+
+fn count(a: &AtomicU64) -> Option<Value> {
+    Some(Value::Counter(a.load(Relaxed)))
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut enc: DescriptorEncoder) -> std::fmt::Result {
+        let engines: Vec<&Engine> = self.engines.iter().map(|e| &**e).collect();
+        histogram(
+            &mut enc,
+            "kvmesh_routing_decision_seconds",
+            "Time a routing decision took (lookup, policy and mark)",
+            &[(&[], &self.decision_time)],
+        )?;
         let queue: u64 = engines
             .iter()
             .filter_map(|e| e.reported_waiting())
             .map(u64::from)
             .sum();
-        family(
-            &mut out,
+        single(
+            &mut enc,
             "kvmesh_queue_depth",
-            "Requests waiting in the engines' queues (sum of vllm:num_requests_waiting); a scale-out signal.",
-            "gauge",
-            "",
-            queue,
-        );
+            "Requests waiting in the engines' queues (sum of vllm:num_requests_waiting); a scale-out signal",
+            Value::Gauge(queue as i64),
+        )?;
         let in_flight: u64 = engines
             .iter()
             .map(|e| u64::from(e.in_flight.load(Relaxed)))
             .sum();
-        family(
-            &mut out,
+        single(
+            &mut enc,
             "kvmesh_in_flight",
-            "Requests this router has in flight.",
-            "gauge",
-            "",
-            in_flight,
-        );
-        let p99 = self.ttft_p99();
-        if p99.is_finite() {
-            family(
-                &mut out,
+            "Requests this router has in flight",
+            Value::Gauge(in_flight as i64),
+        )?;
+        if self.ttft_p99.is_finite() {
+            single(
+                &mut enc,
                 "kvmesh_ttft_p99_seconds",
-                "p99 time to first byte over the last minute (bucket upper bound); a scale-out signal.",
-                "gauge",
-                "",
-                p99,
-            );
+                "p99 time to first byte over the last minute (bucket upper bound); a scale-out signal",
+                Value::GaugeF(self.ttft_p99),
+            )?;
         }
-        self.render_engines(&mut out, &engines, reg, now_us);
-        render_prefix(&mut out, &engines, reg);
-        out
+        self.encode_engines(&mut enc, &engines)?;
+        self.encode_prefix(&mut enc, &engines)?;
+        self.encode_ingest(&mut enc, &engines)
     }
+}
 
-    fn render_engines(&self, out: &mut String, engines: &[&Engine], reg: &Registry, now_us: u64) {
-        let label = |e: &Engine| format!("engine=\"{}\"", escape_label(&e.url));
-        let per = |out: &mut String,
-                   name: &str,
-                   help: &str,
-                   kind: &str,
-                   f: &dyn Fn(&Engine) -> String| {
-            header(out, name, help, kind);
-            for e in engines {
-                sample(out, name, &label(e), f(e));
-            }
-        };
-        per(
-            out,
+impl Snapshot {
+    fn encode_engines(
+        &self,
+        enc: &mut DescriptorEncoder<'_>,
+        engines: &[&Engine],
+    ) -> std::fmt::Result {
+        use MetricType::{Counter as C, Gauge as G};
+        let now = self.now_us;
+        per_engine(
+            enc,
+            engines,
             "kvmesh_engine_in_flight",
-            "Requests in flight to the engine.",
-            "gauge",
-            &|e| e.in_flight.load(Relaxed).to_string(),
-        );
-        per(
-            out,
-            "kvmesh_engine_requests_total",
-            "Attempts sent to the engine.",
-            "counter",
-            &|e| e.metrics.requests.load(Relaxed).to_string(),
-        );
-        header(
-            out,
-            "kvmesh_engine_errors_total",
-            "Failed attempts by kind.",
-            "counter",
-        );
-        for e in engines {
-            for (i, k) in FailKind::ALL.iter().enumerate() {
-                sample(
-                    out,
-                    "kvmesh_engine_errors_total",
-                    &format!("{},kind=\"{}\"", label(e), k.as_str()),
-                    e.metrics.errors[i].load(Relaxed),
-                );
-            }
-        }
-        per(
-            out,
-            "kvmesh_engine_ejections_total",
-            "Times the engine's circuit breaker opened.",
-            "counter",
-            &|e| e.metrics.ejections.load(Relaxed).to_string(),
-        );
-        per(
-            out,
-            "kvmesh_engine_breaker_state",
-            "Circuit breaker: 0 closed, 1 open, 2 half-open.",
-            "gauge",
-            &|e| {
-                match e.tracker().breaker().state(now_us) {
-                    BreakerState::Closed => "0",
-                    BreakerState::Open { .. } => "1",
-                    BreakerState::HalfOpen => "2",
-                }
-                .to_string()
-            },
-        );
-        per(
-            out,
-            "kvmesh_engine_healthy",
-            "Active health checks pass (1) or not (0).",
-            "gauge",
-            &|e| u8::from(e.tracker().health().is_healthy()).to_string(),
-        );
-        let fleet = reg.fleet_latency_us();
-        per(
-            out,
-            "kvmesh_engine_effective_weight",
-            "Weight the policies use: base × automatic factor × slow-start ramp.",
-            "gauge",
-            &|e| format!("{:.4}", e.view(now_us, fleet).weight),
-        );
-        per(
-            out,
-            "kvmesh_engine_slow_start_factor",
-            "Slow-start ramp of the engine's weight (1 = full traffic).",
-            "gauge",
-            &|e| {
-                let t = e.tracker();
-                let cfg = reg.health_cfg();
-                format!("{:.4}", t.slow_start().factor(&cfg.slow_start, now_us))
-            },
-        );
-        per(
-            out,
-            "kvmesh_engine_queue",
-            "Requests waiting in the engine (reported by it).",
-            "gauge",
-            &|e| e.reported_waiting().map_or("NaN".into(), |v| v.to_string()),
-        );
-        per(
-            out,
-            "kvmesh_engine_kv_cache_usage",
-            "KV-cache usage reported by the engine (0..1).",
-            "gauge",
-            &|e| e.kv_usage().map_or("NaN".into(), |v| v.to_string()),
-        );
-        header(
-            out,
-            "kvmesh_engine_ttft_seconds",
-            "Time to the first body byte, per engine.",
-            "histogram",
-        );
-        for e in engines {
-            e.metrics
-                .ttft
-                .render_series(out, "kvmesh_engine_ttft_seconds", &label(e));
-        }
-        header(
-            out,
-            "kvmesh_engine_e2e_seconds",
-            "Time to the end of the body, per engine.",
-            "histogram",
-        );
-        for e in engines {
-            e.metrics
-                .e2e
-                .render_series(out, "kvmesh_engine_e2e_seconds", &label(e));
-        }
-    }
-}
-
-fn f64_text(bits: &AtomicU64) -> String {
-    let v = f64::from_bits(bits.load(Relaxed));
-    if v.is_finite() {
-        v.to_string()
-    } else {
-        "NaN".into()
-    }
-}
-
-/// Cache-aware routing: the index, the request path, predicted vs actual hits, KV-event
-/// ingestion per engine.
-fn render_prefix(out: &mut String, engines: &[&Engine], reg: &Registry) {
-    let p = &reg.prefix;
-    let st = p.index().stats();
-    for (name, help, kind, v) in [
-        (
-            "kvmesh_prefix_index_entries",
-            "Entries (engine, block) in the prefix index.",
-            "gauge",
-            st.entries,
-        ),
-        (
-            "kvmesh_prefix_index_confirmed_entries",
-            "Entries confirmed by KV events.",
-            "gauge",
-            st.confirmed,
-        ),
-        (
-            "kvmesh_prefix_index_speculative_entries",
-            "Entries carrying a speculative/approximate mark from a routing decision.",
-            "gauge",
-            st.speculative,
-        ),
-        (
-            "kvmesh_prefix_index_memory_bytes",
-            "Heap bytes held by the prefix index.",
-            "gauge",
-            st.memory_bytes,
-        ),
-        (
-            "kvmesh_prefix_index_evicted_total",
-            "Entries evicted because their engine was at capacity.",
-            "counter",
-            st.evicted,
-        ),
-        (
-            "kvmesh_prefix_index_expired_total",
-            "Entries dropped because their mark expired.",
-            "counter",
-            st.expired,
-        ),
-        (
-            "kvmesh_prefix_lookups_total",
-            "Requests whose prompt was tokenized and looked up.",
-            "counter",
-            p.metrics.lookups.load(Relaxed),
-        ),
-        (
-            "kvmesh_prefix_tokenize_failures_total",
-            "Requests of cache-aware routes whose prompt could not be read (routed on load).",
-            "counter",
-            p.metrics.tokenize_failures.load(Relaxed),
-        ),
-    ] {
-        family(out, name, help, kind, "", v);
-    }
-    p.metrics.prepare_time.render(
-        out,
-        "kvmesh_prefix_prepare_seconds",
-        "Render + tokenize + block keys of a prompt.",
-        "",
-    );
-    p.metrics.lookup_time.render(
-        out,
-        "kvmesh_prefix_lookup_seconds",
-        "Prefix-index lookup of a prompt's block keys.",
-        "",
-    );
-    let label = |e: &Engine| format!("engine=\"{}\"", escape_label(&e.url));
-    let per =
-        |out: &mut String, name: &str, help: &str, kind: &str, f: &dyn Fn(&Engine) -> String| {
-            header(out, name, help, kind);
+            "Requests in flight to the engine",
+            G,
+            &|e| Some(Value::Gauge(i64::from(e.in_flight.load(Relaxed)))),
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_requests",
+            "Attempts sent to the engine",
+            C,
+            &|e| count(&e.metrics.requests),
+        )?;
+        {
+            let mut m =
+                enc.encode_descriptor("kvmesh_engine_errors", "Failed attempts by kind", None, C)?;
             for e in engines {
-                sample(out, name, &label(e), f(e));
+                for k in FailKind::ALL {
+                    let labels = [("engine", e.url.as_str()), ("kind", k.as_str())];
+                    let mut f = m.encode_family(&labels)?;
+                    put(
+                        &mut f,
+                        &Value::Counter(e.metrics.errors[k.index()].load(Relaxed)),
+                    )?;
+                }
             }
-        };
-    per(
-        out,
-        "kvmesh_engine_prompt_tokens_total",
-        "Prompt tokens of requests routed to the engine by cache-aware routes.",
-        "counter",
-        &|e| e.prompt_tokens.load(Relaxed).to_string(),
-    );
-    per(
-        out,
-        "kvmesh_engine_predicted_cached_tokens_total",
-        "Prompt tokens the router predicted the engine had cached when it routed there.",
-        "counter",
-        &|e| e.predicted_cached_tokens.load(Relaxed).to_string(),
-    );
-    per(
-        out,
-        "kvmesh_engine_prefix_cache_hits_total",
-        "The engine's own vllm:prefix_cache_hits_total at the last scrape (actual cached tokens).",
-        "counter",
-        &|e| f64_text(&e.engine_hits_bits),
-    );
-    per(
-        out,
-        "kvmesh_engine_prefix_cache_queries_total",
-        "The engine's own vllm:prefix_cache_queries_total at the last scrape.",
-        "counter",
-        &|e| f64_text(&e.engine_queries_bits),
-    );
-    per(
-        out,
-        "kvmesh_engine_prefix_prediction_ratio",
-        "Predicted / actual cached tokens over the last scrape interval (1 = the index matches the engine; above 1 it over-predicts, e.g. after evictions it missed).",
-        "gauge",
-        &|e| f64_text(&e.prediction_ratio_bits),
-    );
-    per(
-        out,
-        "kvmesh_engine_index_entries",
-        "Prefix-index entries of the engine.",
-        "gauge",
-        &|e| {
-            p.index()
-                .engine_counts(e.slot)
-                .map_or(0, |c| c.entries)
-                .to_string()
-        },
-    );
-    let ev: Vec<&Engine> = engines
-        .iter()
-        .copied()
-        .filter(|e| !e.kv_events.is_empty())
-        .collect();
-    let per_ev =
-        |out: &mut String, name: &str, help: &str, kind: &str, f: &dyn Fn(&Engine) -> String| {
-            header(out, name, help, kind);
-            for e in &ev {
-                sample(out, name, &label(e), f(e));
-            }
-        };
-    let a = |x: &AtomicU64| x.load(Relaxed).to_string();
-    per_ev(
-        out,
-        "kvmesh_kv_events_connected",
-        "The KV-event subscription is connected (1) or not (0).",
-        "gauge",
-        &|e| u8::from(e.ingest.connected.load(Relaxed)).to_string(),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_stale",
-        "The engine's blocks are not exactly known (lost batches not replayed); it is routed approximately.",
-        "gauge",
-        &|e| u8::from(e.ingest.stale.load(Relaxed)).to_string(),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_batches_total",
-        "Event batches applied to the index.",
-        "counter",
-        &|e| a(&e.ingest.batches),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_dropped_batches_total",
-        "Event batches dropped because the ingestion queue was full.",
-        "counter",
-        &|e| a(&e.ingest.dropped),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_malformed_total",
-        "Event messages that could not be decoded.",
-        "counter",
-        &|e| a(&e.ingest.malformed),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_gaps_total",
-        "Sequence gaps (lost batches) detected.",
-        "counter",
-        &|e| a(&e.ingest.gaps),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_replays_total",
-        "Gaps filled from the engine's replay socket.",
-        "counter",
-        &|e| a(&e.ingest.replays_ok),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_replay_failures_total",
-        "Gaps the replay could not fill (engine marked stale).",
-        "counter",
-        &|e| a(&e.ingest.replays_failed),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_restarts_total",
-        "Engine restarts detected (seq regression or new process start time).",
-        "counter",
-        &|e| a(&e.ingest.restarts),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_skipped_block_size_total",
-        "Events skipped because their block size is not the configured one.",
-        "counter",
-        &|e| a(&e.ingest.skipped_block_size),
-    );
-    per_ev(
-        out,
-        "kvmesh_kv_events_tracked_blocks",
-        "Blocks the engine holds according to its events.",
-        "gauge",
-        &|e| a(&e.ingest.tracked_blocks),
-    );
+        }
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_ejections",
+            "Times the engine's circuit breaker opened",
+            C,
+            &|e| count(&e.metrics.ejections),
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_breaker_state",
+            "Circuit breaker: 0 closed, 1 open, 2 half-open",
+            G,
+            &|e| {
+                Some(Value::Gauge(match e.tracker().breaker().state(now) {
+                    BreakerState::Closed => 0,
+                    BreakerState::Open { .. } => 1,
+                    BreakerState::HalfOpen => 2,
+                }))
+            },
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_healthy",
+            "Active health checks pass (1) or not (0)",
+            G,
+            &|e| Some(Value::Gauge(i64::from(e.tracker().health().is_healthy()))),
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_effective_weight",
+            "Weight the policies use: base × automatic factor × slow-start ramp",
+            G,
+            &|e| Some(Value::GaugeF(e.view(now, self.fleet_latency_us).weight)),
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_slow_start_factor",
+            "Slow-start ramp of the engine's weight (1 = full traffic)",
+            G,
+            &|e| {
+                Some(Value::GaugeF(
+                    e.tracker().slow_start().factor(&self.slow_start, now),
+                ))
+            },
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_queue",
+            "Requests waiting in the engine (reported by it)",
+            G,
+            &|e| e.reported_waiting().map(|v| Value::Gauge(i64::from(v))),
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_kv_cache_usage",
+            "KV-cache usage reported by the engine (0..1)",
+            G,
+            &|e| e.kv_usage().map(|v| Value::GaugeF(f64::from(v))),
+        )?;
+        let labels: Vec<[(&str, &str); 1]> = engines
+            .iter()
+            .map(|e| [("engine", e.url.as_str())])
+            .collect();
+        let ttft: Vec<(&[(&str, &str)], &Histogram)> = engines
+            .iter()
+            .zip(&labels)
+            .map(|(e, l)| (&l[..], &e.metrics.ttft))
+            .collect();
+        histogram(
+            enc,
+            "kvmesh_engine_ttft_seconds",
+            "Time to the first body byte, per engine",
+            &ttft,
+        )?;
+        let e2e: Vec<(&[(&str, &str)], &Histogram)> = engines
+            .iter()
+            .zip(&labels)
+            .map(|(e, l)| (&l[..], &e.metrics.e2e))
+            .collect();
+        histogram(
+            enc,
+            "kvmesh_engine_e2e_seconds",
+            "Time to the end of the body, per engine",
+            &e2e,
+        )
+    }
+
+    /// Cache-aware routing: the index, the request path, predicted vs actual hits.
+    fn encode_prefix(
+        &self,
+        enc: &mut DescriptorEncoder<'_>,
+        engines: &[&Engine],
+    ) -> std::fmt::Result {
+        use MetricType::{Counter as C, Gauge as G};
+        let p = &self.prefix;
+        let st = p.index().stats();
+        for (name, help, v) in [
+            (
+                "kvmesh_prefix_index_entries",
+                "Entries (engine, block) in the prefix index",
+                Value::Gauge(st.entries as i64),
+            ),
+            (
+                "kvmesh_prefix_index_confirmed_entries",
+                "Entries confirmed by KV events",
+                Value::Gauge(st.confirmed as i64),
+            ),
+            (
+                "kvmesh_prefix_index_speculative_entries",
+                "Entries carrying a speculative/approximate mark from a routing decision",
+                Value::Gauge(st.speculative as i64),
+            ),
+            (
+                "kvmesh_prefix_index_memory_bytes",
+                "Heap bytes held by the prefix index",
+                Value::Gauge(st.memory_bytes as i64),
+            ),
+            (
+                "kvmesh_prefix_index_evicted",
+                "Entries evicted because their engine was at capacity",
+                Value::Counter(st.evicted),
+            ),
+            (
+                "kvmesh_prefix_index_expired",
+                "Entries dropped because their mark expired",
+                Value::Counter(st.expired),
+            ),
+            (
+                "kvmesh_prefix_lookups",
+                "Requests whose prompt was tokenized and looked up",
+                Value::Counter(p.metrics.lookups.load(Relaxed)),
+            ),
+            (
+                "kvmesh_prefix_tokenize_failures",
+                "Requests of cache-aware routes whose prompt could not be read (routed on load)",
+                Value::Counter(p.metrics.tokenize_failures.load(Relaxed)),
+            ),
+        ] {
+            single(enc, name, help, v)?;
+        }
+        histogram(
+            enc,
+            "kvmesh_prefix_prepare_seconds",
+            "Render + tokenize + block keys of a prompt",
+            &[(&[], &p.metrics.prepare_time)],
+        )?;
+        histogram(
+            enc,
+            "kvmesh_prefix_lookup_seconds",
+            "Prefix-index lookup of a prompt's block keys",
+            &[(&[], &p.metrics.lookup_time)],
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_prompt_tokens",
+            "Prompt tokens of requests routed to the engine by cache-aware routes",
+            C,
+            &|e| count(&e.prompt_tokens),
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_predicted_cached_tokens",
+            "Prompt tokens the router predicted the engine had cached when it routed there",
+            C,
+            &|e| count(&e.predicted_cached_tokens),
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_prefix_cache_hits",
+            "The engine's own vllm:prefix_cache_hits_total at the last scrape (actual cached tokens)",
+            C,
+            &|e| finite(&e.engine_hits_bits).map(Value::CounterF),
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_prefix_cache_queries",
+            "The engine's own vllm:prefix_cache_queries_total at the last scrape",
+            C,
+            &|e| finite(&e.engine_queries_bits).map(Value::CounterF),
+        )?;
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_prefix_prediction_ratio",
+            "Predicted / actual cached tokens over the last scrape interval (1 = the index matches the engine; above 1 it over-predicts)",
+            G,
+            &|e| finite(&e.prediction_ratio_bits).map(Value::GaugeF),
+        )?;
+        let index = p.index();
+        per_engine(
+            enc,
+            engines,
+            "kvmesh_engine_index_entries",
+            "Prefix-index entries of the engine",
+            G,
+            &|e| {
+                Some(Value::Gauge(i64::from(
+                    index.engine_counts(e.slot).map_or(0, |c| c.entries),
+                )))
+            },
+        )
+    }
+
+    /// KV-event ingestion, per engine that publishes events.
+    fn encode_ingest(
+        &self,
+        enc: &mut DescriptorEncoder<'_>,
+        engines: &[&Engine],
+    ) -> std::fmt::Result {
+        use MetricType::{Counter as C, Gauge as G};
+        let ev: Vec<&Engine> = engines
+            .iter()
+            .copied()
+            .filter(|e| !e.kv_events.is_empty())
+            .collect();
+        let flag = |b: bool| Some(Value::Gauge(i64::from(b)));
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_connected",
+            "The KV-event subscription is connected (1) or not (0)",
+            G,
+            &|e| flag(e.ingest.connected.load(Relaxed)),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_stale",
+            "The engine's blocks are not exactly known (lost batches not replayed); it is routed approximately",
+            G,
+            &|e| flag(e.ingest.stale.load(Relaxed)),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_batches",
+            "Event batches applied to the index",
+            C,
+            &|e| count(&e.ingest.batches),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_dropped_batches",
+            "Event batches dropped because the ingestion queue was full",
+            C,
+            &|e| count(&e.ingest.dropped),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_malformed",
+            "Event messages that could not be decoded",
+            C,
+            &|e| count(&e.ingest.malformed),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_gaps",
+            "Sequence gaps (lost batches) detected",
+            C,
+            &|e| count(&e.ingest.gaps),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_replays",
+            "Gaps filled from the engine's replay socket",
+            C,
+            &|e| count(&e.ingest.replays_ok),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_replay_failures",
+            "Gaps the replay could not fill (engine marked stale)",
+            C,
+            &|e| count(&e.ingest.replays_failed),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_restarts",
+            "Engine restarts detected (seq regression or new process start time)",
+            C,
+            &|e| count(&e.ingest.restarts),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_skipped_block_size",
+            "Events skipped because their block size is not the configured one",
+            C,
+            &|e| count(&e.ingest.skipped_block_size),
+        )?;
+        per_engine(
+            enc,
+            &ev,
+            "kvmesh_kv_events_tracked_blocks",
+            "Blocks the engine holds according to its events",
+            G,
+            &|e| Some(Value::Gauge(e.ingest.tracked_blocks.load(Relaxed) as i64)),
+        )
+    }
 }

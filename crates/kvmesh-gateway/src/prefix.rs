@@ -11,10 +11,10 @@
 use kvmesh_config::{PrefixConfig, ServeConfig};
 use kvmesh_openai::{ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
 use kvmesh_policy::{PolicyConfig, PolicyKind, PrefixAffinityConfig, PrefixMatch};
-use kvmesh_route::TtlPlan;
 use kvmesh_prefix::{
     ANCHOR_STRIDE, BlockKey, ExtraKeys, Match, PrefixIndex, block_keys, max_hit_blocks,
 };
+use kvmesh_route::TtlPlan;
 use kvmesh_tokenize::{ChatRenderRequest, SegmentCache, Tokenizer};
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -462,4 +462,3 @@ pub fn ttl_plan(cfg: &PrefixConfig) -> TtlPlan {
         approximate_us: cfg.approximate_ttl_ms.saturating_mul(1000),
     }
 }
-

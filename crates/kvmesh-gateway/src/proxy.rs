@@ -11,8 +11,8 @@
 //! 5. **stream**: the answer through [`TrackedBody`], accounted at its end
 //!    ([`kvmesh_route::stream_end`]).
 
-use crate::gateway::Gateway;
 use crate::engine::Engine;
+use crate::gateway::Gateway;
 use crate::prefix::{self, Endpoint, Lookup, ParsedRequest};
 use crate::registry::{ModelRoute, RouteView};
 use crate::track::{Attempt, TrackedBody};
@@ -46,7 +46,7 @@ pub async fn inference(
     req: Request<Incoming>,
     request_id: String,
 ) -> Response<Body> {
-    gw.metrics.requests.fetch_add(1, Ordering::Relaxed);
+    gw.metrics.requests.inc();
     let (parts, body) = req.into_parts();
     let mut resp = match read_body(&parts.headers, body, gw.cfg.max_body_bytes).await {
         Ok(body) => handle(&gw, &parts, body, &request_id).await,
@@ -87,7 +87,17 @@ pub async fn handle(
         gw.metrics.error_response(e.status);
         return error(&e);
     }
-    let resp = attempt_step(gw, parts, body, &route, &decision, reservation, lookup, request_id).await;
+    let resp = attempt_step(
+        gw,
+        parts,
+        body,
+        &route,
+        &decision,
+        reservation,
+        lookup,
+        request_id,
+    )
+    .await;
     if !resp.status().is_success() {
         gw.metrics.error_response(resp.status().as_u16());
     }
@@ -178,7 +188,9 @@ fn decide_step(
     let (decision, reservation, lookup) = match &route.prefix {
         None => {
             let d = decide::<_, IndexProbe>(&route.policy, &view, ctx, None, out);
-            let r = d.reserve.map(|i| Reservation::new(route.engines[i].clone()));
+            let r = d
+                .reserve
+                .map(|i| Reservation::new(route.engines[i].clone()));
             (d, r, None)
         }
         Some(rp) => prefix::with_scratch(|s| {
@@ -197,7 +209,9 @@ fn decide_step(
             };
             let Some(l) = lookup else {
                 let d = decide::<_, IndexProbe>(&route.policy, &view, ctx, None, out);
-                let r = d.reserve.map(|i| Reservation::new(route.engines[i].clone()));
+                let r = d
+                    .reserve
+                    .map(|i| Reservation::new(route.engines[i].clone()));
                 return (d, r, None);
             };
             let mut index = state.index_mut();
@@ -221,17 +235,17 @@ fn decide_step(
             }
             // Counted in flight before the lock is released, so that the next decision's
             // load guard sees this request (the attempt takes the count over).
-            let r = d.reserve.map(|i| Reservation::new(route.engines[i].clone()));
+            let r = d
+                .reserve
+                .map(|i| Reservation::new(route.engines[i].clone()));
             drop(index);
             (d, r, Some(l))
         }),
     };
-    gw.metrics.decision(
-        &route.model,
-        route.policy_cfg.policy.as_str(),
-        decision.reason.as_str(),
-        t.elapsed().as_micros() as u64,
-    );
+    gw.metrics
+        .decision_time
+        .observe_us(t.elapsed().as_micros() as u64);
+    route.count_decision(decision.reason);
     (decision, reservation, lookup)
 }
 
@@ -317,14 +331,14 @@ async fn attempt_step(
                 backoff_us,
             } => {
                 if attempt > 1 {
-                    gw.metrics.retries.fetch_add(1, Ordering::Relaxed);
+                    gw.metrics.retries.inc();
                     tokio::time::sleep(Duration::from_micros(backoff_us)).await;
                 }
                 (pos, &route.engines[engine], permit)
             }
             Next::GiveUp(g) => {
                 if matches!(g, GiveUp::BudgetExhausted { .. }) {
-                    gw.metrics.budget_exhausted.fetch_add(1, Ordering::Relaxed);
+                    gw.metrics.budget_exhausted.inc();
                 }
                 return give_up(g, last, &route.model);
             }
@@ -332,7 +346,17 @@ async fn attempt_step(
         let attempt = Attempt::start(gw.clone(), engine.clone(), permit);
         drop(reservation.take());
         let retry_429 = attempts.retries_429();
-        match send(gw, engine, parts, body.clone(), request_id, attempt, retry_429).await {
+        match send(
+            gw,
+            engine,
+            parts,
+            body.clone(),
+            request_id,
+            attempt,
+            retry_429,
+        )
+        .await
+        {
             Sent::Answer(mut r) => {
                 if let (Some(l), Some(rp)) = (lookup, &route.prefix) {
                     let predicted = u64::from(decision.predicted(pos)) * u64::from(rp.block_size);
@@ -391,7 +415,10 @@ fn give_up(g: GiveUp, last: Option<Failed>, model: &str) -> Response<Body> {
             } else {
                 "upstream failure"
             };
-            error(&ApiError::with_status(g.status(), format!("{what}: {detail}")))
+            error(&ApiError::with_status(
+                g.status(),
+                format!("{what}: {detail}"),
+            ))
         }
     }
 }

@@ -2,8 +2,8 @@
 //! timeout and cancellation verdicts, without sockets or sleeps in real time.
 
 use super::*;
-use crate::gateway::Gateway;
 use crate::engine::Source;
+use crate::gateway::Gateway;
 use crate::upstream::{MockReply, MockUpstream};
 use kvmesh_config::{EngineEntry, ServeConfig};
 use kvmesh_policy::{BreakerState, PolicyKind};
@@ -96,7 +96,7 @@ async fn a_5xx_is_retried_on_another_engine_and_counted_against_the_first() {
     assert!(to_a >= 1, "least_request reaches A at least once");
     assert_eq!(errors(&gw, A, FailKind::Status5xx), to_a as u64);
     assert_eq!(
-        gw.metrics.retries.load(Ordering::Relaxed),
+        gw.metrics.retries.get(),
         to_a as u64,
         "each failure on A cost exactly one retry"
     );
@@ -119,12 +119,20 @@ async fn consecutive_failures_open_the_breaker_then_a_probe_after_the_open_perio
         n += 1;
         assert!(n < 500, "the breaker never opened");
     }
-    assert_eq!(errors(&gw, A, FailKind::Connect), 5, "opens at the 5th failure");
+    assert_eq!(
+        errors(&gw, A, FailKind::Connect),
+        5,
+        "opens at the 5th failure"
+    );
     let before = calls_to(&mock, A);
     for _ in 0..50 {
         assert_eq!(call(&gw).await.0, 200);
     }
-    assert_eq!(calls_to(&mock, A), before, "an open breaker gets no traffic");
+    assert_eq!(
+        calls_to(&mock, A),
+        before,
+        "an open breaker gets no traffic"
+    );
     // After the open period, one half-open probe goes to A (and fails again).
     tokio::time::advance(Duration::from_millis(5_100)).await;
     for _ in 0..50 {
@@ -149,9 +157,12 @@ async fn an_empty_retry_budget_returns_the_engines_own_error() {
     let gw = gateway(c, &mock, &[A, B]);
     let (status, _, body) = call(&gw).await;
     assert_eq!(status, 503);
-    assert_eq!(body, "{\"error\":\"engine busy\"}", "passed through as it was");
+    assert_eq!(
+        body, "{\"error\":\"engine busy\"}",
+        "passed through as it was"
+    );
     assert_eq!(mock.calls().len(), 1, "no retry without budget");
-    assert_eq!(gw.metrics.budget_exhausted.load(Ordering::Relaxed), 1);
+    assert_eq!(gw.metrics.budget_exhausted.get(), 1);
     assert_eq!(in_flight(&gw), 0);
 }
 
@@ -221,7 +232,12 @@ async fn a_429_is_retried_elsewhere_but_never_opens_the_breaker() {
 #[tokio::test(start_paused = true)]
 async fn a_client_that_leaves_mid_stream_cancels_upstream_and_releases_the_engine() {
     let mock = MockUpstream::new();
-    let chunk = |ms, s: &str| (Duration::from_millis(ms), Ok(Bytes::copy_from_slice(s.as_bytes())));
+    let chunk = |ms, s: &str| {
+        (
+            Duration::from_millis(ms),
+            Ok(Bytes::copy_from_slice(s.as_bytes())),
+        )
+    };
     mock.set_default(
         A,
         MockReply::Respond {
@@ -243,11 +259,23 @@ async fn a_client_that_leaves_mid_stream_cancels_upstream_and_releases_the_engin
     assert_eq!(in_flight(&gw), 1, "counted until the end of the stream");
     assert_eq!(mock.live_bodies(), 1);
     drop(body); // the client goes away
-    assert_eq!(mock.live_bodies(), 0, "the upstream body is dropped: the engine aborts");
+    assert_eq!(
+        mock.live_bodies(),
+        0,
+        "the upstream body is dropped: the engine aborts"
+    );
     assert_eq!(in_flight(&gw), 0);
     let a = engine(&gw, A);
-    assert!(a.metrics.errors.iter().all(|e| e.load(Ordering::Relaxed) == 0));
-    assert_eq!(a.tracker().breaker().state(gw.clock.now_us()), BreakerState::Closed);
+    assert!(
+        a.metrics
+            .errors
+            .iter()
+            .all(|e| e.load(Ordering::Relaxed) == 0)
+    );
+    assert_eq!(
+        a.tracker().breaker().state(gw.clock.now_us()),
+        BreakerState::Closed
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -273,10 +301,17 @@ async fn a_body_that_breaks_mid_stream_is_a_failure_not_a_retry() {
         .into_parts();
     let r = handle(&gw, &parts, Bytes::from_static(BODY.as_bytes()), "rid").await;
     assert_eq!(r.status(), 200);
-    assert!(r.into_body().collect().await.is_err(), "the client sees the break");
+    assert!(
+        r.into_body().collect().await.is_err(),
+        "the client sees the break"
+    );
     engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
     assert_eq!(errors(&gw, A, FailKind::Stream), 1);
-    assert_eq!(mock.calls().len(), 1, "bytes reached the client: never retried");
+    assert_eq!(
+        mock.calls().len(),
+        1,
+        "bytes reached the client: never retried"
+    );
     assert_eq!(in_flight(&gw), 0);
 }
 
@@ -291,4 +326,60 @@ async fn hidden_engine_urls_name_the_engine_by_its_id() {
     let id = kvmesh_prefix::EngineId::from_url("http://127.0.0.1:9").to_string();
     assert_eq!(h["x-kvmesh-engine"], id.as_str());
     assert_eq!(mock.calls()[0].headers["x-request-id"], "rid");
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_render_the_counters_the_request_path_touched() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::ok(500, "boom"));
+    mock.set_default(B, MockReply::ok(200, "{}"));
+    let mut c = cfg();
+    c.routing.policy.policy = PolicyKind::RoundRobin;
+    let gw = gateway(c, &mock, &[A, B]);
+    for _ in 0..4 {
+        assert_eq!(call(&gw).await.0, 200);
+    }
+    let text = gw.metrics.render(&gw.registry, gw.clock.now_us());
+    let line = |prefix: &str| {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .expect("a value")
+    };
+    assert_eq!(
+        line("kvmesh_requests_total "),
+        0.0,
+        "counted by `inference`, not `handle`"
+    );
+    let to_a = calls_to(&mock, A) as f64;
+    assert_eq!(line("kvmesh_retries_total "), to_a);
+    assert_eq!(
+        line("kvmesh_engine_errors_total{engine=\"http://127.0.0.1:9\",kind=\"5xx\"}"),
+        to_a
+    );
+    assert_eq!(
+        line(
+            "kvmesh_routing_decisions_total{model=\"m\",policy=\"round_robin\",reason=\"round_robin\"}"
+        ),
+        4.0
+    );
+    assert_eq!(
+        line("kvmesh_engine_in_flight{engine=\"http://127.0.0.2:9\"}"),
+        0.0
+    );
+    assert_eq!(line("kvmesh_routing_decision_seconds_count "), 4.0);
+    assert!(
+        text.contains(
+            "kvmesh_engine_ttft_seconds_bucket{le=\"+Inf\",engine=\"http://127.0.0.2:9\"} 4"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE kvmesh_engine_requests counter"),
+        "{text}"
+    );
+    assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with EOF");
 }

@@ -10,10 +10,14 @@ use crate::engine::{Engine, Source};
 use crate::prefix::{PrefixState, RoutePrefix};
 use arc_swap::ArcSwap;
 use kvmesh_config::{EngineEntry, ServeConfig};
+use kvmesh_policy::Reason;
 use kvmesh_policy::{
     EngineMember, EngineSet, EngineTracker, EngineView, Policy, PolicyConfig, stable_hash,
 };
 use kvmesh_prefix::EngineId;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -34,6 +38,29 @@ pub struct ModelRoute {
     pub policy_cfg: PolicyConfig,
     /// Tokenizer, block size and slot map when the policy is cache-aware.
     pub prefix: Option<RoutePrefix>,
+    /// Its `kvmesh_routing_decisions_total` series, one per [`Reason`] (atomic handles taken
+    /// at rebuild: counting a decision touches no lock).
+    pub decisions: Vec<Counter>,
+}
+
+impl ModelRoute {
+    /// Counts one decision.
+    pub fn count_decision(&self, reason: Reason) {
+        if let Some(c) = self.decisions.get(reason.index()) {
+            c.inc();
+        }
+    }
+}
+
+/// Labels of `kvmesh_routing_decisions_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// The model.
+    pub model: String,
+    /// The policy.
+    pub policy: &'static str,
+    /// Why the first candidate was chosen.
+    pub reason: &'static str,
 }
 
 /// What a request reads: immutable, swapped whole.
@@ -88,6 +115,8 @@ pub struct Registry {
     /// otherwise store their snapshots in the wrong order and leave a stale one in place.
     rebuilding: Mutex<()>,
     version: AtomicU64,
+    /// Routing decisions by model, policy and reason (routes hold their series' handles).
+    pub decisions: Family<DecisionLabels, Counter>,
     /// Median latency of the fleet (f64 bits), refreshed by the probe loop.
     fleet_latency_bits: AtomicU64,
 }
@@ -108,6 +137,7 @@ impl Registry {
             }),
             rebuilding: Mutex::new(()),
             version: AtomicU64::new(0),
+            decisions: Family::default(),
             fleet_latency_bits: AtomicU64::new(0f64.to_bits()),
         }
     }
@@ -243,20 +273,25 @@ impl Registry {
                     .and_then(|m| m.lora)
                     .unwrap_or_else(|| engines.iter().any(|e| e.is_adapter(&model)));
                 let slots: Vec<u32> = engines.iter().map(|e| e.slot).collect();
-                let prefix = RoutePrefix::build(
-                    &self.prefix,
-                    &self.cfg,
-                    &model,
-                    &policy_cfg,
-                    lora,
-                    &slots,
-                );
+                let prefix =
+                    RoutePrefix::build(&self.prefix, &self.cfg, &model, &policy_cfg, lora, &slots);
+                let decisions = Reason::ALL
+                    .iter()
+                    .map(|r| {
+                        self.decisions.get_or_create_owned(&DecisionLabels {
+                            model: model.clone(),
+                            policy: policy_cfg.policy.as_str(),
+                            reason: r.as_str(),
+                        })
+                    })
+                    .collect();
                 let route = ModelRoute {
                     model: model.clone(),
                     engines,
                     policy,
                     policy_cfg,
                     prefix,
+                    decisions,
                 };
                 (model, Arc::new(route))
             })

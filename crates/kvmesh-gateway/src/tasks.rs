@@ -44,8 +44,8 @@ impl Tasks {
     pub async fn shutdown(&self, within: Duration) {
         self.token.cancel();
         let mut set = std::mem::take(&mut *self.set.lock().unwrap_or_else(|p| p.into_inner()));
-        let _ = tokio::time::timeout(within, async { while set.join_next().await.is_some() {} })
-            .await;
+        let _ =
+            tokio::time::timeout(within, async { while set.join_next().await.is_some() {} }).await;
         set.abort_all();
     }
 

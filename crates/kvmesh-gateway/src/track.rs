@@ -68,7 +68,10 @@ impl Attempt {
                     .may_eject(self.gw.registry.ejected_count(), fleet);
                 match self.engine.tracker().on_failure(now, p, may_open) {
                     Some(BreakerEvent::Opened { for_us }) => {
-                        self.engine.metrics.ejections.fetch_add(1, Ordering::Relaxed);
+                        self.engine
+                            .metrics
+                            .ejections
+                            .fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(engine = %self.engine.url, open_ms = for_us / 1000, "circuit breaker opened");
                     }
                     Some(BreakerEvent::OpenSuppressed) => {

@@ -56,6 +56,18 @@ pub fn prometheus(text: String) -> Response<Body> {
     r
 }
 
+/// An OpenMetrics text response (what `prometheus-client` encodes).
+pub fn openmetrics(text: String) -> Response<Body> {
+    let mut r = Response::new(full(text));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+    );
+    r
+}
+
 /// Reads the whole body under the size limit (413 above it, checked against Content-Length
 /// first so that an oversized body is refused before it is read).
 pub async fn read_body(

@@ -82,6 +82,29 @@ impl Histogram {
         self.bounds.get(i).copied()
     }
 
+    /// Per-bucket (not cumulative) counts with their upper bounds, `+Inf` last: the shape
+    /// `prometheus-client`'s encoder takes.
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        let mut v: Vec<(f64, u64)> = self
+            .bounds
+            .iter()
+            .zip(self.counts.iter())
+            .map(|(b, c)| (*b, c.load(Relaxed)))
+            .collect();
+        let inside: u64 = v.iter().map(|x| x.1).sum();
+        v.push((f64::INFINITY, self.count().saturating_sub(inside)));
+        v
+    }
+
+    /// Forgets every observation (a rolling window starting anew).
+    pub fn reset(&self) {
+        for c in self.counts.iter() {
+            c.store(0, Relaxed);
+        }
+        self.count.store(0, Relaxed);
+        self.sum_us.store(0, Relaxed);
+    }
+
     /// Writes the `_bucket`, `_count` and `_sum` series of one label set (no HELP/TYPE).
     pub fn render_series(&self, out: &mut String, name: &str, labels: &str) {
         let sep = if labels.is_empty() { "" } else { "," };
@@ -155,6 +178,10 @@ mod tests {
         assert_eq!(h.quantile_bound(0.5), Some(1.0));
         assert_eq!(h.quantile_bound(0.3), Some(0.1));
         assert_eq!(Histogram::new(&[1.0]).quantile_bound(0.99), None);
+        assert_eq!(h.buckets(), vec![(0.1, 1), (1.0, 1), (f64::INFINITY, 1)]);
+        h.reset();
+        assert_eq!(h.count(), 0);
+        assert_eq!(h.quantile_bound(0.5), None);
         assert_eq!(escape_label("a\"b\\"), "a\\\"b\\\\");
     }
 }

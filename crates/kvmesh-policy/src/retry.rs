@@ -100,7 +100,11 @@ impl AtomicRetryBudget {
             let dt = now_ms.wrapping_sub(at_ms);
             // A clock read older than the last refill (another thread got there first):
             // no refill, keep the newer time.
-            let (dt, at) = if dt > u32::MAX / 2 { (0, at_ms) } else { (dt, now_ms) };
+            let (dt, at) = if dt > u32::MAX / 2 {
+                (0, at_ms)
+            } else {
+                (dt, now_ms)
+            };
             let refill = (f64::from(dt) * self.cfg.min_per_second).max(0.0);
             let filled = (f64::from(milli) + refill).min(f64::from(self.max_milli())) as u32;
             let (next, ok) = match f(filled) {
@@ -111,7 +115,10 @@ impl AtomicRetryBudget {
             if new == cur {
                 return ok;
             }
-            match self.state.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+            match self
+                .state
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => return ok,
                 Err(x) => cur = x,
             }
@@ -230,10 +237,7 @@ mod atomic_tests {
         };
         let b = AtomicRetryBudget::new(&cfg, 0);
         // Starts with min(min_per_second, max) = 0 tokens: deposit 50 by hand.
-        let cfg2 = RetryBudgetConfig {
-            ratio: 1.0,
-            ..cfg
-        };
+        let cfg2 = RetryBudgetConfig { ratio: 1.0, ..cfg };
         let b2 = AtomicRetryBudget::new(&cfg2, 0);
         for _ in 0..50 {
             b2.on_request(0);

@@ -203,6 +203,7 @@ impl<'a> RequestCtx<'a> {
 
 /// Why the first candidate was chosen (a metric label: [`Reason::as_str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum Reason {
     /// The model has no engines; the candidate list is empty.
     NoEngines,
@@ -241,6 +242,30 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason, in declaration order ([`Reason::index`] is the position here).
+    pub const ALL: [Reason; 15] = [
+        Reason::NoEngines,
+        Reason::AllIneligible,
+        Reason::RoundRobin,
+        Reason::Random,
+        Reason::WeightedRoundRobin,
+        Reason::LeastLoad,
+        Reason::PowerOfTwo,
+        Reason::LeastLatency,
+        Reason::Hash,
+        Reason::HashOverflow,
+        Reason::HashNoKey,
+        Reason::PrefixMatch,
+        Reason::PrefixNone,
+        Reason::PrefixOverloaded,
+        Reason::Scored,
+    ];
+
+    /// Position in [`Reason::ALL`] (per-reason counter arrays index by it).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Metric label.
     pub fn as_str(self) -> &'static str {
         match self {

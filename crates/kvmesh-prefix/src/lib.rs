@@ -31,7 +31,7 @@ mod table;
 
 pub use id::EngineId;
 pub use index::{
-    EngineCounts, Slot, IndexError, IndexOp, IndexStats, MAX_ENGINES, Match, PrefixIndex,
+    EngineCounts, IndexError, IndexOp, IndexStats, MAX_ENGINES, Match, PrefixIndex, Slot,
 };
 pub use ingest::{
     EngineIngest, IngestConfig, IngestOutcome, IngestStats, RECENT_BATCHES, Staleness,

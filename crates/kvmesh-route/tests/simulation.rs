@@ -94,10 +94,13 @@ impl Sim {
         let u = self.rng.unit();
         let req = &mut self.reqs[r];
         let mut fleet = SimFleet(&mut self.trackers);
-        match req
-            .attempts
-            .next(&req.decision.candidates, &mut fleet, &mut self.budget, self.now, u)
-        {
+        match req.attempts.next(
+            &req.decision.candidates,
+            &mut fleet,
+            &mut self.budget,
+            self.now,
+            u,
+        ) {
             Next::Send {
                 engine,
                 permit,
@@ -285,8 +288,9 @@ fn run(kind: PolicyKind, fault: Fault, breakers: bool, seed: u64) -> Stats {
                     .filter(|k| k.breaker().is_ejected())
                     .count();
                 let may_open = sim.guard.may_eject(ejected, ENGINES);
-                let Action::TryNext { account } =
-                    sim.reqs[r].attempts.on_head(Verdict::Failed(FailKind::Status5xx))
+                let Action::TryNext { account } = sim.reqs[r]
+                    .attempts
+                    .on_head(Verdict::Failed(FailKind::Status5xx))
                 else {
                     unreachable!("a failure is never delivered")
                 };

@@ -130,8 +130,12 @@ pub trait Fleet {
     type Permit;
     /// A permit to send to `engine` now, or `None` (breaker open, half-open probe out, or
     /// unhealthy unless `ignore_health`: panic mode).
-    fn try_acquire(&mut self, engine: usize, now_us: u64, ignore_health: bool)
-    -> Option<Self::Permit>;
+    fn try_acquire(
+        &mut self,
+        engine: usize,
+        now_us: u64,
+        ignore_health: bool,
+    ) -> Option<Self::Permit>;
     /// Gives back a permit that was not used (the retry budget refused the retry).
     fn cancel(&mut self, engine: usize, permit: Self::Permit);
 }

@@ -76,7 +76,10 @@ fn first_attempt_has_no_backoff_and_an_answer_is_delivered() {
     let mut a = Attempts::new(&d, &RetryConfig::default());
     let mut g = Gates::new(&[true; 3]);
     let mut b = budget(0.0);
-    assert_eq!(send(a.next(&d.candidates, &mut g, &mut b, 0, 0.5)), (2, 1, 0));
+    assert_eq!(
+        send(a.next(&d.candidates, &mut g, &mut b, 0, 0.5)),
+        (2, 1, 0)
+    );
     assert_eq!(a.on_head(Verdict::Answered), Action::Deliver);
     assert!(!g.ignore_health_seen);
 }
@@ -119,17 +122,29 @@ fn a_5xx_retries_the_next_candidate_after_a_backoff_and_counts_as_failure() {
             last: FailKind::Timeout
         })
     );
-    assert_eq!(GiveUp::Exhausted { last: FailKind::Timeout }.status(), 504);
+    assert_eq!(
+        GiveUp::Exhausted {
+            last: FailKind::Timeout
+        }
+        .status(),
+        504
+    );
 }
 
 #[test]
 fn a_429_is_retried_but_not_held_against_the_engine_unless_disabled() {
     assert_eq!(FailKind::Status429.accounting(), Accounting::Cancel);
-    assert_eq!(classify_status(429, true), Verdict::Failed(FailKind::Status429));
+    assert_eq!(
+        classify_status(429, true),
+        Verdict::Failed(FailKind::Status429)
+    );
     assert_eq!(classify_status(429, false), Verdict::Answered);
     assert_eq!(classify_status(400, true), Verdict::Answered);
     assert_eq!(classify_status(200, true), Verdict::Answered);
-    assert_eq!(classify_status(500, false), Verdict::Failed(FailKind::Status5xx));
+    assert_eq!(
+        classify_status(500, false),
+        Verdict::Failed(FailKind::Status5xx)
+    );
 }
 
 #[test]
@@ -139,7 +154,10 @@ fn open_breakers_are_skipped_and_all_refused_is_a_503() {
     let mut g = Gates::new(&[false, true, false]);
     let mut b = budget(0.0);
     // A refused candidate costs no attempt and no retry token.
-    assert_eq!(send(a.next(&d.candidates, &mut g, &mut b, 0, 0.5)), (1, 1, 0));
+    assert_eq!(
+        send(a.next(&d.candidates, &mut g, &mut b, 0, 0.5)),
+        (1, 1, 0)
+    );
     a.on_head(Verdict::Failed(FailKind::Status5xx));
     assert_eq!(
         a.next(&d.candidates, &mut g, &mut b, 0, 0.5),
@@ -224,7 +242,10 @@ fn stream_ends_account_as_expected() {
         stream_end(StreamEnd::TotalTimeout),
         (Accounting::Failure, Some(FailKind::Stream))
     );
-    assert_eq!(stream_end(StreamEnd::ClientGone), (Accounting::Cancel, None));
+    assert_eq!(
+        stream_end(StreamEnd::ClientGone),
+        (Accounting::Cancel, None)
+    );
 }
 
 #[test]
