@@ -222,9 +222,12 @@ fn decide_step(
                 keys: &s.keys,
                 now_us: now,
             };
+            let depth = route.policy_cfg.prefix.cold_prefix_blocks as usize;
+            let cold_key = s.keys.get(s.keys.len().min(depth).wrapping_sub(1));
             let plan = PrefixPlan {
                 total_blocks: l.total_blocks,
                 matches: &s.matches,
+                cold_key: cold_key.map_or(0, |k| k.0),
                 probe: &probe,
                 ttl: prefix::ttl_plan(state.config()),
             };

@@ -99,6 +99,7 @@ fn decision(c: &mut Criterion) {
                         ctx = ctx.with_prefix(PrefixInput {
                             total_blocks: PROMPT_BLOCKS,
                             matches: &sets[(seed % 16) as usize],
+                            cold_key: 0,
                         });
                     }
                     black_box(policy.pick(&fleet, &ctx, &mut out));

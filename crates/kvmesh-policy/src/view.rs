@@ -149,6 +149,11 @@ pub struct PrefixInput<'a> {
     /// listed hold none. Only the entries are read (O(matches)): list the engines that hold
     /// something, not the whole fleet.
     pub matches: &'a [PrefixMatch],
+    /// A key naming the prompt's leading blocks (the block key at depth
+    /// `min(total, cold_prefix_blocks)`; 0 = none): when no engine holds a usable prefix,
+    /// `cache_aware`/`precise` send the prompt to this key's rendezvous home, which every
+    /// router computes alike.
+    pub cold_key: u64,
 }
 
 /// One engine's cached prefix for a request.
@@ -234,6 +239,9 @@ pub enum Reason {
     /// `cache_aware` / `precise`: no engine held at least the minimum match (or there was no
     /// prefix input), so the least loaded engine.
     PrefixNone,
+    /// `cache_aware` / `precise`: no engine held any usable part of the prompt, so the
+    /// rendezvous home of its leading blocks (the same engine on every router).
+    PrefixCold,
     /// `cache_aware` / `precise`: engines held a usable prefix but all were over the load
     /// guard, so the least loaded engine.
     PrefixOverloaded,
@@ -243,7 +251,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in declaration order ([`Reason::index`] is the position here).
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::NoEngines,
         Reason::AllIneligible,
         Reason::RoundRobin,
@@ -257,6 +265,7 @@ impl Reason {
         Reason::HashNoKey,
         Reason::PrefixMatch,
         Reason::PrefixNone,
+        Reason::PrefixCold,
         Reason::PrefixOverloaded,
         Reason::Scored,
     ];
@@ -282,6 +291,7 @@ impl Reason {
             Reason::HashNoKey => "hash_no_key",
             Reason::PrefixMatch => "prefix_match",
             Reason::PrefixNone => "prefix_none",
+            Reason::PrefixCold => "prefix_cold",
             Reason::PrefixOverloaded => "prefix_overloaded",
             Reason::Scored => "scored",
         }

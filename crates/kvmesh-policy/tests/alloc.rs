@@ -90,6 +90,7 @@ fn pick_does_not_allocate() {
                 let with = ctx.with_prefix(PrefixInput {
                     total_blocks: 64,
                     matches: &matches,
+                    cold_key: 0,
                 });
                 p.pick(&fleet, &with, &mut out);
                 assert!(!out.is_empty());

@@ -316,6 +316,7 @@ fn prefix_input_changes_nothing_for_the_other_policies() {
             let with = ctx(s).with_prefix(PrefixInput {
                 total_blocks: 50,
                 matches: &matches,
+                cold_key: 0,
             });
             b.pick(&views, &with, &mut ob);
             assert_eq!(oa, ob);

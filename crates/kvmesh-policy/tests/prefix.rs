@@ -53,6 +53,7 @@ fn ctx<'a>(seed: u64, total_blocks: u32, matches: &'a [PrefixMatch]) -> RequestC
     RequestCtx::new(seed, 1_000).with_prefix(PrefixInput {
         total_blocks,
         matches,
+        cold_key: 0,
     })
 }
 
@@ -630,4 +631,82 @@ proptest! {
             }
         }
     }
+}
+
+fn cold_policy(seed: u64, ms: &[EngineMember]) -> Policy {
+    let mut c = cfg(PolicyKind::CacheAware, 3);
+    c.prefix.cold_prefix_rendezvous = true;
+    Policy::new(&c, ms, seed)
+}
+
+fn cold_ctx<'a>(seed: u64, cold_key: u64, matches: &'a [PrefixMatch]) -> RequestCtx<'a> {
+    RequestCtx::new(seed, 1_000).with_prefix(PrefixInput {
+        total_blocks: 40,
+        matches,
+        cold_key,
+    })
+}
+
+#[test]
+fn a_cold_prompt_goes_to_the_same_home_on_every_router_whatever_the_engine_order_or_seed() {
+    // Two "routers" list the same 8 engines in different orders and pick with different
+    // seeds and different (sub-guard) loads: the home engine is the same member.
+    let ms = members(8);
+    let mut rev = ms.clone();
+    rev.reverse();
+    for kind in [PolicyKind::CacheAware, PolicyKind::Precise] {
+        let mut c = cfg(kind, 3);
+        c.prefix.cold_prefix_rendezvous = true;
+        let a = Policy::new(&c, &ms, 1);
+        let b = Policy::new(&c, &rev, 2);
+        let mut homes = std::collections::BTreeSet::new();
+        for key in 1..200u64 {
+            let loads_a: Vec<u32> = (0..8).map(|i| (i * 3 + key as u32) % 9).collect();
+            let loads_b: Vec<u32> = (0..8).map(|i| (i * 5 + key as u32) % 11).collect();
+            let (ra, oa) = pick(&a, &views(&loads_a), &cold_ctx(key, key, &[]));
+            let (rb, ob) = pick(&b, &views(&loads_b), &cold_ctx(key * 7, key, &[]));
+            assert_eq!(ra, Reason::PrefixCold, "{kind:?}");
+            assert_eq!(rb, Reason::PrefixCold, "{kind:?}");
+            assert_eq!(ms[oa[0]].id, rev[ob[0]].id, "{kind:?} key {key}");
+            assert_distinct(&oa, "cold");
+            homes.insert(ms[oa[0]].id);
+        }
+        assert_eq!(homes.len(), 8, "199 keys spread over every engine");
+    }
+}
+
+#[test]
+fn a_cold_prompts_home_respects_the_guard_and_eligibility_and_can_be_switched_off() {
+    let p = cold_policy(7, &members(4));
+    let key = 0xC01D;
+    let (_, o) = pick(&p, &views(&[0, 0, 0, 0]), &cold_ctx(1, key, &[]));
+    let home = o[0];
+    // The home overloaded (above the floor of 16 and 1.5 × the mean): the next in
+    // rendezvous order instead, still a cold decision.
+    let mut loads = [1u32; 4];
+    loads[home] = 40;
+    let (r, o) = pick(&p, &views(&loads), &cold_ctx(1, key, &[]));
+    assert_eq!(r, Reason::PrefixCold);
+    assert_ne!(o[0], home);
+    // The home ineligible: skipped.
+    let mut vs = views(&[0, 0, 0, 0]);
+    vs[home].eligible = false;
+    let (r, o) = pick(&p, &vs, &cold_ctx(1, key, &[]));
+    assert_eq!(r, Reason::PrefixCold);
+    assert_ne!(o[0], home);
+    // No cold key, or switched off: least request as before.
+    let (r, _) = pick(&p, &views(&[0, 0, 0, 0]), &cold_ctx(1, 0, &[]));
+    assert_eq!(r, Reason::PrefixNone);
+    let off = policy(PolicyKind::CacheAware, 4, 3);
+    let (r, _) = pick(&off, &views(&[0, 0, 0, 0]), &cold_ctx(1, key, &[]));
+    assert_eq!(r, Reason::PrefixNone);
+    // A usable match still wins over the cold home.
+    let other = (home + 1) % 4;
+    let (r, o) = pick(
+        &p,
+        &views(&[0, 0, 0, 0]),
+        &cold_ctx(1, key, &[m(other as u32, 30)]),
+    );
+    assert_eq!(r, Reason::PrefixMatch);
+    assert_eq!(o[0], other);
 }

@@ -227,6 +227,7 @@ fn bench_decision(c: &mut Criterion, f: &Fleet, engines: u32) {
         let ctx = RequestCtx::new(seed, 0).with_prefix(PrefixInput {
             total_blocks: keys.len() as u32,
             matches: &matches,
+            cold_key: 0,
         });
         policy.pick(&views, &ctx, &mut out)
     };

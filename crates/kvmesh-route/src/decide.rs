@@ -30,6 +30,9 @@ pub struct PrefixPlan<'a, P: ?Sized> {
     pub total_blocks: u32,
     /// Engines holding a usable prefix (route indices), from the index lookup.
     pub matches: &'a [PrefixMatch],
+    /// The key naming the prompt's leading blocks for a cold prompt's rendezvous home
+    /// ([`PrefixInput::cold_key`]; 0 = none).
+    pub cold_key: u64,
     /// Exact per-engine probe (predictions, event liveness).
     pub probe: &'a P,
     /// Mark lifetimes.
@@ -99,6 +102,7 @@ where
         Some(p) => ctx.with_prefix(PrefixInput {
             total_blocks: p.total_blocks,
             matches: p.matches,
+            cold_key: p.cold_key,
         }),
         None => ctx,
     };
@@ -184,6 +188,7 @@ mod tests {
             Some(PrefixPlan {
                 total_blocks: 10,
                 matches: &matches,
+                cold_key: 0,
                 probe: &probe,
                 ttl: TTL,
             }),
@@ -221,6 +226,7 @@ mod tests {
                 Some(PrefixPlan {
                     total_blocks: 5,
                     matches: &matches,
+                    cold_key: 0,
                     probe: &probe,
                     ttl: TTL,
                 }),

@@ -190,6 +190,7 @@ impl Policy {
                 match req.prefix {
                     Some(px) if px.total_blocks > 0 => prefix::cache_aware(
                         engines,
+                        &self.members,
                         &px,
                         &self.cfg.prefix,
                         &mut rng,

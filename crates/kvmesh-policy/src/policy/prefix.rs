@@ -5,7 +5,7 @@ use super::Filter;
 use super::load::{fill_least_request, load_score};
 use crate::config::{MAX_CANDIDATES, PrefixAffinityConfig};
 use crate::rng::{Rng, mix64};
-use crate::view::{EngineSet, EngineView, PrefixInput, Reason};
+use crate::view::{EngineMember, EngineSet, EngineView, PrefixInput, Reason};
 
 /// Salt of the per-engine random tie keys of the cache-aware policies.
 const TIE_SALT: u64 = 0xCAC4_E7E1_E5A1_7000;
@@ -144,12 +144,14 @@ impl TopK {
 /// passing `filter`, not overloaded, holding at least `need` blocks: the most blocks, then the
 /// lower `(load + 1) / weight`, then a random key. Fallbacks: the other usable matched
 /// engines in that order, then least-request engines. With no usable match, least request,
-/// [`Reason::PrefixOverloaded`] if a holder of `need` blocks was only excluded by the guard,
-/// else [`Reason::PrefixNone`]. O(matches + min(n, max_scan)); the scan happens only when the
+/// [`Reason::PrefixOverloaded`] if a holder of `need` blocks was only excluded by the guard;
+/// a cold prompt (no holder at all) goes to its rendezvous home ([`Reason::PrefixCold`],
+/// `cold_prefix_rendezvous`), else least request ([`Reason::PrefixNone`]). O(matches + min(n, max_scan)); the scan happens only when the
 /// matched engines do not fill the `k` candidates.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
     engines: &S,
+    members: &[EngineMember],
     prefix: &PrefixInput<'_>,
     cfg: &PrefixAffinityConfig,
     rng: &mut Rng,
@@ -191,6 +193,12 @@ pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
     let reason = if top.is_empty() {
         if overloaded {
             Reason::PrefixOverloaded
+        } else if prefix.cold_key != 0
+            && cfg.cold_prefix_rendezvous
+            && let Some(i) = cold_home(engines, members, prefix.cold_key, cfg, filter, &mut guard)
+        {
+            out.push(i);
+            Reason::PrefixCold
         } else {
             Reason::PrefixNone
         }
@@ -200,6 +208,44 @@ pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
     out.extend(top.engines());
     fill_least_request(engines, rng, seed, filter, k, max_scan, out);
     reason
+}
+
+/// The home of a cold prefix (no engine holds a usable part of it): weighted rendezvous
+/// hashing of `cold_key` over the engines passing `filter` and the load guard, by their
+/// stable ids — every router computes the same engine without talking to the others, so
+/// siblings of a new prefix that arrive at several routers at once land together.
+/// O(n) in the route's engines (only for cold prompts).
+fn cold_home<S: EngineSet + ?Sized>(
+    engines: &S,
+    members: &[EngineMember],
+    cold_key: u64,
+    cfg: &PrefixAffinityConfig,
+    filter: Filter,
+    guard: &mut Option<Guard>,
+) -> Option<usize> {
+    let mut best: Option<(f64, u64, usize)> = None;
+    for (i, m) in members.iter().enumerate().take(engines.len()) {
+        let v = engines.view(i);
+        if !filter.ok(&v) {
+            continue;
+        }
+        let h = mix64(cold_key ^ m.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        // Weighted rendezvous: −ln(u) / w, the lowest wins; (0, 1] so ln is finite.
+        let u = ((h >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        let score = -u.ln() / v.safe_weight();
+        if best.is_some_and(|b| (score, h) >= (b.0, b.1)) {
+            continue;
+        }
+        if f64::from(v.load()) + 1.0 > f64::from(cfg.balance_abs_threshold)
+            && guard
+                .get_or_insert_with(|| Guard::new(engines, cfg))
+                .overloaded(&v)
+        {
+            continue;
+        }
+        best = Some((score, h, i));
+    }
+    best.map(|b| b.2)
 }
 
 /// The smallest usable match: `max(min_match_blocks, ceil(min_match_ratio × total))`, at
