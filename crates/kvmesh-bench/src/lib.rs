@@ -1,6 +1,7 @@
 //! The benchmark harness's building blocks: deterministic workloads and a bounded load client.
 //! (Trace replay, the virtual-time evaluator and reports grow here.)
 
+#![forbid(unsafe_code)]
 pub mod load;
 pub mod workload;
 

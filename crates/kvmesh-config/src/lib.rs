@@ -8,6 +8,7 @@
 //! [`KvmeshConfig::validate`], so a typo or a bad value stops start-up with an error that names
 //! the key.
 
+#![forbid(unsafe_code)]
 mod prefix;
 mod serve;
 mod sim;

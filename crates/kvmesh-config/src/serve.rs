@@ -40,6 +40,15 @@ pub struct ServeConfig {
     pub discovery_interval_ms: u64,
     /// Header carrying the request id (taken from the client or generated).
     pub request_id_header: String,
+    /// Client connections served at once; one more is answered with a 503 JSON error and
+    /// closed. Each takes a file descriptor: keep it below the process's `ulimit -n`.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers (slowloris guard); also closes
+    /// keep-alive client connections idle that long (hyper's default, 30 s).
+    pub header_read_timeout_ms: u64,
+    /// Time a client has to send a request's whole body, else 408 (a 32 MiB body at 1 MB/s
+    /// fits in the default, 60 s).
+    pub body_read_timeout_ms: u64,
     /// The `x-kvmesh-engine` response header names the engine by its cluster-stable id (16
     /// hex digits) instead of its URL, so clients do not learn the engines' addresses.
     pub hide_engine_urls: bool,
@@ -63,6 +72,9 @@ impl Default for ServeConfig {
             drain_timeout_ms: 30_000,
             discovery_interval_ms: 1_000,
             request_id_header: "x-request-id".to_string(),
+            max_connections: 10_000,
+            header_read_timeout_ms: 30_000,
+            body_read_timeout_ms: 60_000,
             hide_engine_urls: false,
             seed: 0,
         }
@@ -348,6 +360,21 @@ impl ServeConfig {
         check(
             self.discovery_interval_ms >= 100,
             &format!("{at}.discovery_interval_ms"),
+            "must be at least 100",
+        )?;
+        check(
+            self.max_connections >= 1,
+            &format!("{at}.max_connections"),
+            "must be at least 1",
+        )?;
+        check(
+            self.header_read_timeout_ms >= 100,
+            &format!("{at}.header_read_timeout_ms"),
+            "must be at least 100",
+        )?;
+        check(
+            self.body_read_timeout_ms >= 100,
+            &format!("{at}.body_read_timeout_ms"),
             "must be at least 100",
         )?;
         check(

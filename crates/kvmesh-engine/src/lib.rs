@@ -19,6 +19,7 @@
 //! [`drive`] runs engines in virtual time. The crate README documents the model, the timing
 //! formula, each profile's sources, and where the model departs from vLLM.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod drive;

@@ -70,7 +70,13 @@ fn list(gw: &Gateway) -> Response<Body> {
 
 async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let (parts, body) = req.into_parts();
-    let body = read_body(&parts.headers, body, 64 * 1024).await?;
+    let body = read_body(
+        &parts.headers,
+        body,
+        64 * 1024,
+        std::time::Duration::from_millis(gw.cfg.body_read_timeout_ms),
+    )
+    .await?;
     let entry: EngineEntry = parse_body(&body)?;
     entry
         .validate("engine")
@@ -103,7 +109,13 @@ async fn remove(
         Some(u) => u,
         None => {
             let (parts, body) = req.into_parts();
-            let body = read_body(&parts.headers, body, 64 * 1024).await?;
+            let body = read_body(
+                &parts.headers,
+                body,
+                64 * 1024,
+                std::time::Duration::from_millis(gw.cfg.body_read_timeout_ms),
+            )
+            .await?;
             parse_body::<Del>(&body)?.url
         }
     };

@@ -115,15 +115,20 @@ struct Applier {
     limits: DecodeLimits,
 }
 
-async fn apply_loop(ctx: IngestCtx, e: Arc<Engine>, mut rx: mpsc::Receiver<KvFrame>) {
-    let block_size = e
-        .models()
+/// The block size of the engine's events: its models' (`[serve.models."M"] block_size`),
+/// else `[serve.prefix] block_size`. Read per batch: an engine found through DNS has no models
+/// until its first discovery, which may come after its first events.
+fn block_size(cfg: &ServeConfig, e: &Engine) -> u32 {
+    e.models()
         .iter()
-        .find_map(|m| ctx.cfg.models.get(m).and_then(|c| c.block_size))
-        .unwrap_or(ctx.cfg.prefix.block_size);
+        .find_map(|m| cfg.models.get(m).and_then(|c| c.block_size))
+        .unwrap_or(cfg.prefix.block_size)
+}
+
+async fn apply_loop(ctx: IngestCtx, e: Arc<Engine>, mut rx: mpsc::Receiver<KvFrame>) {
     let mut a = Applier {
         ingest: EngineIngest::new(IngestConfig {
-            block_size,
+            block_size: block_size(&ctx.cfg, &e),
             capacity: ctx.cfg.prefix.engine_capacity_blocks as usize,
         }),
         ctx,
@@ -135,6 +140,9 @@ async fn apply_loop(ctx: IngestCtx, e: Arc<Engine>, mut rx: mpsc::Receiver<KvFra
         tokio::select! {
             f = rx.recv() => {
                 let Some(f) = f else { break };
+                let bs = block_size(&a.ctx.cfg, &a.e);
+                let now = a.now();
+                a.ingest.set_block_size(bs, now);
                 a.on_frame(f.seq, &f.batch).await;
             }
             _ = a.e.ingest.wake.notified() => {}

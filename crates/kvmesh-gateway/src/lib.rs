@@ -8,6 +8,7 @@
 //! Per engine a background loop runs active health checks and reads `/v1/models` and
 //! `/metrics`; DNS names are re-resolved periodically.
 
+#![forbid(unsafe_code)]
 // Modules import one way only, leaves first: clock, upstream, tasks, prefix, engine,
 // registry, metrics, gateway, ingest, track, probe, proxy, admin (ARCHITECTURE.md, "The
 // gateway's modules"; tests/module_order.rs holds it).
@@ -156,7 +157,18 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
     })?;
     let (tx, rx) = oneshot::channel();
     let drain = Duration::from_millis(gw.cfg.drain_timeout_ms);
-    let task = tokio::spawn(kvmesh_http::serve(listener, gw.clone(), route, rx, drain));
+    let limits = kvmesh_http::ServeLimits {
+        max_connections: gw.cfg.max_connections,
+        header_read_timeout: Duration::from_millis(gw.cfg.header_read_timeout_ms),
+    };
+    let task = tokio::spawn(kvmesh_http::serve(
+        listener,
+        gw.clone(),
+        route,
+        rx,
+        drain,
+        limits,
+    ));
     tracing::info!(%addr, engines = members.len(), models = ?gw.registry.models(), "kvmesh serve listening");
     Ok(GatewayServer {
         addr,

@@ -150,16 +150,47 @@ pub fn scrape(page: &str, name: &str) -> Option<f64> {
         let Some(rest) = line.strip_prefix(name) else {
             continue;
         };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            continue;
-        }
-        if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok())
+        if let Some(v) = sample_value(rest)
             && v.is_finite()
         {
             *found.get_or_insert(0.0) += v;
         }
     }
     found
+}
+
+/// The value of a sample line after its metric name: `{labels} value [timestamp]` or
+/// ` value [timestamp]`. Label values may hold spaces, braces and escaped quotes; the value is
+/// the first token after the labels (a trailing timestamp is not the value).
+fn sample_value(rest: &str) -> Option<f64> {
+    let after = if let Some(labels) = rest.strip_prefix('{') {
+        let mut in_quotes = false;
+        let mut escaped = false;
+        let mut end = None;
+        for (i, c) in labels.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' if in_quotes => escaped = true,
+                '"' => in_quotes = !in_quotes,
+                '}' if !in_quotes => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        &labels[end? + 1..]
+    } else if rest.starts_with([' ', '\t']) {
+        rest
+    } else {
+        return None; // another metric whose name starts with this one
+    };
+    let v = after.split_whitespace().next()?;
+    match v {
+        "+Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        _ => v.parse::<f64>().ok(),
+    }
 }
 
 /// The loop of one engine: until it is removed, check health every interval and discover
@@ -282,5 +313,27 @@ mod tests {
         assert_eq!(scrape(page, "vllm:num_requests_running"), Some(2.0));
         assert_eq!(scrape(page, "vllm:kv_cache_usage_perc"), Some(0.25));
         assert_eq!(scrape(page, "vllm:nothing"), None);
+    }
+
+    #[test]
+    fn a_timestamp_is_not_the_value_and_labels_may_hold_spaces_and_braces() {
+        // Regression: the last token of the line was read, i.e. the timestamp.
+        let page = "vllm:num_requests_running{model_name=\"a\"} 3 1700000000000\n\
+                    vllm:num_requests_waiting 4 1700000000000\n\
+                    vllm:kv_cache_usage_perc{model_name=\"my model {v2} \\\"x\\\"\"} 0.5 17\n\
+                    process_start_time_seconds 1.7e9\n\
+                    x_nan NaN\n\
+                    x_inf{a=\"b\"} +Inf\n\
+                    x_bad{a=\"unterminated} 5\n";
+        assert_eq!(scrape(page, "vllm:num_requests_running"), Some(3.0));
+        assert_eq!(scrape(page, "vllm:num_requests_waiting"), Some(4.0));
+        assert_eq!(scrape(page, "vllm:kv_cache_usage_perc"), Some(0.5));
+        assert_eq!(scrape(page, "process_start_time_seconds"), Some(1.7e9));
+        // Non-finite samples are not summed; an unterminated label set is not a sample.
+        assert_eq!(scrape(page, "x_nan"), None);
+        assert_eq!(scrape(page, "x_inf"), None);
+        assert_eq!(scrape(page, "x_bad"), None);
+        assert_eq!(super::sample_value(" +Inf"), Some(f64::INFINITY));
+        assert!(super::sample_value(" NaN").is_some_and(f64::is_nan));
     }
 }

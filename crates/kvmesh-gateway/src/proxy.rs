@@ -48,7 +48,8 @@ pub async fn inference(
 ) -> Response<Body> {
     gw.metrics.requests.inc();
     let (parts, body) = req.into_parts();
-    let mut resp = match read_body(&parts.headers, body, gw.cfg.max_body_bytes).await {
+    let deadline = Duration::from_millis(gw.cfg.body_read_timeout_ms);
+    let mut resp = match read_body(&parts.headers, body, gw.cfg.max_body_bytes, deadline).await {
         Ok(body) => handle(&gw, &parts, body, &request_id).await,
         Err(e) => {
             gw.metrics.error_response(e.status);

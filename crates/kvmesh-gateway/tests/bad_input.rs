@@ -155,6 +155,7 @@ async fn send_chunked(url: &str, body: Vec<u8>) -> Reply {
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     Reply {
+        headers: http::HeaderMap::new(),
         status,
         engine: None,
         body: String::from_utf8_lossy(&body).into_owned(),

@@ -48,6 +48,7 @@ async fn every_discovered_engine_is_routed() {
             fake_engine,
             rx,
             Duration::from_secs(1),
+            kvmesh_http::ServeLimits::default(),
         ));
     }
     // Busy threads preempt the rebuilding ones at random points, as a loaded machine does.

@@ -1,12 +1,13 @@
 //! HTTP plumbing shared by `kvmesh sim` and `kvmesh serve` (thin, no policy).
 
+#![forbid(unsafe_code)]
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use kvmesh_openai::ApiError;
 use std::convert::Infallible;
 use std::future::Future;
@@ -69,8 +70,21 @@ pub fn openmetrics(text: String) -> Response<Body> {
 }
 
 /// Reads the whole body under the size limit (413 above it, checked against Content-Length
-/// first so that an oversized body is refused before it is read).
+/// first so that an oversized body is refused before it is read) and before `deadline`
+/// (408: a client that stalls its body cannot hold the request forever).
 pub async fn read_body(
+    headers: &HeaderMap,
+    body: Incoming,
+    limit: usize,
+    deadline: Duration,
+) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(deadline, read_body_unbounded(headers, body, limit)).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::body_timeout(deadline)),
+    }
+}
+
+async fn read_body_unbounded(
     headers: &HeaderMap,
     body: Incoming,
     limit: usize,
@@ -152,12 +166,18 @@ pub async fn serve<S, H, F>(
     handler: H,
     mut shutdown: oneshot::Receiver<()>,
     drain: Duration,
+    limits: ServeLimits,
 ) where
     S: Send + Sync + 'static,
     H: Fn(Arc<S>, Request<Incoming>) -> F + Send + Sync + Copy + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -171,15 +191,21 @@ pub async fn serve<S, H, F>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    // Full: a clear 503 and the connection closed, never queued unboundedly.
+                    tokio::spawn(refuse(stream, limits.max_connections));
+                    continue;
+                };
                 let st = state.clone();
                 let svc = service_fn(move |req| {
                     let fut = handler(st.clone(), req);
                     async move { Ok::<_, Infallible>(fut.await) }
                 });
-                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                let conn = builder.serve_connection(TokioIo::new(stream), svc);
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     let _ = conn.await;
+                    drop(slot);
                 });
             }
             _ = &mut shutdown => break,
@@ -192,6 +218,42 @@ pub async fn serve<S, H, F>(
     {
         tracing::warn!(?drain, "drain timeout: closing the remaining connections");
     }
+}
+
+/// Limits of the accept loop against clients that hold connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Connections served at once; one more gets a 503 JSON error and is closed.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers; also closes keep-alive connections idle
+    /// that long (hyper's header-read timeout, which needs the timer set here).
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits {
+            max_connections: 10_000,
+            header_read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Answers a connection over the limit with a 503 and closes it (bounded: a client that does
+/// not read is dropped after a second).
+async fn refuse(mut stream: tokio::net::TcpStream, limit: usize) {
+    use tokio::io::AsyncWriteExt;
+    let body = ApiError::too_many_connections(limit).to_json();
+    let msg = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(msg.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //!
 //! See the crate README for the wire format and the vLLM sources it follows.
 
+#![forbid(unsafe_code)]
 pub mod decode;
 pub mod encode;
 pub mod json;

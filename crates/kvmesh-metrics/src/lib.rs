@@ -3,6 +3,7 @@
 //! component that owns them (the simulator's under vLLM's names, the router's under
 //! `kvmesh_`); this crate only renders.
 
+#![forbid(unsafe_code)]
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

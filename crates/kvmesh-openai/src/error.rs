@@ -68,6 +68,33 @@ impl ApiError {
         }
     }
 
+    /// The client did not send its whole body in time.
+    pub fn body_timeout(after: std::time::Duration) -> Self {
+        ApiError {
+            status: 408,
+            message: format!(
+                "the request body did not arrive within {} ms",
+                after.as_millis()
+            ),
+            kind: "invalid_request_error",
+            code: "request_timeout",
+            param: None,
+        }
+    }
+
+    /// The server is at its connection limit.
+    pub fn too_many_connections(limit: usize) -> Self {
+        ApiError {
+            status: 503,
+            message: format!(
+                "the server is at its connection limit ({limit} connections); retry shortly"
+            ),
+            kind: "server_error",
+            code: "connection_limit",
+            param: None,
+        }
+    }
+
     /// The named model is not served here.
     pub fn model_not_found(model: &str) -> Self {
         ApiError {

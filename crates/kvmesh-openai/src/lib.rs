@@ -2,6 +2,7 @@
 //! response bodies and stream chunks as vLLM emits them, and OpenAI-shaped errors.
 //! Shared by the engine simulator and the router; pure (no I/O).
 
+#![forbid(unsafe_code)]
 mod error;
 mod request;
 mod response;

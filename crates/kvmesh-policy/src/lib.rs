@@ -25,6 +25,7 @@
 //!
 //! The crate README documents every default, its source, and how a gateway drives each part.
 
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod config;

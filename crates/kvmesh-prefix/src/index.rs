@@ -180,6 +180,7 @@ type AnchorMap = HashMap<u64, Posting, BuildHasherDefault<FoldHasher>>;
 #[inline]
 pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
     // SAFETY: a prefetch is a hint: it never faults, even on an invalid address, and has no
     // observable effect; SSE (which provides it) is part of the x86_64 baseline.
     unsafe {

@@ -280,6 +280,20 @@ impl EngineIngest {
         &self.cfg
     }
 
+    /// Sets the block size the engine's events must have (the router learnt the engine's model
+    /// after its events started, e.g. an engine found through DNS whose model has its own
+    /// block size). If events were skipped for their block size before, the engine's blocks
+    /// are not exactly known: it is marked stale until its next exact resync point.
+    pub fn set_block_size(&mut self, block_size: u32, now_us: u64) {
+        if block_size == self.cfg.block_size || block_size == 0 {
+            return;
+        }
+        self.cfg.block_size = block_size;
+        if self.stats.skipped_block_size > 0 {
+            self.mark_stale(now_us);
+        }
+    }
+
     /// Restarts seen so far (0 at first).
     pub fn epoch(&self) -> u32 {
         self.epoch

@@ -22,6 +22,10 @@
 //! The crate README gives the design, costs, measured memory and benchmark figures.
 
 #![warn(missing_docs)]
+// The one `unsafe` of the workspace is `index::prefetch` (an x86_64 `_mm_prefetch` hint, which
+// cannot fault); every other crate is `#![forbid(unsafe_code)]`. Everything else here must be
+// safe code:
+#![deny(unsafe_code)]
 
 pub mod id;
 pub mod index;

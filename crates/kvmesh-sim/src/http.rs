@@ -12,6 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
+/// Time a client has to send its whole request body (then 408).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Routes one request.
 pub async fn route(st: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
@@ -62,7 +65,7 @@ pub async fn route(st: Arc<AppState>, req: Request<Incoming>) -> Response<Body> 
 /// Reads the whole body of `req` under the size limit (413 above it).
 pub async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     let (parts, body) = req.into_parts();
-    kvmesh_http::read_body(&parts.headers, body, limit).await
+    kvmesh_http::read_body(&parts.headers, body, limit, BODY_READ_TIMEOUT).await
 }
 
 fn models(st: &AppState) -> Response<Body> {

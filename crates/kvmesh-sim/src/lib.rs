@@ -8,6 +8,7 @@
 //!
 //! Start one in-process with [`start`] (tests do) or from the `kvmesh sim` command.
 
+#![forbid(unsafe_code)]
 mod api;
 mod engine_thread;
 mod events;
@@ -181,6 +182,7 @@ pub async fn start(cfg: SimConfig) -> Result<SimServer, SimError> {
         http::route,
         rx,
         Duration::from_secs(30),
+        kvmesh_http::ServeLimits::default(),
     ));
     tracing::info!(%http_addr, "kvmesh sim listening");
     Ok(SimServer {

@@ -30,6 +30,7 @@
 //! # Ok::<(), kvmesh_tokenize::TokenizeError>(())
 //! ```
 
+#![forbid(unsafe_code)]
 mod config;
 mod error;
 mod jinja_env;

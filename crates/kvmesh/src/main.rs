@@ -1,5 +1,6 @@
 //! The `kvmesh` command.
 
+#![forbid(unsafe_code)]
 mod serve_cmd;
 mod sim_cmd;
 mod up_cmd;

@@ -254,6 +254,8 @@ pub struct Reply {
     pub status: u16,
     /// `x-kvmesh-engine`, when present.
     pub engine: Option<String>,
+    /// Every response header.
+    pub headers: http::HeaderMap,
     /// The body (as much as arrived).
     pub body: String,
     /// The body was read to its end without a transport error or timeout.
@@ -308,6 +310,7 @@ pub async fn send(
     let mut reply = Reply {
         status: 0,
         engine: None,
+        headers: http::HeaderMap::new(),
         body: String::new(),
         complete: false,
         error: None,
@@ -331,6 +334,7 @@ pub async fn send(
         .get("x-kvmesh-engine")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    reply.headers = resp.headers().clone();
     let mut body = resp.into_body();
     let mut buf = Vec::new();
     loop {
