@@ -178,6 +178,14 @@ impl Engine {
             && !self.ingest.stale.load(Ordering::Relaxed)
     }
 
+    /// Its slot and id: whom an index change is for.
+    pub fn target(&self) -> kvmesh_prefix::Target {
+        kvmesh_prefix::Target {
+            slot: self.slot,
+            engine: self.id,
+        }
+    }
+
     /// It was removed from the registry (its in-flight requests finish).
     pub fn removed(&self) -> bool {
         self.stop.is_cancelled()

@@ -20,7 +20,7 @@ use crate::prefix::PrefixState;
 use crate::tasks::Tasks;
 use kvmesh_config::ServeConfig;
 use kvmesh_kvevents::{DecodeLimits, KvFrame, RecvError, Subscriber, decode_batch, replay};
-use kvmesh_prefix::{EngineIngest, IndexOp, IngestConfig, IngestOutcome};
+use kvmesh_prefix::{EngineIngest, IndexOp, IngestConfig, IngestOutcome, OpVersion};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -153,7 +153,11 @@ async fn apply_loop(ctx: IngestCtx, e: Arc<Engine>, mut rx: mpsc::Receiver<KvFra
         {
             a.ops.clear();
             a.ingest.on_restart(&mut a.ops);
-            a.apply();
+            let version = OpVersion {
+                epoch: a.ingest.epoch(),
+                seq: None,
+            };
+            a.apply(version);
             a.e.ingest.restarts.fetch_add(1, Relaxed);
             tracing::info!(engine = %a.e.url, "engine restarted (new process start time): its blocks are dropped");
         }
@@ -166,12 +170,14 @@ impl Applier {
         self.ctx.clock.now_us()
     }
 
-    fn apply(&mut self) {
+    /// Sends the ops of one batch (or of a restart) to the index as a versioned batch. Only
+    /// batches that produced ops are sent: a batch held back by a gap sends nothing, so the
+    /// replayed batches before it still count as newer.
+    fn apply(&mut self, version: OpVersion) {
         if !self.ops.is_empty() {
             self.ctx
                 .prefix
-                .index_mut()
-                .apply_all(self.e.slot, &self.ops);
+                .apply_batch(self.e.target(), version, &self.ops);
         }
     }
 
@@ -180,7 +186,17 @@ impl Applier {
         self.ops.clear();
         let now = self.now();
         let out = self.ingest.on_decoded(seq, batch, now, &mut self.ops);
-        self.apply();
+        // A restart revealed with a gap (the new process's first batches lost) carries only
+        // the clear: it is the new epoch's start, before the batches the replay will bring.
+        let held_back = matches!(
+            out,
+            IngestOutcome::Gap { .. } | IngestOutcome::Restarted { gap: Some(_), .. }
+        );
+        let version = OpVersion {
+            epoch: self.ingest.epoch(),
+            seq: (!held_back).then_some(seq),
+        };
+        self.apply(version);
         match out {
             IngestOutcome::Applied | IngestOutcome::Duplicate => None,
             IngestOutcome::Gap { from, .. } => Some(from),

@@ -12,7 +12,8 @@ use kvmesh_config::{PrefixConfig, ServeConfig};
 use kvmesh_openai::{ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
 use kvmesh_policy::{PolicyConfig, PolicyKind, PrefixAffinityConfig, PrefixMatch};
 use kvmesh_prefix::{
-    ANCHOR_STRIDE, BlockKey, ExtraKeys, Match, PrefixIndex, block_keys, max_hit_blocks,
+    ANCHOR_STRIDE, BlockKey, ExtraKeys, IndexOp, IndexSink, Match, OpVersion, PrefixIndex, Target,
+    Tee, block_keys, max_hit_blocks,
 };
 use kvmesh_route::TtlPlan;
 use kvmesh_tokenize::{ChatRenderRequest, SegmentCache, Tokenizer};
@@ -47,6 +48,8 @@ pub struct PrefixState {
     slots: Mutex<(Vec<u32>, u32)>,
     /// Slots of engines gone for good (their last reference dropped), freed by the next sweep.
     retired: Mutex<Vec<u32>>,
+    /// Where index changes go besides the local index (the mesh's delta buffer).
+    delta: Mutex<Option<Box<dyn IndexSink + Send>>>,
     tokenizers: Mutex<HashMap<String, Arc<Tokenizer>>>,
     /// Token ids of prompt pieces, shared by every model (keys are text hashes; a piece
     /// tokenized by two tokenizers would collide, so the cache is per tokenizer path).
@@ -63,6 +66,7 @@ impl PrefixState {
             index: RwLock::new(PrefixIndex::new()),
             slots: Mutex::new((Vec::new(), 0)),
             retired: Mutex::new(Vec::new()),
+            delta: Mutex::new(None),
             tokenizers: Mutex::new(HashMap::new()),
             segments: Mutex::new(HashMap::new()),
             metrics: PrefixMetrics {
@@ -79,14 +83,63 @@ impl PrefixState {
         &self.cfg
     }
 
-    /// The index, for reading (lookups; never held across an await).
+    /// The index, for reading (lookups and probes run under this shared lock, concurrently
+    /// with each other; never held across an await).
     pub fn index(&self) -> RwLockReadGuard<'_, PrefixIndex> {
         self.index.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The index, for writing (event ops, speculative entries, sweeps).
-    pub fn index_mut(&self) -> RwLockWriteGuard<'_, PrefixIndex> {
+    /// The write lock: private. Every change goes through [`Self::apply_batch`],
+    /// [`Self::mark`], [`Self::clear`] or [`Self::exclusive`] (the sink), or the slot and sweep
+    /// bookkeeping below.
+    fn index_mut(&self) -> RwLockWriteGuard<'_, PrefixIndex> {
         self.index.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` with the sink of every index change: the local index (write-locked for the
+    /// call) teed to the delta sink when one is set.
+    fn with_sink<R>(&self, f: impl FnOnce(&mut dyn IndexSink) -> R) -> R {
+        let mut index = self.index_mut();
+        let mut delta = lock(&self.delta);
+        match delta.as_deref_mut() {
+            Some(d) => f(&mut Tee(&mut *index, d)),
+            None => f(&mut *index),
+        }
+    }
+
+    /// A versioned batch of an engine's ops (its KV events); true when it was new.
+    pub fn apply_batch(&self, t: Target, version: OpVersion, ops: &[IndexOp]) -> bool {
+        self.with_sink(|s| s.apply_batch(t, version, ops))
+    }
+
+    /// A speculative mark (a brief write lock; lookups are not held up for long).
+    pub fn mark(&self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
+        if !keys.is_empty() {
+            self.with_sink(|s| s.mark(t, keys, expiry_us, now_us));
+        }
+    }
+
+    /// Everything known of an engine is void (a restart seen outside its events).
+    pub fn clear(&self, t: Target) {
+        self.with_sink(|s| s.clear(t));
+    }
+
+    /// Runs `f` holding the write lock: a lookup, decision and mark that must not interleave
+    /// with another request's (a prompt no engine holds yet: its siblings must see its mark).
+    pub fn exclusive<R>(&self, f: impl FnOnce(&mut Exclusive<'_>) -> R) -> R {
+        let mut index = self.index_mut();
+        let mut delta = lock(&self.delta);
+        let mut x = Exclusive {
+            index: &mut index,
+            delta: delta.as_deref_mut(),
+        };
+        f(&mut x)
+    }
+
+    /// Sets the sink that receives every index change besides the local index (the mesh's
+    /// delta buffer; a recording sink in tests).
+    pub fn set_delta_sink(&self, sink: Option<Box<dyn IndexSink + Send>>) {
+        *lock(&self.delta) = sink;
     }
 
     /// The tokenizer at `path` (empty = bundled Qwen3), loaded once.
@@ -168,6 +221,31 @@ impl PrefixState {
             self.release_slot(slot);
         }
         self.index_mut().expire(now_us)
+    }
+}
+
+/// The index under its write lock ([`PrefixState::exclusive`]): read it, then mark through
+/// the sink.
+pub struct Exclusive<'a> {
+    index: &'a mut PrefixIndex,
+    delta: Option<&'a mut (dyn IndexSink + Send + 'static)>,
+}
+
+impl Exclusive<'_> {
+    /// The index, for lookups and probes.
+    pub fn index(&self) -> &PrefixIndex {
+        self.index
+    }
+
+    /// A speculative mark, through the sink.
+    pub fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
+        if keys.is_empty() {
+            return;
+        }
+        IndexSink::mark(self.index, t, keys, expiry_us, now_us);
+        if let Some(d) = self.delta.as_deref_mut() {
+            d.mark(t, keys, expiry_us, now_us);
+        }
     }
 }
 

@@ -135,7 +135,7 @@ fn note_start_time(gw: &Gateway, e: &Engine, t: Option<f64>) {
             e.ingest.hint_restart(prev_epoch);
         } else {
             // Only routing decisions were remembered for it; they are all wrong now.
-            gw.registry.prefix.index_mut().clear_engine(e.slot);
+            gw.registry.prefix.clear(e.target());
         }
     }
 }

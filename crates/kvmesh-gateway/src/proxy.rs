@@ -215,34 +215,79 @@ fn decide_step(
                     .map(|i| Reservation::new(route.engines[i].clone()));
                 return (d, r, None);
             };
-            let mut index = state.index_mut();
-            prefix::match_engines(state, &index, rp, now, s);
-            let probe = IndexProbe {
-                index: &index,
-                engines: &route.engines,
-                keys: &s.keys,
-                now_us: now,
-            };
             let depth = route.policy_cfg.prefix.cold_prefix_blocks as usize;
             let cold_key = s.keys.get(s.keys.len().min(depth).wrapping_sub(1));
-            let plan = PrefixPlan {
-                total_blocks: l.total_blocks,
-                matches: &s.matches,
-                cold_key: cold_key.map_or(0, |k| k.0),
-                probe: &probe,
-                ttl: prefix::ttl_plan(state.config()),
+            let cold_key = cold_key.map_or(0, |k| k.0);
+            let ttl = prefix::ttl_plan(state.config());
+            let reserve = |d: &Decision| {
+                d.reserve
+                    .map(|i| Reservation::new(route.engines[i].clone()))
             };
-            let d = decide(&route.policy, &view, ctx, Some(plan), out);
-            if let Some(m) = d.mark {
-                let slot = route.engines[m.engine].slot;
-                index.insert_speculative(slot, &s.keys, m.expiry_us, now);
-            }
-            // Counted in flight before the lock is released, so that the next decision's
-            // load guard sees this request (the attempt takes the count over).
-            let r = d
-                .reserve
-                .map(|i| Reservation::new(route.engines[i].clone()));
-            drop(index);
+            // Most prompts match an engine: lookup and decision under the shared lock
+            // (concurrent with other lookups), then the mark under a brief write lock.
+            let warm = {
+                let index = state.index();
+                prefix::match_engines(state, &index, rp, now, s);
+                (!s.matches.is_empty()).then(|| {
+                    let probe = IndexProbe {
+                        index: &index,
+                        engines: &route.engines,
+                        keys: &s.keys,
+                        now_us: now,
+                    };
+                    let plan = PrefixPlan {
+                        total_blocks: l.total_blocks,
+                        matches: &s.matches,
+                        cold_key,
+                        probe: &probe,
+                        ttl,
+                    };
+                    let d = decide(&route.policy, &view, ctx, Some(plan), out);
+                    // Counted in flight right away, so that the next decision's load guard
+                    // sees this request (the attempt takes the count over).
+                    let r = reserve(&d);
+                    (d, r)
+                })
+            };
+            let (d, r) = match warm {
+                Some((d, r)) => {
+                    if let Some(m) = d.mark {
+                        state.mark(route.engines[m.engine].target(), &s.keys, m.expiry_us, now);
+                    }
+                    (d, r)
+                }
+                // No engine holds a usable part of the prompt: lookup, decision, mark and
+                // reservation again under the write lock, so that siblings of a new prefix
+                // arriving together see each other's mark and land on one engine.
+                None => state.exclusive(|x| {
+                    prefix::match_engines(state, x.index(), rp, now, s);
+                    let probe = IndexProbe {
+                        index: x.index(),
+                        engines: &route.engines,
+                        keys: &s.keys,
+                        now_us: now,
+                    };
+                    let plan = PrefixPlan {
+                        total_blocks: l.total_blocks,
+                        matches: &s.matches,
+                        cold_key,
+                        probe: &probe,
+                        ttl,
+                    };
+                    let d = decide(
+                        &route.policy,
+                        &view,
+                        ctx,
+                        Some(plan),
+                        Vec::with_capacity(MAX_CANDIDATES),
+                    );
+                    let r = reserve(&d);
+                    if let Some(m) = d.mark {
+                        x.mark(route.engines[m.engine].target(), &s.keys, m.expiry_us, now);
+                    }
+                    (d, r)
+                }),
+            };
             (d, r, Some(l))
         }),
     };

@@ -383,3 +383,79 @@ async fn metrics_render_the_counters_the_request_path_touched() {
     );
     assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with EOF");
 }
+
+/// A recording sink the test keeps a handle on.
+struct Shared(Arc<std::sync::Mutex<kvmesh_prefix::RecordingSink>>);
+
+impl kvmesh_prefix::IndexSink for Shared {
+    fn apply_batch(
+        &mut self,
+        t: kvmesh_prefix::Target,
+        v: kvmesh_prefix::OpVersion,
+        ops: &[kvmesh_prefix::IndexOp],
+    ) -> bool {
+        self.0.lock().expect("sink").apply_batch(t, v, ops)
+    }
+    fn mark(&mut self, t: kvmesh_prefix::Target, k: &[kvmesh_prefix::BlockKey], e: u64, n: u64) {
+        self.0.lock().expect("sink").mark(t, k, e, n)
+    }
+    fn clear(&mut self, t: kvmesh_prefix::Target) {
+        self.0.lock().expect("sink").clear(t)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_mark_of_a_cache_aware_decision_reaches_the_delta_sink() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::ok(200, "{}"));
+    mock.set_default(B, MockReply::ok(200, "{}"));
+    let mut c = cfg();
+    c.routing.policy.policy = PolicyKind::CacheAware;
+    let gw = gateway(c, &mock, &[A, B]);
+    let rec = Arc::new(std::sync::Mutex::new(
+        kvmesh_prefix::RecordingSink::default(),
+    ));
+    gw.registry
+        .prefix
+        .set_delta_sink(Some(Box::new(Shared(rec.clone()))));
+    let long = "a shared system prompt long enough for several blocks ".repeat(20);
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"{long}"}},{{"role":"user","content":"hi"}}],"max_tokens":2}}"#
+    );
+    let mut engines = Vec::new();
+    for _ in 0..3 {
+        let (parts, ()) = Request::post("/v1/chat/completions")
+            .body(())
+            .expect("request")
+            .into_parts();
+        let r = handle(&gw, &parts, Bytes::from(body.clone()), "rid").await;
+        assert_eq!(r.status(), 200);
+        engines.push(r.headers()["x-kvmesh-engine"].clone());
+    }
+    assert!(
+        engines.iter().all(|e| *e == engines[0]),
+        "one engine: {engines:?}"
+    );
+    let calls = rec.lock().expect("sink").calls.clone();
+    assert_eq!(calls.len(), 3, "one mark per decision: {calls:?}");
+    let chosen = engine(
+        &gw,
+        if engines[0] == "http://127.0.0.1:9" {
+            A
+        } else {
+            B
+        },
+    );
+    for call in &calls {
+        match call {
+            kvmesh_prefix::SinkCall::Mark { target, keys, .. } => {
+                assert_eq!(*target, chosen.target());
+                assert!(keys.len() >= 10, "the prompt's blocks: {}", keys.len());
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // The first decision found no holder (exclusive path), the next two a match.
+    let text = gw.metrics.render(&gw.registry, gw.clock.now_us());
+    assert!(text.contains("reason=\"prefix_match\"} 2"), "{text}");
+}

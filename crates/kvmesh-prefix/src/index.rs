@@ -64,6 +64,17 @@ pub enum IndexOp {
     Cleared,
 }
 
+/// The version of one engine's op batch: its ingestion epoch (a restart starts a new one) and
+/// the batch's seq within it; `seq: None` is the epoch's start (a restart seen before any
+/// batch of the new process). Ordered by (epoch, seq) with `None` first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpVersion {
+    /// Restarts seen.
+    pub epoch: u32,
+    /// The batch's seq in the epoch.
+    pub seq: Option<u64>,
+}
+
 /// One engine's entry counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineCounts {
@@ -94,6 +105,8 @@ pub struct IndexStats {
     pub expired: u64,
     /// Inserts and ops for engines that were not added (ignored).
     pub ignored: u64,
+    /// Op batches skipped because their version was already applied.
+    pub duplicates: u64,
     /// Heap bytes held by the index (see [`PrefixIndex::memory_bytes`]).
     pub memory_bytes: u64,
 }
@@ -137,6 +150,8 @@ struct EngineSlot {
     head: u32,
     /// Least recently used entry (evicted first).
     tail: u32,
+    /// Version of the last op batch applied.
+    applied: Option<OpVersion>,
 }
 
 #[derive(Debug, Clone)]
@@ -218,6 +233,10 @@ pub struct PrefixIndex {
     evicted: u64,
     expired: u64,
     ignored: u64,
+    /// Heap bytes of the `Posting::Many` vectors, maintained (no walk to report memory).
+    posting_bytes: usize,
+    /// Op batches skipped because their version was already applied.
+    duplicates: u64,
 }
 
 /// `IdxTable` with a `Default` (empty, allocated on first insert).
@@ -442,7 +461,35 @@ impl PrefixIndex {
         }
     }
 
-    /// Applies ops in order.
+    /// Applies a versioned batch of `engine`'s ops, in order, if `version` is newer than the
+    /// last batch applied to it; a redelivered or older batch changes nothing (false). A
+    /// batch of a newer epoch first drops the engine's entries (it restarted: its cache is
+    /// empty). So any redelivery of an engine's batches, in its version order, ends in the
+    /// same index as applying each once.
+    pub fn apply_batch(&mut self, engine: Slot, version: OpVersion, ops: &[IndexOp]) -> bool {
+        let Some(s) = self.slot(engine) else {
+            self.ignored += 1;
+            return false;
+        };
+        match s.applied {
+            Some(done) if version <= done => {
+                self.duplicates += 1;
+                return false;
+            }
+            Some(done) if version.epoch > done.epoch => self.clear_engine(engine),
+            _ => {}
+        }
+        self.engines[engine as usize].applied = Some(version);
+        self.apply_all(engine, ops);
+        true
+    }
+
+    /// The version of the last batch applied to `engine`.
+    pub fn applied_version(&self, engine: Slot) -> Option<OpVersion> {
+        self.slot(engine).and_then(|s| s.applied)
+    }
+
+    /// Applies ops in order (unversioned: each op counts, however often it comes).
     pub fn apply_all(&mut self, engine: Slot, ops: &[IndexOp]) {
         for &op in ops {
             self.apply(engine, op);
@@ -529,8 +576,16 @@ impl PrefixIndex {
                 std::collections::hash_map::Entry::Occupied(mut o) => {
                     let p = o.get_mut();
                     match p {
-                        Posting::One(j) => *p = Posting::Many(vec![*j, idx]),
-                        Posting::Many(v) => v.push(idx),
+                        Posting::One(j) => {
+                            let v = vec![*j, idx];
+                            self.posting_bytes += v.capacity() * 4;
+                            *p = Posting::Many(v);
+                        }
+                        Posting::Many(v) => {
+                            let before = v.capacity();
+                            v.push(idx);
+                            self.posting_bytes += (v.capacity() - before) * 4;
+                        }
                     }
                 }
             }
@@ -583,6 +638,7 @@ impl PrefixIndex {
                     }
                     if v.len() == 1 {
                         let last = v[0];
+                        self.posting_bytes -= v.capacity() * 4;
                         *o.get_mut() = Posting::One(last);
                     }
                     false
@@ -687,20 +743,14 @@ impl PrefixIndex {
             evicted: self.evicted,
             expired: self.expired,
             ignored: self.ignored,
+            duplicates: self.duplicates,
             memory_bytes: self.memory_bytes() as u64,
         }
     }
 
     /// Heap bytes held (allocated capacity of every structure; allocator overhead excluded).
     pub fn memory_bytes(&self) -> usize {
-        let posting_vecs: usize = self
-            .anchors
-            .values()
-            .map(|p| match p {
-                Posting::One(_) => 0,
-                Posting::Many(v) => v.capacity() * 4,
-            })
-            .sum();
+        let posting_vecs = self.posting_bytes;
         self.entries.capacity() * size_of::<Entry>()
             + self.members.0.heap_bytes()
             + self.anchors.capacity() * (size_of::<(u64, Posting)>() + 1)

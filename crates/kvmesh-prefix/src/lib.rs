@@ -31,11 +31,12 @@ pub mod id;
 pub mod index;
 pub mod ingest;
 pub mod keys;
+pub mod sink;
 mod table;
 
 pub use id::EngineId;
 pub use index::{
-    EngineCounts, IndexError, IndexOp, IndexStats, MAX_ENGINES, Match, PrefixIndex, Slot,
+    EngineCounts, IndexError, IndexOp, IndexStats, MAX_ENGINES, Match, OpVersion, PrefixIndex, Slot,
 };
 pub use ingest::{
     EngineIngest, IngestConfig, IngestOutcome, IngestStats, RECENT_BATCHES, Staleness,
@@ -45,3 +46,4 @@ pub use keys::{
     ANCHOR_STRIDE, BlockKey, ExtraKeys, KEY_LAYOUT_VERSION, block_key, block_key_with, block_keys,
     extend_block_keys, max_hit_blocks,
 };
+pub use sink::{IndexSink, RecordingSink, SinkCall, Target, Tee};

@@ -98,6 +98,20 @@ impl PrefixIndex {
         {
             return Err("member table holds stale or missing indices".into());
         }
+        let posting_bytes: usize = self
+            .anchors
+            .values()
+            .map(|p| match p {
+                Posting::One(_) => 0,
+                Posting::Many(v) => v.capacity() * 4,
+            })
+            .sum();
+        if posting_bytes != self.posting_bytes {
+            return Err(format!(
+                "maintained posting bytes {} != {posting_bytes}",
+                self.posting_bytes
+            ));
+        }
         let mut in_postings = HashSet::new();
         for (k, p) in &self.anchors {
             if let Posting::Many(v) = p
