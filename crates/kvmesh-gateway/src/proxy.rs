@@ -179,6 +179,7 @@ fn decide_step(
         engines: &route.engines,
         now_us: now,
         fleet_latency_us: gw.registry.fleet_latency_us(),
+        totals: &route.totals,
     };
     let mut ctx = RequestCtx::new(gw.next_seed(), now);
     if let Some(k) = key {

@@ -10,10 +10,10 @@ use crate::engine::{Engine, Source};
 use crate::prefix::{PrefixState, RoutePrefix};
 use arc_swap::ArcSwap;
 use kvmesh_config::{EngineEntry, ServeConfig};
-use kvmesh_policy::Reason;
 use kvmesh_policy::{
     EngineMember, EngineSet, EngineTracker, EngineView, Policy, PolicyConfig, stable_hash,
 };
+use kvmesh_policy::{Reason, Totals};
 use kvmesh_prefix::EngineId;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -38,6 +38,8 @@ pub struct ModelRoute {
     pub policy_cfg: PolicyConfig,
     /// Tokenizer, block size and slot map when the policy is cache-aware.
     pub prefix: Option<RoutePrefix>,
+    /// Its fleet totals, kept between decisions.
+    pub totals: TotalsCache,
     /// Its `kvmesh_routing_decisions_total` series, one per [`Reason`] (atomic handles taken
     /// at rebuild: counting a decision touches no lock).
     pub decisions: Vec<Counter>,
@@ -84,6 +86,8 @@ pub struct RouteView<'a> {
     pub now_us: u64,
     /// The fleet's median latency (µs), 0 when unknown.
     pub fleet_latency_us: f64,
+    /// The route's fleet totals, kept between decisions.
+    pub totals: &'a TotalsCache,
 }
 
 impl EngineSet for RouteView<'_> {
@@ -93,6 +97,65 @@ impl EngineSet for RouteView<'_> {
 
     fn view(&self, i: usize) -> EngineView {
         self.engines[i].view(self.now_us, self.fleet_latency_us)
+    }
+
+    /// The kept totals, refreshed by a scan at most once per [`TOTALS_REFRESH_US`] (by the
+    /// decision that finds them older): a decision does not scan the fleet.
+    fn totals(&self) -> Totals {
+        self.totals.get(self.now_us, || {
+            let mut t = Totals::default();
+            for e in self.engines {
+                let v = e.view(self.now_us, self.fleet_latency_us);
+                if v.eligible {
+                    t.eligible += 1;
+                    t.load += u64::from(v.load());
+                    t.weight += v.safe_weight();
+                }
+            }
+            t
+        })
+    }
+}
+
+/// How old the kept fleet totals may get before a decision rescans (µs).
+pub const TOTALS_REFRESH_US: u64 = 1_000;
+
+/// A route's fleet totals (eligible engines, Σ load, Σ weight) kept between decisions in
+/// atomics: the load guard and bounded-load hashing read them without scanning the fleet; one
+/// decision per [`TOTALS_REFRESH_US`] refreshes them (readers racing a refresh may mix a
+/// field of each: they are a heuristic's mean, not an invariant).
+#[derive(Debug, Default)]
+pub struct TotalsCache {
+    at_us: AtomicU64,
+    eligible: AtomicU64,
+    load: AtomicU64,
+    weight_bits: AtomicU64,
+}
+
+impl TotalsCache {
+    /// The totals, refreshed with `scan` when older than [`TOTALS_REFRESH_US`] at `now_us`.
+    pub fn get(&self, now_us: u64, scan: impl FnOnce() -> Totals) -> Totals {
+        let at = self.at_us.load(Ordering::Acquire);
+        let fresh = at != 0 && now_us.saturating_sub(at) < TOTALS_REFRESH_US;
+        // One refresher at a time; the others use the kept values.
+        if !fresh
+            && self
+                .at_us
+                .compare_exchange(at, now_us.max(1), Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            let t = scan();
+            self.eligible.store(t.eligible as u64, Ordering::Relaxed);
+            self.load.store(t.load, Ordering::Relaxed);
+            self.weight_bits
+                .store(t.weight.to_bits(), Ordering::Release);
+            return t;
+        }
+        Totals {
+            eligible: self.eligible.load(Ordering::Relaxed) as usize,
+            load: self.load.load(Ordering::Relaxed),
+            weight: f64::from_bits(self.weight_bits.load(Ordering::Acquire)),
+        }
     }
 }
 
@@ -291,6 +354,7 @@ impl Registry {
                     policy,
                     policy_cfg,
                     prefix,
+                    totals: TotalsCache::default(),
                     decisions,
                 };
                 (model, Arc::new(route))
@@ -380,5 +444,29 @@ mod tests {
         reg.prefix.sweep(4);
         let d = reg.add(&entry(4), Source::Static, false).expect("add d");
         assert_eq!(d.slot, 2);
+    }
+
+    #[test]
+    fn fleet_totals_are_rescanned_at_most_once_per_refresh_interval() {
+        let cache = TotalsCache::default();
+        let scans = std::cell::Cell::new(0);
+        let scan = |load| {
+            scans.set(scans.get() + 1);
+            Totals {
+                eligible: 4,
+                load,
+                weight: 4.0,
+            }
+        };
+        assert_eq!(cache.get(1_000, || scan(10)).load, 10);
+        // Within the interval: the kept totals, no scan.
+        for t in 1_000..1_000 + TOTALS_REFRESH_US {
+            assert_eq!(cache.get(t, || scan(99)).load, 10);
+        }
+        assert_eq!(scans.get(), 1);
+        // Past it: one rescan.
+        let t = cache.get(1_000 + TOTALS_REFRESH_US, || scan(12));
+        assert_eq!((t.eligible, t.load, t.weight), (4, 12, 4.0));
+        assert_eq!(scans.get(), 2);
     }
 }
