@@ -1,0 +1,57 @@
+//! The mesh's replicated state, pure: no I/O, no clock (time is `now_us`, cluster time: µs
+//! since the Unix epoch), deterministic.
+//!
+//! Every piece is a delta-state CRDT: a local change yields a small delta, and `merge` of any
+//! deltas in any order, batching or repetition ends in the same state (commutative,
+//! associative, idempotent — property-tested), whose `digest` routers compare for
+//! anti-entropy.
+//!
+//! * [`load`]: per-(router, engine) in-flight counts — single writer, newest version wins,
+//!   a departed router's entries collected (tombstoned by incarnation).
+//! * [`marks`]: speculative prefix marks — (engine, block key) → expiry, join = max,
+//!   expired marks dropped deterministically, a per-engine bound.
+//! * [`registry`]: the engine registry — an add-wins observed-remove set of engines with
+//!   last-writer-wins attributes ((time, node) stamps, no arbitrary tie).
+//! * [`wire`]: the versioned envelope (`Envelope::V1` with the cluster id and the sender)
+//!   and its size-bounded decoder, which never panics on hostile bytes.
+//!
+//! The precise prefix entries from KV events travel as the versioned op batches of
+//! `kvmesh_prefix` (`OpBatch`-shaped: engine, epoch, seq, ops), idempotent by version.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod ids;
+pub mod load;
+pub mod marks;
+pub mod registry;
+pub mod wire;
+
+pub use ids::{NodeId, Version};
+pub use load::{LoadDelta, LoadMap};
+pub use marks::{MarkDelta, MarkMap};
+pub use registry::{Dot, EngineRecord, RegistryDelta, RegistrySet, Stamp};
+pub use wire::{Delta, Envelope, EnvelopeV1, MAX_ENVELOPE_BYTES, WireError, decode, encode};
+
+/// A 64-bit digest of a sorted sequence of hashable parts (blake3, stable across platforms).
+pub(crate) fn digest_of(tag: &[u8], parts: impl Iterator<Item = [u8; 32]>) -> u64 {
+    let mut h = blake3::Hasher::new();
+    h.update(tag);
+    for p in parts {
+        h.update(&p);
+    }
+    let b = h.finalize();
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b.as_bytes()[..8]);
+    u64::from_le_bytes(x)
+}
+
+/// 32 bytes of four u64s (a digest part).
+pub(crate) fn part(a: u64, b: u64, c: u64, d: u64) -> [u8; 32] {
+    let mut p = [0u8; 32];
+    p[..8].copy_from_slice(&a.to_le_bytes());
+    p[8..16].copy_from_slice(&b.to_le_bytes());
+    p[16..24].copy_from_slice(&c.to_le_bytes());
+    p[24..].copy_from_slice(&d.to_le_bytes());
+    p
+}

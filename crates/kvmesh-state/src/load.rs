@@ -1,0 +1,255 @@
+//! Per-(router, engine) in-flight load: each router is the single writer of its own entries;
+//! an entry keeps the newest version; the entries of a router that left vanish and stay gone
+//! (a tombstone by incarnation stops late deltas of that incarnation from bringing them back).
+//!
+//! A router's view of an engine's load = its own in-flight + the sum of the others' entries
+//! ([`LoadMap::others`]) + what the engine reports.
+
+use crate::ids::{NodeId, Version};
+use crate::{digest_of, part};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+/// One router's in-flight count on one engine at one version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LoadDelta {
+    /// The writer.
+    pub node: NodeId,
+    /// The engine (`kvmesh_prefix::EngineId`'s value).
+    pub engine: u64,
+    /// The writer's version of this entry.
+    pub version: Version,
+    /// Requests the writer has in flight to the engine.
+    pub in_flight: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    version: Version,
+    in_flight: u32,
+}
+
+/// The load entries of every router.
+#[derive(Debug, Clone, Default)]
+pub struct LoadMap {
+    entries: BTreeMap<(NodeId, u64), Entry>,
+    /// Per engine, the sum over routers (kept: reads are O(1)).
+    totals: HashMap<u64, u64>,
+    /// Routers that left: deltas of these incarnations (and older) are dropped.
+    departed: BTreeMap<NodeId, u64>,
+    /// The local writer's counter.
+    counter: u64,
+}
+
+impl LoadMap {
+    /// An empty map.
+    pub fn new() -> LoadMap {
+        LoadMap::default()
+    }
+
+    /// The local router (`me`, in its `incarnation`) now has `in_flight` requests on `engine`:
+    /// records it and returns the delta to send to the others.
+    pub fn set_local(
+        &mut self,
+        me: NodeId,
+        incarnation: u64,
+        engine: u64,
+        in_flight: u32,
+    ) -> LoadDelta {
+        self.counter += 1;
+        let d = LoadDelta {
+            node: me,
+            engine,
+            version: Version {
+                incarnation,
+                counter: self.counter,
+            },
+            in_flight,
+        };
+        self.merge(&d);
+        d
+    }
+
+    /// Merges a delta; true when it changed the map (newer than the entry, not from a
+    /// departed incarnation).
+    pub fn merge(&mut self, d: &LoadDelta) -> bool {
+        if self
+            .departed
+            .get(&d.node)
+            .is_some_and(|&inc| d.version.incarnation <= inc)
+        {
+            return false;
+        }
+        let key = (d.node, d.engine);
+        let new = Entry {
+            version: d.version,
+            in_flight: d.in_flight,
+        };
+        let old = self.entries.get(&key).copied();
+        // Newest version wins; an equal version from the single writer carries the same value
+        // (the max makes a forged duplicate deterministic anyway).
+        let keep = match old {
+            Some(o) if (o.version, o.in_flight) >= (new.version, new.in_flight) => return false,
+            _ => new,
+        };
+        if let Some(o) = old {
+            self.sub(d.engine, o.in_flight);
+        }
+        *self.totals.entry(d.engine).or_default() += u64::from(keep.in_flight);
+        self.entries.insert(key, keep);
+        true
+    }
+
+    fn sub(&mut self, engine: u64, n: u32) {
+        if let Some(t) = self.totals.get_mut(&engine) {
+            *t = t.saturating_sub(u64::from(n));
+            if *t == 0 {
+                self.totals.remove(&engine);
+            }
+        }
+    }
+
+    /// A router left (or was declared down) in `incarnation`: its entries go, and deltas of
+    /// that incarnation or older are dropped from now on. Returns the entries removed.
+    pub fn remove_node(&mut self, node: NodeId, incarnation: u64) -> usize {
+        let e = self.departed.entry(node).or_insert(incarnation);
+        *e = (*e).max(incarnation);
+        let gone: Vec<(NodeId, u64)> = self
+            .entries
+            .range((node, 0)..=(node, u64::MAX))
+            .filter(|(_, v)| v.version.incarnation <= incarnation)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &gone {
+            if let Some(v) = self.entries.remove(k) {
+                self.sub(k.1, v.in_flight);
+            }
+        }
+        gone.len()
+    }
+
+    /// An engine was removed from the registry: its entries go.
+    pub fn remove_engine(&mut self, engine: u64) -> usize {
+        let gone: Vec<(NodeId, u64)> = self
+            .entries
+            .keys()
+            .filter(|k| k.1 == engine)
+            .copied()
+            .collect();
+        for k in &gone {
+            self.entries.remove(k);
+        }
+        self.totals.remove(&engine);
+        gone.len()
+    }
+
+    /// Forgets the tombstones of nodes `keep` rejects (bounded memory: call with the nodes
+    /// that left long enough ago that none of their deltas can still be in flight).
+    pub fn prune_departed(&mut self, keep: impl Fn(NodeId) -> bool) {
+        self.departed.retain(|n, _| keep(*n));
+    }
+
+    /// The sum of every router's in-flight count on `engine`.
+    pub fn total(&self, engine: u64) -> u64 {
+        self.totals.get(&engine).copied().unwrap_or(0)
+    }
+
+    /// The others' in-flight count on `engine` (the total minus `me`'s entry).
+    pub fn others(&self, me: NodeId, engine: u64) -> u64 {
+        let mine = self.entries.get(&(me, engine)).map_or(0, |e| e.in_flight);
+        self.total(engine).saturating_sub(u64::from(mine))
+    }
+
+    /// Entries held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The whole map as deltas (a snapshot for a joining router; anti-entropy's repair).
+    pub fn deltas(&self) -> Vec<LoadDelta> {
+        self.entries
+            .iter()
+            .map(|(&(node, engine), e)| LoadDelta {
+                node,
+                engine,
+                version: e.version,
+                in_flight: e.in_flight,
+            })
+            .collect()
+    }
+
+    /// Per router, its newest version (what anti-entropy compares first).
+    pub fn versions(&self) -> BTreeMap<NodeId, Version> {
+        let mut v: BTreeMap<NodeId, Version> = BTreeMap::new();
+        for (&(node, _), e) in &self.entries {
+            let x = v.entry(node).or_default();
+            *x = (*x).max(e.version);
+        }
+        v
+    }
+
+    /// A digest of the entries (equal digests: equal maps).
+    pub fn digest(&self) -> u64 {
+        digest_of(
+            b"kvmesh/load/v1",
+            self.entries.iter().map(|(&(n, e), v)| {
+                part(
+                    n.0,
+                    e,
+                    v.version.incarnation ^ v.version.counter.rotate_left(32),
+                    u64::from(v.in_flight),
+                )
+            }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn newest_wins_totals_follow_and_a_departed_incarnation_stays_gone() {
+        let (a, b) = (NodeId::from_name("a"), NodeId::from_name("b"));
+        let mut m = LoadMap::new();
+        let d1 = m.set_local(a, 1, 7, 3);
+        let d2 = m.set_local(a, 1, 7, 5);
+        assert_eq!(m.total(7), 5);
+        // Another router sees them in the other order.
+        let mut n = LoadMap::new();
+        assert!(n.merge(&d2));
+        assert!(!n.merge(&d1), "older version");
+        assert_eq!(n.total(7), 5);
+        n.merge(&LoadDelta {
+            node: b,
+            engine: 7,
+            version: Version {
+                incarnation: 9,
+                counter: 1,
+            },
+            in_flight: 2,
+        });
+        assert_eq!(n.total(7), 7);
+        assert_eq!(n.others(b, 7), 5);
+        // a leaves: its entries go, and a late delta of that incarnation cannot return.
+        assert_eq!(n.remove_node(a, 1), 1);
+        assert_eq!(n.total(7), 2);
+        assert!(!n.merge(&d2));
+        // a restarts (incarnation 2): its new entries count again.
+        let mut d3 = d2;
+        d3.version = Version {
+            incarnation: 2,
+            counter: 1,
+        };
+        assert!(n.merge(&d3));
+        assert_eq!(n.total(7), 7);
+        assert_eq!(n.remove_engine(7), 2);
+        assert_eq!(n.total(7), 0);
+        assert!(n.is_empty());
+    }
+}

@@ -1,0 +1,97 @@
+//! The wire envelope of state deltas: versioned (`Envelope::V1`), carrying the cluster id and
+//! the sender, encoded with bincode 2 (standard config) behind this one module. Decoding
+//! treats every byte as hostile: bounded input size and allocation (`with_limit`), no panic,
+//! a typed error the caller counts.
+
+use crate::ids::NodeId;
+use crate::load::LoadDelta;
+use crate::marks::MarkDelta;
+use crate::registry::RegistryDelta;
+use serde::{Deserialize, Serialize};
+
+/// The largest envelope accepted (bytes): a delta batch is flushed well below it.
+pub const MAX_ENVELOPE_BYTES: usize = 4 << 20;
+
+/// One state delta.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Delta {
+    /// A router's in-flight count on an engine.
+    Load(LoadDelta),
+    /// A speculative prefix mark.
+    Mark(MarkDelta),
+    /// An engine added, updated or removed.
+    Registry(RegistryDelta),
+}
+
+/// Version 1 of the envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvelopeV1 {
+    /// The cluster it belongs to: a receiver of another cluster drops it.
+    pub cluster_id: u64,
+    /// The sender.
+    pub from: NodeId,
+    /// The deltas, in the sender's order.
+    pub deltas: Vec<Delta>,
+}
+
+/// What travels between routers; a new version is a new variant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Envelope {
+    /// Version 1.
+    V1(EnvelopeV1),
+}
+
+/// Why bytes were not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Longer than [`MAX_ENVELOPE_BYTES`].
+    #[error("envelope of {0} bytes exceeds the limit")]
+    TooLarge(usize),
+    /// Not a valid envelope (truncated, garbage, unknown version).
+    #[error("undecodable envelope: {0}")]
+    Malformed(String),
+    /// Trailing bytes after a valid envelope.
+    #[error("{0} trailing bytes after the envelope")]
+    Trailing(usize),
+    /// Another cluster's envelope.
+    #[error("envelope of cluster {got:#x}, this is {want:#x}")]
+    OtherCluster {
+        /// Its cluster id.
+        got: u64,
+        /// Ours.
+        want: u64,
+    },
+}
+
+fn config() -> bincode::config::Configuration<
+    bincode::config::LittleEndian,
+    bincode::config::Varint,
+    bincode::config::Limit<MAX_ENVELOPE_BYTES>,
+> {
+    bincode::config::standard().with_limit::<MAX_ENVELOPE_BYTES>()
+}
+
+/// Encodes an envelope.
+pub fn encode(e: &Envelope) -> Result<Vec<u8>, WireError> {
+    bincode::serde::encode_to_vec(e, config()).map_err(|x| WireError::Malformed(x.to_string()))
+}
+
+/// Decodes an envelope of `cluster_id` from hostile bytes: size-bounded, never panics.
+pub fn decode(bytes: &[u8], cluster_id: u64) -> Result<EnvelopeV1, WireError> {
+    if bytes.len() > MAX_ENVELOPE_BYTES {
+        return Err(WireError::TooLarge(bytes.len()));
+    }
+    let (env, used): (Envelope, usize) = bincode::serde::decode_from_slice(bytes, config())
+        .map_err(|x| WireError::Malformed(x.to_string()))?;
+    if used != bytes.len() {
+        return Err(WireError::Trailing(bytes.len() - used));
+    }
+    let Envelope::V1(v1) = env;
+    if v1.cluster_id != cluster_id {
+        return Err(WireError::OtherCluster {
+            got: v1.cluster_id,
+            want: cluster_id,
+        });
+    }
+    Ok(v1)
+}
