@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn an_add_concurrent_with_a_remove_wins_and_attributes_are_lww() {
-        let (a, b) = (NodeId::from_name("a"), NodeId::from_name("b"));
+        let a = NodeId::from_name("a");
         let mut ra = RegistrySet::new();
         let mut rb = RegistrySet::new();
         let add1 = ra.add(a, 10, 7, rec("http://e:1", 1000));

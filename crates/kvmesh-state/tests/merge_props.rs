@@ -5,7 +5,7 @@
 
 use kvmesh_state::{
     Delta, EngineRecord, Envelope, EnvelopeV1, LoadDelta, LoadMap, MarkDelta, MarkMap, NodeId,
-    RegistryDelta, RegistrySet, Version, WireError, decode, encode,
+    RegistrySet, Version, WireError, decode, encode,
 };
 use proptest::prelude::*;
 
