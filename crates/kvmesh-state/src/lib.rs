@@ -12,6 +12,8 @@
 //!   expired marks dropped deterministically, a per-engine bound.
 //! * [`registry`]: the engine registry — an add-wins observed-remove set of engines with
 //!   last-writer-wins attributes ((time, node) stamps, no arbitrary tie).
+//! * [`ownership`]: which `r` routers read an engine's KV events (rendezvous hashing over the
+//!   live routers' stable ids).
 //! * [`wire`]: the versioned envelope (`Envelope::V1` with the cluster id and the sender)
 //!   and its size-bounded decoder, which never panics on hostile bytes.
 //!
@@ -24,12 +26,14 @@
 pub mod ids;
 pub mod load;
 pub mod marks;
+pub mod ownership;
 pub mod registry;
 pub mod wire;
 
 pub use ids::{NodeId, Version};
 pub use load::{LoadDelta, LoadMap};
 pub use marks::{MarkDelta, MarkMap};
+pub use ownership::{owners, owns};
 pub use registry::{Dot, EngineRecord, RegistryDelta, RegistrySet, Stamp};
 pub use wire::{Delta, Envelope, EnvelopeV1, MAX_ENVELOPE_BYTES, WireError, decode, encode};
 
