@@ -28,6 +28,15 @@ enum Cmd {
     /// Configuration helpers.
     #[command(subcommand)]
     Config(ConfigCmd),
+    /// Write a cluster CA and a certificate per router node for the mesh's mutual TLS.
+    Cert {
+        /// Directory to write ca.pem, ca.key and <node>.pem, <node>.key into.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// Node names, comma-separated (each node loads its own pair by name).
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -91,6 +100,21 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(up_cmd::run(args))),
+        Cmd::Cert { out, nodes } => kvmesh_mesh::certs::generate(&nodes)
+            .and_then(|c| kvmesh_mesh::certs::write_dir(&out, &c))
+            .map(|()| {
+                println!(
+                    "wrote {}: ca.pem, ca.key (keep it off the nodes), and {} node pairs: {}",
+                    out.display(),
+                    nodes.len(),
+                    nodes
+                        .iter()
+                        .map(|n| format!("{n}.pem/{n}.key"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            })
+            .map_err(|e| e.to_string()),
         Cmd::Config(ConfigCmd::Defaults) => {
             print!("{}", kvmesh_config::KvmeshConfig::defaults_toml());
             Ok(())

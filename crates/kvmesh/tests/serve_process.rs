@@ -105,3 +105,53 @@ fn serve_startup_errors_name_the_problem() {
     assert!(err.contains("candidates"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn cert_writes_a_ca_and_a_pair_per_node_that_load() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-cert-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args([
+            "cert",
+            "--out",
+            dir.to_str().expect("utf8"),
+            "--nodes",
+            "a,b,c",
+        ])
+        .output()
+        .expect("run kvmesh cert");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in [
+        "ca.pem", "ca.key", "a.pem", "a.key", "b.pem", "b.key", "c.pem", "c.key",
+    ] {
+        assert!(dir.join(f).is_file(), "{f} written");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.join("a.key"))
+            .expect("key")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "keys are private");
+    }
+    for n in ["a", "b", "c"] {
+        kvmesh_mesh::certs::NodeTls::load(&dir, n).expect("loads");
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args([
+            "cert",
+            "--out",
+            dir.to_str().expect("utf8"),
+            "--nodes",
+            "a,../x",
+        ])
+        .output()
+        .expect("run");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("bad node name"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,334 @@
+//! The mesh transport: one quinn endpoint per node (one UDP socket, both directions), mutual
+//! TLS 1.3 verified against the cluster CA on every connection, one connection per peer
+//! reused for everything, and one QUIC primitive per traffic class:
+//!
+//! * **datagrams** ([`Class::Datagram`]): SWIM packets, each ≤ the path's datagram size;
+//! * **unidirectional streams** ([`Class::Delta`]): a delta batch per stream, length-bounded.
+//!
+//! The payloads are opaque here (`kvmesh-state` envelopes carry their version and cluster id).
+//! A peer without a certificate from the cluster CA never completes a handshake, so nothing it
+//! sends reaches the program; bytes that are not QUIC are dropped by quinn.
+
+use crate::certs::{NodeTls, SERVER_NAME};
+use bytes::Bytes;
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::{Connection, Endpoint};
+use rustls::RootCertStore;
+use rustls::server::WebPkiClientVerifier;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The ALPN protocol of the mesh.
+pub const ALPN: &[u8] = b"kvmesh/1";
+
+/// The largest delta batch accepted on one stream (bytes).
+pub const MAX_DELTA_BYTES: usize = 4 << 20;
+
+/// Transport errors.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// TLS configuration.
+    #[error("tls: {0}")]
+    Tls(String),
+    /// The socket.
+    #[error("endpoint: {0}")]
+    Io(#[from] std::io::Error),
+    /// Connecting to a peer (unreachable, refused certificate, timeout).
+    #[error("connect to {peer}: {detail}")]
+    Connect {
+        /// The peer.
+        peer: SocketAddr,
+        /// What happened.
+        detail: String,
+    },
+    /// Sending on an established connection.
+    #[error("send to {peer}: {detail}")]
+    Send {
+        /// The peer.
+        peer: SocketAddr,
+        /// What happened.
+        detail: String,
+    },
+}
+
+/// A traffic class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// QUIC datagrams (SWIM).
+    Datagram,
+    /// Unidirectional streams (delta batches).
+    Delta,
+}
+
+/// Something a peer sent.
+#[derive(Debug, Clone)]
+pub struct Inbound {
+    /// The peer's address.
+    pub from: SocketAddr,
+    /// Its class.
+    pub class: Class,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+/// Counters of the transport (per class: [datagram, delta]).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Bytes sent.
+    pub bytes_sent: [AtomicU64; 2],
+    /// Bytes received.
+    pub bytes_received: [AtomicU64; 2],
+    /// Messages sent.
+    pub sent: [AtomicU64; 2],
+    /// Messages received.
+    pub received: [AtomicU64; 2],
+    /// Handshakes that failed (bad certificate, another cluster's CA, garbage).
+    pub handshake_failures: AtomicU64,
+    /// Delta streams dropped (over the size limit or broken).
+    pub dropped_streams: AtomicU64,
+}
+
+fn ix(c: Class) -> usize {
+    match c {
+        Class::Datagram => 0,
+        Class::Delta => 1,
+    }
+}
+
+/// One node's endpoint and its connections.
+pub struct Transport {
+    endpoint: Endpoint,
+    conns: Mutex<HashMap<SocketAddr, Connection>>,
+    tx: mpsc::Sender<Inbound>,
+    counters: Arc<Counters>,
+}
+
+fn tls_err(e: impl std::fmt::Display) -> TransportError {
+    TransportError::Tls(e.to_string())
+}
+
+fn configs(tls: &NodeTls) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TransportError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    roots.add(tls.ca.clone()).map_err(tls_err)?;
+    let roots = Arc::new(roots);
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+        .build()
+        .map_err(tls_err)?;
+    let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(tls.chain.clone(), tls.key.clone_key())
+        .map_err(tls_err)?;
+    server.alpn_protocols = vec![ALPN.to_vec()];
+    let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(tls_err)?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(tls.chain.clone(), tls.key.clone_key())
+        .map_err(tls_err)?;
+    client.alpn_protocols = vec![ALPN.to_vec()];
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_idle_timeout(Some(Duration::from_secs(30).try_into().map_err(tls_err)?))
+        .keep_alive_interval(Some(Duration::from_secs(5)))
+        .max_concurrent_bidi_streams(64u32.into())
+        .max_concurrent_uni_streams(256u32.into());
+    let transport = Arc::new(transport);
+    let mut sc = quinn::ServerConfig::with_crypto(Arc::new(
+        QuicServerConfig::try_from(server).map_err(tls_err)?,
+    ));
+    sc.transport_config(transport.clone());
+    let mut cc = quinn::ClientConfig::new(Arc::new(
+        QuicClientConfig::try_from(client).map_err(tls_err)?,
+    ));
+    cc.transport_config(transport);
+    Ok((sc, cc))
+}
+
+impl Transport {
+    /// Binds `listen` (UDP) with the node's certificate; returns the transport and the
+    /// receiver of everything peers send (bounded: `queue` messages, then dropped).
+    pub fn bind(
+        listen: SocketAddr,
+        tls: &NodeTls,
+        queue: usize,
+    ) -> Result<(Arc<Transport>, mpsc::Receiver<Inbound>), TransportError> {
+        let (sc, cc) = configs(tls)?;
+        let mut endpoint = Endpoint::server(sc, listen)?;
+        endpoint.set_default_client_config(cc);
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        let t = Arc::new(Transport {
+            endpoint,
+            conns: Mutex::new(HashMap::new()),
+            tx,
+            counters: Arc::default(),
+        });
+        let acceptor = t.clone();
+        tokio::spawn(async move { acceptor.accept_loop().await });
+        Ok((t, rx))
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> Result<SocketAddr, TransportError> {
+        Ok(self.endpoint.local_addr()?)
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    async fn accept_loop(self: Arc<Self>) {
+        while let Some(incoming) = self.endpoint.accept().await {
+            let t = self.clone();
+            tokio::spawn(async move {
+                match incoming.await {
+                    Ok(conn) => {
+                        let peer = conn.remote_address();
+                        t.lock().insert(peer, conn.clone());
+                        t.read_loop(conn).await;
+                    }
+                    Err(e) => {
+                        t.counters.handshake_failures.fetch_add(1, Relaxed);
+                        tracing::debug!(error = %e, "mesh handshake refused");
+                    }
+                }
+            });
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Connection>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads a connection's datagrams and delta streams until it closes.
+    async fn read_loop(self: Arc<Self>, conn: Connection) {
+        let from = conn.remote_address();
+        loop {
+            tokio::select! {
+                d = conn.read_datagram() => match d {
+                    Ok(b) => self.deliver(from, Class::Datagram, b),
+                    Err(_) => break,
+                },
+                s = conn.accept_uni() => match s {
+                    Ok(mut recv) => {
+                        let t = self.clone();
+                        tokio::spawn(async move {
+                            match recv.read_to_end(MAX_DELTA_BYTES).await {
+                                Ok(v) => t.deliver(from, Class::Delta, Bytes::from(v)),
+                                Err(e) => {
+                                    t.counters.dropped_streams.fetch_add(1, Relaxed);
+                                    tracing::debug!(%from, error = %e, "delta stream dropped");
+                                }
+                            }
+                        });
+                    }
+                    Err(_) => break,
+                },
+            }
+        }
+        let mut conns = self.lock();
+        if conns
+            .get(&from)
+            .is_some_and(|c| c.stable_id() == conn.stable_id())
+        {
+            conns.remove(&from);
+        }
+    }
+
+    fn deliver(&self, from: SocketAddr, class: Class, payload: Bytes) {
+        let c = &self.counters;
+        c.received[ix(class)].fetch_add(1, Relaxed);
+        c.bytes_received[ix(class)].fetch_add(payload.len() as u64, Relaxed);
+        let _ = self.tx.try_send(Inbound {
+            from,
+            class,
+            payload,
+        });
+    }
+
+    /// The connection to `peer`: the open one, else a new one (mutual TLS; bounded).
+    pub async fn connection(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+    ) -> Result<Connection, TransportError> {
+        if let Some(c) = self
+            .lock()
+            .get(&peer)
+            .filter(|c| c.close_reason().is_none())
+        {
+            return Ok(c.clone());
+        }
+        let err = |detail: String| TransportError::Connect { peer, detail };
+        let connecting = self
+            .endpoint
+            .connect(peer, SERVER_NAME)
+            .map_err(|e| err(e.to_string()))?;
+        let conn = match tokio::time::timeout(Duration::from_secs(5), connecting).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                self.counters.handshake_failures.fetch_add(1, Relaxed);
+                return Err(err(e.to_string()));
+            }
+            Err(_) => return Err(err("handshake timed out".into())),
+        };
+        self.lock().insert(peer, conn.clone());
+        let t = self.clone();
+        let reader = conn.clone();
+        tokio::spawn(async move { t.read_loop(reader).await });
+        Ok(conn)
+    }
+
+    /// Sends one datagram to `peer` (dropped by QUIC if lost: SWIM retries on its own).
+    pub async fn send_datagram(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        payload: Bytes,
+    ) -> Result<(), TransportError> {
+        let conn = self.connection(peer).await?;
+        let n = payload.len() as u64;
+        conn.send_datagram(payload)
+            .map_err(|e| TransportError::Send {
+                peer,
+                detail: e.to_string(),
+            })?;
+        self.counters.sent[0].fetch_add(1, Relaxed);
+        self.counters.bytes_sent[0].fetch_add(n, Relaxed);
+        Ok(())
+    }
+
+    /// Sends one delta batch to `peer` on its own unidirectional stream (reliable, ordered
+    /// within the stream).
+    pub async fn send_delta(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
+        let err = |e: String| TransportError::Send { peer, detail: e };
+        if payload.len() > MAX_DELTA_BYTES {
+            return Err(err(format!(
+                "batch of {} bytes over the limit",
+                payload.len()
+            )));
+        }
+        let conn = self.connection(peer).await?;
+        let mut s = conn.open_uni().await.map_err(|e| err(e.to_string()))?;
+        s.write_all(payload).await.map_err(|e| err(e.to_string()))?;
+        s.finish().map_err(|e| err(e.to_string()))?;
+        self.counters.sent[1].fetch_add(1, Relaxed);
+        self.counters.bytes_sent[1].fetch_add(payload.len() as u64, Relaxed);
+        Ok(())
+    }
+
+    /// Closes every connection and the endpoint.
+    pub async fn close(&self) {
+        self.endpoint.close(0u32.into(), b"leaving");
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
+    }
+}
