@@ -5,4 +5,5 @@
 #![warn(missing_docs)]
 
 pub mod certs;
+pub mod membership;
 pub mod transport;

@@ -1,0 +1,217 @@
+//! SWIM membership, sans-IO: foca driven with time passed in (µs, any clock), inbound packets
+//! passed in, and what it wants done (packets to send, members up or down) returned as
+//! [`Effect`]s — on the model of foca's own `AccumulatingRuntime`. The tokio shell
+//! ([`crate::node`]) feeds it QUIC datagrams and a timer; tests drive it in virtual time over a
+//! simulated network.
+//!
+//! Identity: (node name, mesh address, bump). A node declared down renews its identity (bump
+//! + 1) and rejoins; a restarted node starts with a higher bump (its start time), which wins
+//! the conflict with its old identity at the same address.
+
+use bytes::Bytes;
+use foca::{
+    AccumulatingRuntime, Config, Foca, Identity, NoCustomBroadcast, OwnedNotification,
+    PostcardCodec, Timer,
+};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroUsize};
+
+/// The largest SWIM packet (bytes): below a QUIC datagram's payload on a 1,280-byte path.
+pub const MAX_PACKET: usize = 1_100;
+
+/// A router node as the membership knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MeshId {
+    /// Its configured name (stable).
+    pub name: String,
+    /// Its mesh address (UDP).
+    pub addr: SocketAddr,
+    /// Grows at each restart and each rejoin after being declared down.
+    pub bump: u64,
+}
+
+impl Identity for MeshId {
+    type Addr = SocketAddr;
+
+    fn renew(&self) -> Option<Self> {
+        Some(MeshId {
+            bump: self.bump.wrapping_add(1),
+            ..self.clone()
+        })
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn win_addr_conflict(&self, adversary: &Self) -> bool {
+        self.bump > adversary.bump
+    }
+}
+
+/// What the membership wants done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Send this packet to that address.
+    Send(SocketAddr, Bytes),
+    /// A member became active.
+    Up(MeshId),
+    /// A member was declared down (or left).
+    Down(MeshId),
+}
+
+/// Foca with its runtime, timers and the live members.
+pub struct Membership {
+    foca: Foca<MeshId, PostcardCodec, StdRng, NoCustomBroadcast>,
+    rt: AccumulatingRuntime<MeshId>,
+    /// (due µs, order of submission, timer).
+    timers: Vec<(u64, u64, Timer<MeshId>)>,
+    submitted: u64,
+    live: BTreeMap<SocketAddr, MeshId>,
+    effects: Vec<Effect>,
+    size_hint: u32,
+    errors: u64,
+}
+
+fn config(n: u32) -> Config {
+    let mut c = Config::new_lan(NonZeroU32::new(n.max(1)).unwrap_or(NonZeroU32::MIN));
+    c.max_packet_size = NonZeroUsize::new(MAX_PACKET).unwrap_or(NonZeroUsize::MIN);
+    c
+}
+
+impl Membership {
+    /// The membership of `me`, expecting about `cluster_size` nodes (foca's timings scale with
+    /// it; updated as members join), with a seeded random source.
+    pub fn new(me: MeshId, cluster_size: u32, seed: u64) -> Membership {
+        Membership {
+            foca: Foca::new(
+                me,
+                config(cluster_size),
+                StdRng::seed_from_u64(seed),
+                PostcardCodec,
+            ),
+            rt: AccumulatingRuntime::new(),
+            timers: Vec::new(),
+            submitted: 0,
+            live: BTreeMap::new(),
+            effects: Vec::new(),
+            size_hint: cluster_size.max(1),
+            errors: 0,
+        }
+    }
+
+    /// This node's current identity.
+    pub fn identity(&self) -> &MeshId {
+        self.foca.identity()
+    }
+
+    /// Asks `seed` (an address; its identity is learnt from the answer) to let us in.
+    pub fn announce(&mut self, seed: SocketAddr, now_us: u64) {
+        let dst = MeshId {
+            name: String::new(),
+            addr: seed,
+            bump: 0,
+        };
+        if self.foca.announce(dst, &mut self.rt).is_err() {
+            self.errors += 1;
+        }
+        self.drain(now_us);
+    }
+
+    /// A packet from the network (hostile bytes are refused by the codec and counted).
+    pub fn handle_data(&mut self, data: &[u8], now_us: u64) {
+        if self.foca.handle_data(data, &mut self.rt).is_err() {
+            self.errors += 1;
+        }
+        self.drain(now_us);
+    }
+
+    /// Fires every timer due at `now_us`, in order.
+    pub fn advance(&mut self, now_us: u64) {
+        loop {
+            self.timers
+                .sort_by(|a, b| (a.0, &a.2, a.1).cmp(&(b.0, &b.2, b.1)));
+            match self.timers.first() {
+                Some(t) if t.0 <= now_us => {
+                    let (_, _, timer) = self.timers.remove(0);
+                    if self.foca.handle_timer(timer, &mut self.rt).is_err() {
+                        self.errors += 1;
+                    }
+                    self.drain(now_us);
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// When the next timer is due (µs), if any.
+    pub fn next_due(&self) -> Option<u64> {
+        self.timers.iter().map(|t| t.0).min()
+    }
+
+    /// Leaves the cluster (tells the others) — on shutdown.
+    pub fn leave(&mut self, now_us: u64) {
+        if self.foca.leave_cluster(&mut self.rt).is_err() {
+            self.errors += 1;
+        }
+        self.drain(now_us);
+    }
+
+    /// The effects accumulated since the last call.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// The live members (not this node), by address.
+    pub fn live(&self) -> impl Iterator<Item = &MeshId> {
+        self.live.values()
+    }
+
+    /// Packets or timers foca refused (malformed input, mostly).
+    pub fn errors(&self) -> u64 {
+        self.errors
+    }
+
+    fn drain(&mut self, now_us: u64) {
+        while let Some((to, data)) = self.rt.to_send() {
+            self.effects.push(Effect::Send(to.addr, data));
+        }
+        while let Some((after, timer)) = self.rt.to_schedule() {
+            self.submitted += 1;
+            let due = now_us.saturating_add(after.as_micros() as u64);
+            self.timers.push((due, self.submitted, timer));
+        }
+        while let Some(n) = self.rt.to_notify() {
+            match n {
+                OwnedNotification::MemberUp(m) => {
+                    self.live.insert(m.addr, m.clone());
+                    self.effects.push(Effect::Up(m));
+                }
+                OwnedNotification::MemberDown(m) => {
+                    if self.live.get(&m.addr) == Some(&m) {
+                        self.live.remove(&m.addr);
+                    }
+                    self.effects.push(Effect::Down(m));
+                }
+                OwnedNotification::Rename(old, new) => {
+                    if self.live.remove(&old.addr).is_some() {
+                        self.live.insert(new.addr, new);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // foca's timings follow the cluster's size.
+        let n = self.live.len() as u32 + 1;
+        if n > self.size_hint {
+            self.size_hint = n.next_power_of_two();
+            if self.foca.set_config(config(self.size_hint)).is_err() {
+                self.errors += 1;
+            }
+        }
+    }
+}
