@@ -6,4 +6,5 @@
 
 pub mod certs;
 pub mod membership;
+pub mod node;
 pub mod transport;
