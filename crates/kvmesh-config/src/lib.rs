@@ -9,11 +9,13 @@
 //! the key.
 
 #![forbid(unsafe_code)]
+mod mesh;
 mod prefix;
 mod serve;
 mod sim;
 
 pub use kvmesh_policy::{PolicyConfig, PolicyKind, RoutingConfig};
+pub use mesh::MeshConfig;
 pub use prefix::{ModelConfig, PrefixConfig};
 pub use serve::{DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, valid_base_url};
 pub use sim::{

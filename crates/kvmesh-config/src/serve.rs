@@ -1,5 +1,6 @@
 //! `[serve]`: the router (`kvmesh serve`).
 
+use crate::mesh::MeshConfig;
 use crate::prefix::{ModelConfig, PrefixConfig};
 use crate::{ConfigError, check};
 use kvmesh_policy::{PolicyConfig, RoutingConfig};
@@ -22,6 +23,8 @@ pub struct ServeConfig {
     pub prefix: PrefixConfig,
     /// Per-model overrides (policy, tokenizer, block size), keyed by model name.
     pub models: BTreeMap<String, ModelConfig>,
+    /// The mesh of routers (off: this router runs alone).
+    pub mesh: MeshConfig,
     /// Timeouts towards the engines.
     pub timeouts: TimeoutConfig,
     /// Retries on another engine.
@@ -65,6 +68,7 @@ impl Default for ServeConfig {
             routing: RoutingConfig::default(),
             prefix: PrefixConfig::default(),
             models: BTreeMap::new(),
+            mesh: MeshConfig::default(),
             timeouts: TimeoutConfig::default(),
             retry: RetryConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
@@ -317,6 +321,7 @@ impl ServeConfig {
             .validate(&format!("{at}.routing"))
             .map_err(|e| ConfigError::invalid(&e.key, e.message))?;
         self.prefix.validate(&format!("{at}.prefix"))?;
+        self.mesh.validate(&format!("{at}.mesh"))?;
         for (m, c) in &self.models {
             c.validate(&format!("{at}.models.{m}"))?;
         }

@@ -83,6 +83,9 @@ async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>
         .map_err(|e| ApiError::bad_request("invalid_value", e.to_string()))?;
     let e = probe::add_engine(gw, &entry, Source::Admin, true)
         .map_err(|m| ApiError::with_status(409, m))?;
+    if let Some(m) = gw.mesh.get() {
+        m.engine_added(&entry);
+    }
     // Learn its models now so that it takes traffic without waiting for the next round.
     probe::discover(gw, &e).await;
     Ok(json(
@@ -121,6 +124,9 @@ async fn remove(
     };
     match gw.registry.remove(&url) {
         Some(e) => {
+            if let Some(m) = gw.mesh.get() {
+                m.engine_removed(&e.url);
+            }
             tracing::info!(engine = %e.url, "engine removed by the admin API");
             Ok(json(
                 200,

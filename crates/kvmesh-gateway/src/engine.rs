@@ -25,6 +25,8 @@ pub enum Source {
     Admin,
     /// A DNS name.
     Dns(String),
+    /// Another router of the mesh (added through its admin API).
+    Mesh,
 }
 
 impl Source {
@@ -34,6 +36,7 @@ impl Source {
             Source::Static => "static".into(),
             Source::Admin => "admin".into(),
             Source::Dns(n) => format!("dns:{n}"),
+            Source::Mesh => "mesh".into(),
         }
     }
 }
@@ -65,6 +68,8 @@ pub struct Engine {
     pub static_models: Vec<String>,
     /// Requests this router has in flight to it, until the end of each stream.
     pub in_flight: AtomicU32,
+    /// Requests the other routers of the mesh have in flight to it (their gossiped counts).
+    pub peer_in_flight: AtomicU32,
     /// Breaker, health, latency, slow start.
     pub tracker: Mutex<EngineTracker>,
     /// Running + waiting requests the engine last reported (`UNKNOWN` if never).
@@ -147,6 +152,7 @@ impl Engine {
             source,
             static_models: entry.models.clone(),
             in_flight: AtomicU32::new(0),
+            peer_in_flight: AtomicU32::new(0),
             tracker: Mutex::new(tracker),
             reported_load: AtomicU32::new(UNKNOWN),
             own_at_report: AtomicU32::new(0),
@@ -276,12 +282,17 @@ impl Engine {
         (v != UNKNOWN).then_some(v as f32 / 1e6)
     }
 
-    /// The view a policy reads.
+    /// The view a policy reads: the cluster's in-flight count (this router's and its peers'),
+    /// the engine's own report, health and weight.
     pub fn view(&self, now_us: u64, fleet_latency_us: f64) -> EngineView {
+        let cluster = self
+            .in_flight
+            .load(Ordering::Relaxed)
+            .saturating_add(self.peer_in_flight.load(Ordering::Relaxed));
         let mut v = self.tracker().view(
             now_us,
             self.base_weight,
-            self.in_flight.load(Ordering::Relaxed),
+            cluster,
             self.reported_load(),
             self.kv_usage(),
             fleet_latency_us,

@@ -18,6 +18,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+/// What the mesh wants to hear of local changes that are not index changes (those go through
+/// the prefix state's delta sink): engines added or removed through this router's admin API.
+pub trait MeshHook: Send + Sync {
+    /// An engine was added here.
+    fn engine_added(&self, entry: &kvmesh_config::EngineEntry);
+    /// An engine was removed here.
+    fn engine_removed(&self, url: &str);
+    /// `GET /admin/cluster`: members, digests, counters.
+    fn status(&self) -> serde_json::Value;
+}
+
 /// Shared state of one router.
 pub struct Gateway {
     /// The configuration it started with.
@@ -36,6 +47,8 @@ pub struct Gateway {
     pub ejection: EjectionGuard,
     /// Background tasks: stopped and joined on shutdown.
     pub tasks: Tasks,
+    /// The mesh, when this router is part of one.
+    pub mesh: std::sync::OnceLock<Arc<dyn MeshHook>>,
     /// Bounds retries to a fraction of requests (lock-free).
     pub retry_budget: AtomicRetryBudget,
     seed: AtomicU64,
@@ -72,6 +85,7 @@ impl Gateway {
             metrics: GatewayMetrics::default(),
             clock,
             tasks: Tasks::default(),
+            mesh: std::sync::OnceLock::new(),
             seed: AtomicU64::new(seed),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

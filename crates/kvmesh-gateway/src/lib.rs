@@ -11,9 +11,10 @@
 #![forbid(unsafe_code)]
 // Modules import one way only, leaves first: clock, upstream, tasks, prefix, engine,
 // registry, metrics, gateway, ingest, track, probe, proxy, admin (ARCHITECTURE.md, "The
-// gateway's modules"; tests/module_order.rs holds it).
+// gateway's modules"; tests/module_order.rs holds it); cluster comes after probe.
 mod admin;
 mod clock;
+mod cluster;
 mod engine;
 mod gateway;
 pub mod ingest;
@@ -66,6 +67,8 @@ pub struct GatewayServer {
     pub addr: SocketAddr,
     /// Its shared state (tests read metrics and the registry).
     pub gateway: Arc<Gateway>,
+    /// Its part in the mesh, when it is in one.
+    pub cluster: Option<Arc<cluster::Cluster>>,
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -78,6 +81,9 @@ impl GatewayServer {
 
     /// Stops accepting, drains in-flight requests (bounded by the config's drain timeout).
     pub async fn shutdown(mut self) {
+        if let Some(c) = &self.cluster {
+            c.leave().await;
+        }
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -144,6 +150,15 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
     }));
     let _ = tokio::time::timeout(Duration::from_secs(3), first).await;
     gw.registry.refresh_fleet_latency();
+    let cluster = if gw.cfg.mesh.enabled {
+        Some(
+            cluster::Cluster::start(&gw, &gw.cfg.mesh)
+                .await
+                .map_err(GatewayError::Config)?,
+        )
+    } else {
+        None
+    };
 
     let listener = tokio::net::TcpListener::bind(&gw.cfg.listen)
         .await
@@ -172,6 +187,7 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
     tracing::info!(%addr, engines = members.len(), models = ?gw.registry.models(), "kvmesh serve listening");
     Ok(GatewayServer {
         addr,
+        cluster,
         gateway: gw,
         shutdown: Some(tx),
         task,
@@ -232,6 +248,13 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             openmetrics(gw.metrics.render(&gw.registry, gw.clock.now_us()))
         }
         (_, "/admin/engines") => admin::engines(&gw, req).await,
+        (&Method::GET, "/admin/cluster") => match gw.mesh.get() {
+            Some(m) => json(200, m.status().to_string()),
+            None => json(
+                200,
+                serde_json::json!({ "mesh": "disabled", "members": [] }).to_string(),
+            ),
+        },
         (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
             error(&ApiError::method_not_allowed(method.as_str(), &path))
         }

@@ -119,6 +119,15 @@ impl PrefixState {
         }
     }
 
+    /// A mark another router made (arrived through the mesh): into the local index only, not
+    /// back to the delta sink.
+    pub fn remote_mark(&self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
+        if !keys.is_empty() && expiry_us > now_us {
+            self.index_mut()
+                .insert_speculative(t.slot, keys, expiry_us, now_us);
+        }
+    }
+
     /// Everything known of an engine is void (a restart seen outside its events).
     pub fn clear(&self, t: Target) {
         self.with_sink(|s| s.clear(t));

@@ -67,6 +67,27 @@ pub struct ServeArgs {
     pub tokenizer: Option<String>,
     #[arg(long, value_name = "N", help = format!("Tokens per KV block, the engines' block size [default: {}]", d().prefix.block_size))]
     pub block_size: Option<u32>,
+    /// This router's name in the mesh (joins the mesh; needs --tls-dir).
+    #[arg(long, value_name = "NAME")]
+    pub node_id: Option<String>,
+    #[arg(long, value_name = "HOST:PORT", help = format!("UDP address of the mesh [default: {}]", d().mesh.listen))]
+    pub mesh_listen: Option<String>,
+    /// A seed: another router's mesh address (repeatable).
+    #[arg(long = "seed", value_name = "HOST:PORT")]
+    pub seeds: Vec<String>,
+    /// A DNS name whose addresses are seeds (a headless Service), re-resolved.
+    #[arg(long, value_name = "NAME:PORT")]
+    pub seed_dns: Option<String>,
+    #[arg(long, value_name = "ID", help = format!("Cluster id: routers of another never change this one's state [default: {}]", d().mesh.cluster_id))]
+    pub cluster_id: Option<String>,
+    /// Certificates as `kvmesh cert` writes them (ca.pem, <node>.pem, <node>.key).
+    #[arg(long, value_name = "DIR")]
+    pub tls_dir: Option<String>,
+    /// Run alone even if the config file enables the mesh.
+    #[arg(long)]
+    pub no_mesh: bool,
+    #[arg(long, value_name = "N", help = format!("Routers reading each engine's KV events, 0 = all [default: {}]", d().mesh.ingest_replicas))]
+    pub ingest_replicas: Option<u32>,
 }
 
 impl ServeArgs {
@@ -107,6 +128,30 @@ impl ServeArgs {
         }
         if let Some(b) = self.block_size {
             c.prefix.block_size = b;
+        }
+        let m = &mut c.mesh;
+        if let Some(v) = &self.node_id {
+            m.node_id = v.clone();
+            m.enabled = true;
+        }
+        if let Some(v) = &self.mesh_listen {
+            m.listen = v.clone();
+        }
+        m.seeds.extend(self.seeds.iter().cloned());
+        if let Some(v) = &self.seed_dns {
+            m.seed_dns = v.clone();
+        }
+        if let Some(v) = &self.cluster_id {
+            m.cluster_id = v.clone();
+        }
+        if let Some(v) = &self.tls_dir {
+            m.tls_dir = v.clone();
+        }
+        if let Some(v) = self.ingest_replicas {
+            m.ingest_replicas = v;
+        }
+        if self.no_mesh {
+            m.enabled = false;
         }
         file.validate().map_err(|e| e.to_string())?;
         if file.serve.engines.is_empty() && file.serve.dns.is_empty() {

@@ -1,0 +1,96 @@
+//! `[serve.mesh]`: how a router joins the others — its name, its UDP mesh address, the seeds,
+//! the cluster id and its certificates, and how it shares state.
+
+use crate::{ConfigError, check};
+use serde::{Deserialize, Serialize};
+
+/// The mesh of routers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshConfig {
+    /// Join a mesh (false: the router runs alone, `--no-mesh`).
+    pub enabled: bool,
+    /// This router's name: stable across restarts, unique in the cluster; its certificate is
+    /// `<tls_dir>/<node_id>.pem`.
+    pub node_id: String,
+    /// UDP address of the mesh (QUIC: SWIM datagrams and state streams).
+    pub listen: String,
+    /// Seeds, `host:port` of other routers' mesh addresses (any live one will do).
+    pub seeds: Vec<String>,
+    /// A DNS name (`name:port`) whose addresses are seeds, re-resolved while alone (a
+    /// Kubernetes headless Service of the routers).
+    pub seed_dns: String,
+    /// Routers of another cluster id never change this one's state.
+    pub cluster_id: String,
+    /// Directory with `ca.pem` and this node's `<node_id>.pem`/`.key` (`kvmesh cert`).
+    pub tls_dir: String,
+    /// Routers reading each engine's KV events (0 = every router reads every engine).
+    pub ingest_replicas: u32,
+    /// Local changes (marks, load, registry) are batched and sent at most this often, ms.
+    pub flush_ms: u64,
+    /// A router sends its whole state to a random peer this often (repairs what was lost), ms.
+    pub anti_entropy_ms: u64,
+    /// Routers expected (sizes failure detection until the real count is known).
+    pub expected_routers: u32,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        MeshConfig {
+            enabled: false,
+            node_id: String::new(),
+            listen: "127.0.0.1:7946".into(),
+            seeds: Vec::new(),
+            seed_dns: String::new(),
+            cluster_id: "kvmesh".into(),
+            tls_dir: String::new(),
+            ingest_replicas: 0,
+            flush_ms: 20,
+            anti_entropy_ms: 1_000,
+            expected_routers: 3,
+        }
+    }
+}
+
+impl MeshConfig {
+    pub(crate) fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        check(
+            self.listen.parse::<std::net::SocketAddr>().is_ok(),
+            &format!("{at}.listen"),
+            "must be IP:PORT",
+        )?;
+        check(
+            (1..=10_000).contains(&self.flush_ms),
+            &format!("{at}.flush_ms"),
+            "must be between 1 and 10000",
+        )?;
+        check(
+            (10..=600_000).contains(&self.anti_entropy_ms),
+            &format!("{at}.anti_entropy_ms"),
+            "must be between 10 and 600000",
+        )?;
+        check(
+            !self.cluster_id.is_empty(),
+            &format!("{at}.cluster_id"),
+            "must not be empty",
+        )?;
+        if self.enabled {
+            check(
+                !self.node_id.is_empty()
+                    && self.node_id.len() <= 63
+                    && self
+                        .node_id
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')),
+                &format!("{at}.node_id"),
+                "a mesh node needs a name of letters, digits, '-', '_', '.' (1-63)",
+            )?;
+            check(
+                !self.tls_dir.is_empty(),
+                &format!("{at}.tls_dir"),
+                "a mesh node needs its certificates (kvmesh cert --out DIR --nodes ...)",
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,218 @@
+//! Two and three routers meshed in process on loopback (mutual TLS, certificates generated
+//! here) in front of simulated engines: router A's decisions reach B's index, so the next
+//! request of the conversation sent to B goes to the same engine; A's in-flight load shows on
+//! B's engines; an engine added through A's admin API is routed to by C; `/admin/cluster`
+//! lists the members and the digests agree.
+
+mod common;
+
+use common::*;
+use kvmesh_config::MeshConfig;
+use kvmesh_gateway::GatewayServer;
+use kvmesh_policy::PolicyKind;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+fn mesh_cfg(dir: &std::path::Path, name: &str, seeds: Vec<String>) -> MeshConfig {
+    MeshConfig {
+        enabled: true,
+        node_id: name.into(),
+        listen: "127.0.0.1:0".into(),
+        seeds,
+        tls_dir: dir.display().to_string(),
+        cluster_id: "test".into(),
+        ..MeshConfig::default()
+    }
+}
+
+async fn cluster_json(c: &HttpClient, r: &GatewayServer) -> serde_json::Value {
+    let (s, body) = get(c, &format!("{}/admin/cluster", r.base_url())).await;
+    assert_eq!(s, 200);
+    serde_json::from_str(&body).expect("json")
+}
+
+async fn wait_members(c: &HttpClient, r: &GatewayServer, n: usize) {
+    for _ in 0..200 {
+        if cluster_json(c, r).await["members"]
+            .as_array()
+            .map_or(0, Vec::len)
+            == n
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "{} never saw {n} members: {}",
+        r.base_url(),
+        cluster_json(c, r).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meshed_routers_share_marks_load_and_engines() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-mesh-test-{}", std::process::id()));
+    let certs = kvmesh_mesh::certs::generate(&["a".into(), "b".into(), "c".into()]).expect("certs");
+    kvmesh_mesh::certs::write_dir(&dir, &certs).expect("write");
+    let sims = start_sims(5, |_| sim_cfg("m")).await;
+    let engines = urls(&sims);
+    let base = |name: &str, seeds: Vec<String>| {
+        let mut cfg = serve_cfg(&engines[..4]);
+        cfg.routing.policy.policy = PolicyKind::CacheAware;
+        cfg.mesh = mesh_cfg(&dir, name, seeds);
+        cfg.admin_token = "t".into();
+        cfg
+    };
+    let a = start_router_with(base("a", vec![]), "m", 4).await;
+    let seed = a
+        .cluster
+        .as_ref()
+        .and_then(|c| c.addr())
+        .expect("a's mesh address")
+        .to_string();
+    let b = start_router_with(base("b", vec![seed.clone()]), "m", 4).await;
+    let c_router = start_router_with(base("c", vec![seed]), "m", 4).await;
+    let c = client();
+    for r in [&a, &b, &c_router] {
+        wait_members(&c, r, 2).await;
+    }
+
+    // A conversation's first turn through A; its follow-up through B lands on the same engine.
+    let system = "You are a meticulous assistant for a shared product manual. ".repeat(60);
+    let body = |q: &str| {
+        serde_json::json!({
+            "model": "m",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            "max_tokens": 2,
+        })
+    };
+    let mut same = 0;
+    for i in 0..5 {
+        let q = format!("question {i} about chapter {i}");
+        let first = post_json(
+            &c,
+            &format!("{}/v1/chat/completions", a.base_url()),
+            &body(&q),
+        )
+        .await;
+        assert_eq!(first.status, 200, "{}", first.body);
+        // Within the flush interval (20 ms) and a margin, B's index holds A's marks.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let again = post_json(
+            &c,
+            &format!("{}/v1/chat/completions", b.base_url()),
+            &body(&q),
+        )
+        .await;
+        assert_eq!(again.status, 200);
+        let predicted: u64 = again
+            .headers
+            .get("x-kvmesh-predicted-cached-tokens")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if again.engine == first.engine && predicted > 0 {
+            same += 1;
+        }
+    }
+    assert_eq!(
+        same, 5,
+        "every follow-up through B went where A sent the first turn"
+    );
+
+    // A's in-flight load shows on B: hold a long stream through A.
+    let long = serde_json::json!({
+        "model": "m", "messages": [{"role": "user", "content": "tell a long story"}],
+        "max_tokens": 400, "stream": true,
+    });
+    let (c2, a_url) = (c.clone(), a.base_url());
+    let held = tokio::spawn(async move {
+        post_json(&c2, &format!("{a_url}/v1/chat/completions"), &long).await
+    });
+    let mut seen = false;
+    for _ in 0..100 {
+        let peer: u32 = b
+            .gateway
+            .registry
+            .members()
+            .iter()
+            .map(|e| e.peer_in_flight.load(Relaxed))
+            .sum();
+        if peer >= 1 {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen, "B sees A's request in flight");
+    assert_eq!(held.await.expect("task").status, 200);
+    let mut back = false;
+    for _ in 0..100 {
+        let peer: u32 = b
+            .gateway
+            .registry
+            .members()
+            .iter()
+            .map(|e| e.peer_in_flight.load(Relaxed))
+            .sum();
+        if peer == 0 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(back, "and the count returns to zero");
+
+    // An engine added through A's admin API is routed to by C within a second or so.
+    let fifth = engines[4].clone();
+    let add = send(
+        &c,
+        "POST",
+        &format!("{}/admin/engines", a.base_url()),
+        &[("authorization", "Bearer t")],
+        serde_json::json!({ "url": fifth }).to_string(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(add.status, 201, "{}", add.body);
+    let mut known = false;
+    for _ in 0..100 {
+        if c_router
+            .gateway
+            .registry
+            .members()
+            .iter()
+            .any(|e| e.url == fifth && !e.models().is_empty())
+        {
+            known = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(known, "C knows the engine A added");
+
+    // The replicated state converges: equal digests on all three (load and registry).
+    let mut agree = false;
+    for _ in 0..100 {
+        let ds: Vec<serde_json::Value> = vec![
+            cluster_json(&c, &a).await["digests"].clone(),
+            cluster_json(&c, &b).await["digests"].clone(),
+            cluster_json(&c, &c_router).await["digests"].clone(),
+        ];
+        if ds
+            .iter()
+            .all(|d| d["registry"] == ds[0]["registry"] && d["load"] == ds[0]["load"])
+        {
+            agree = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(agree, "digests agree");
+
+    for r in [a, b, c_router] {
+        r.shutdown().await;
+    }
+    stop_sims(sims).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
