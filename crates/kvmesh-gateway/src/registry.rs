@@ -316,7 +316,10 @@ impl Registry {
         let routes = by_model
             .into_iter()
             .map(|(model, engines)| {
-                let policy_cfg = self.cfg.model_policy(&model).clone();
+                let mut policy_cfg = self.cfg.model_policy(&model).clone();
+                // Meshed routers must agree on a new prefix's engine without talking (their
+                // marks reach each other tens of ms later): rendezvous for cold prompts.
+                policy_cfg.prefix.cold_prefix_rendezvous |= self.cfg.mesh.enabled;
                 let members: Vec<EngineMember> = engines
                     .iter()
                     .map(|e| {

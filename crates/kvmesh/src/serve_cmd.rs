@@ -53,7 +53,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", help = format!("Attempts per request including the first [default: {}]", d().retry.max_attempts))]
     pub max_attempts: Option<u32>,
     #[arg(
-        long,
+        long = "routing-seed",
         value_name = "N",
         help = "Seed of the routing randomness; 0 = from the clock [default: 0]"
     )]

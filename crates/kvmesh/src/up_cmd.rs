@@ -1,6 +1,7 @@
 //! `kvmesh up`: a local cluster on loopback — simulated engines and routers in front of them —
 //! with a demo workload (shared-prefix multi-turn chats) that serves real requests through the
-//! routers. Routers do not share state yet (the mesh comes later): each routes on its own view.
+//! routers. Several routers form a mesh by default (certificates generated on the fly): they
+//! share their routing decisions and load; `--no-mesh` runs them as independent replicas.
 //!
 //! `--compare p1,p2,...` runs the same workload once per policy, each on fresh engines (empty
 //! caches), and prints one row per policy: the engines' own prefix-cache hit rate, the
@@ -45,10 +46,13 @@ pub struct UpArgs {
     /// Simulated engines to start.
     #[arg(long, default_value_t = 4)]
     pub engines: u32,
-    /// Routers to start in front of all engines (0 = clients spread requests over the engines
-    /// round robin, the no-router baseline).
-    #[arg(long, default_value_t = 1)]
+    /// Routers to start in front of all engines, meshed (0 = clients spread requests over the
+    /// engines round robin, the no-router baseline). Clients spread over them as DNS would.
+    #[arg(long, default_value_t = 3)]
     pub routers: u32,
+    /// Run the routers as independent replicas (no shared state).
+    #[arg(long)]
+    pub no_mesh: bool,
     /// Routing policy of the routers [default: precise, with the engines publishing KV events].
     #[arg(long, value_name = "NAME", value_parser = parse_policy)]
     pub policy: Option<PolicyKind>,
@@ -133,7 +137,14 @@ impl Cluster {
         }
         let entries = fleet.entries.clone();
         let sims = fleet.sims;
-        let mut routers = Vec::new();
+        let mesh = a.routers > 1 && !a.no_mesh;
+        let names: Vec<String> = (0..a.routers).map(|i| format!("router-{i}")).collect();
+        let tls_dir = std::env::temp_dir().join(format!("kvmesh-up-{}", std::process::id()));
+        if mesh {
+            let certs = kvmesh_mesh::certs::generate(&names).map_err(|e| e.to_string())?;
+            kvmesh_mesh::certs::write_dir(&tls_dir, &certs).map_err(|e| e.to_string())?;
+        }
+        let mut routers: Vec<GatewayServer> = Vec::new();
         for i in 0..a.routers {
             let mut cfg = ServeConfig {
                 listen: "127.0.0.1:0".into(),
@@ -142,11 +153,49 @@ impl Cluster {
                 ..ServeConfig::default()
             };
             cfg.routing.policy.policy = policy;
+            if mesh {
+                cfg.mesh.enabled = true;
+                cfg.mesh.node_id = names[i as usize].clone();
+                cfg.mesh.listen = "127.0.0.1:0".into();
+                cfg.mesh.tls_dir = tls_dir.display().to_string();
+                cfg.mesh.expected_routers = a.routers;
+                if let Some(seed) = routers
+                    .first()
+                    .and_then(|r| r.cluster.as_ref())
+                    .and_then(|c| c.addr())
+                {
+                    cfg.mesh.seeds = vec![seed.to_string()];
+                }
+            }
             let r = kvmesh_gateway::start(cfg)
                 .await
                 .map_err(|e| e.to_string())?;
-            eprintln!("router {i}: {}", r.base_url());
+            let at = r
+                .cluster
+                .as_ref()
+                .and_then(|c| c.addr())
+                .map(|m| format!(" (mesh {m})"))
+                .unwrap_or_default();
+            eprintln!("router {i}: {}{at}", r.base_url());
             routers.push(r);
+        }
+        if mesh {
+            // The demo starts once every router sees the others.
+            let want = routers.len() - 1;
+            let formed = async {
+                while !routers.iter().all(|r| {
+                    r.cluster
+                        .as_ref()
+                        .is_some_and(|c| c.members().len() == want)
+                }) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(30), formed)
+                .await
+                .map_err(|_| "the routers did not form a mesh within 30 s".to_string())?;
+            let _ = std::fs::remove_dir_all(&tls_dir);
+            eprintln!("mesh formed: {} routers", routers.len());
         }
         let engine_urls = sims.iter().map(|s| s.base_url()).collect();
         Ok(Cluster {

@@ -88,6 +88,22 @@ fn serve_startup_errors_name_the_problem() {
         .contains("fastest")
     );
     assert!(run(&["serve", "--engine", "url=http://127.0.0.1:1,wieght=3"]).contains("wieght"));
+    // Joining the mesh needs certificates; a missing certificate names the file.
+    assert!(
+        run(&["serve", "--engine", "http://127.0.0.1:1", "--node-id", "a"]).contains("tls_dir")
+    );
+    let err = run(&[
+        "serve",
+        "--engine",
+        "http://127.0.0.1:1",
+        "--node-id",
+        "a",
+        "--tls-dir",
+        "/nonexistent-kvmesh-dir",
+        "--seed",
+        "127.0.0.1:1",
+    ]);
+    assert!(err.contains("/nonexistent-kvmesh-dir"), "{err}");
     let dir = std::env::temp_dir().join(format!("kvmesh-serve-cfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let file = dir.join("bad.toml");
