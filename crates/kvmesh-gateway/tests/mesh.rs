@@ -216,3 +216,71 @@ async fn meshed_routers_share_marks_load_and_engines() {
     stop_sims(sims).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sibling_burst_spread_over_three_routers_lands_on_one_engine() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-mesh-burst-{}", std::process::id()));
+    let certs = kvmesh_mesh::certs::generate(&["a".into(), "b".into(), "c".into()]).expect("certs");
+    kvmesh_mesh::certs::write_dir(&dir, &certs).expect("write");
+    let sims = start_sims(8, |_| instant_sim_cfg("m")).await;
+    let engines = urls(&sims);
+    let cfg_of = |name: &str, seeds: Vec<String>| {
+        let mut cfg = serve_cfg(&engines);
+        cfg.routing.policy.policy = PolicyKind::CacheAware;
+        cfg.mesh = mesh_cfg(&dir, name, seeds);
+        cfg
+    };
+    let a = start_router_with(cfg_of("a", vec![]), "m", 8).await;
+    let seed = a
+        .cluster
+        .as_ref()
+        .and_then(|c| c.addr())
+        .expect("addr")
+        .to_string();
+    let b = start_router_with(cfg_of("b", vec![seed.clone()]), "m", 8).await;
+    let c3 = start_router_with(cfg_of("c", vec![seed]), "m", 8).await;
+    let c = client();
+    for r in [&a, &b, &c3] {
+        wait_members(&c, r, 2).await;
+    }
+    let routers = [a.base_url(), b.base_url(), c3.base_url()];
+    let mut together = 0;
+    const BURSTS: usize = 20;
+    for burst in 0..BURSTS {
+        // A new ~4,000-token prefix per burst; 16 siblings differ only in their last words.
+        let prefix = format!("burst {burst}: ") + &"a long shared document line. ".repeat(520);
+        let tasks: Vec<_> = (0..16)
+            .map(|i| {
+                let (c, url) = (c.clone(), routers[i % 3].clone());
+                let body = serde_json::json!({
+                    "model": "m",
+                    "messages": [{"role": "user", "content": format!("{prefix} sibling {i}")}],
+                    "max_tokens": 1,
+                });
+                tokio::spawn(async move {
+                    post_json(&c, &format!("{url}/v1/chat/completions"), &body).await
+                })
+            })
+            .collect();
+        let mut where_: std::collections::BTreeMap<String, usize> = Default::default();
+        for t in tasks {
+            let r = t.await.expect("task");
+            assert_eq!(r.status, 200, "{}", r.body);
+            *where_.entry(r.engine.unwrap_or_default()).or_default() += 1;
+        }
+        if where_.len() == 1 {
+            together += 1;
+        }
+        println!("burst {burst}: {:?}", where_.values().collect::<Vec<_>>());
+    }
+    println!("{together} of {BURSTS} bursts on one engine");
+    assert!(
+        together * 10 >= BURSTS * 9,
+        "{together} of {BURSTS} bursts on one engine"
+    );
+    for r in [a, b, c3] {
+        r.shutdown().await;
+    }
+    stop_sims(sims).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
