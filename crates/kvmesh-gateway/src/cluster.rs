@@ -405,7 +405,88 @@ impl Cluster {
     }
 }
 
+/// The mesh's counters at one instant, as metric families.
+#[derive(Debug)]
+struct MeshMetrics {
+    members: i64,
+    envelopes: [(&'static str, u64); 3],
+    bytes: [(&'static str, &'static str, u64); 4],
+    anti_entropy: u64,
+    handshake_failures: u64,
+}
+
+impl prometheus_client::collector::Collector for MeshMetrics {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use prometheus_client::encoding::NoLabelSet;
+        use prometheus_client::metrics::MetricType::{Counter, Gauge};
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_members",
+            "Live members of the mesh besides this router",
+            None,
+            Gauge,
+        )?;
+        m.encode_gauge(&self.members)?;
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_envelopes",
+            "State envelopes by direction (dropped: undecodable, oversized or of another cluster)",
+            None,
+            Counter,
+        )?;
+        for (dir, v) in &self.envelopes {
+            let labels = [("direction", *dir)];
+            m.encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_bytes",
+            "Mesh bytes by traffic class and direction",
+            None,
+            Counter,
+        )?;
+        for (class, dir, v) in &self.bytes {
+            let labels = [("class", *class), ("direction", *dir)];
+            m.encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_anti_entropy_rounds",
+            "Whole-state exchanges sent to a random member",
+            None,
+            Counter,
+        )?;
+        m.encode_counter::<NoLabelSet, _, u64>(&self.anti_entropy, None)?;
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_handshake_failures",
+            "Mesh handshakes refused (certificate not from the cluster CA, garbage)",
+            None,
+            Counter,
+        )?;
+        m.encode_counter::<NoLabelSet, _, u64>(&self.handshake_failures, None)
+    }
+}
+
 impl MeshHook for Cluster {
+    fn collector(&self) -> Box<dyn prometheus_client::collector::Collector> {
+        let c = &self.counters;
+        let t = self.transport.counters();
+        Box::new(MeshMetrics {
+            members: self.members().len() as i64,
+            envelopes: [
+                ("sent", c.envelopes_sent.load(Relaxed)),
+                ("received", c.envelopes_received.load(Relaxed)),
+                ("dropped", c.envelopes_dropped.load(Relaxed)),
+            ],
+            bytes: [
+                ("swim", "sent", t.bytes_sent[0].load(Relaxed)),
+                ("swim", "received", t.bytes_received[0].load(Relaxed)),
+                ("delta", "sent", t.bytes_sent[1].load(Relaxed)),
+                ("delta", "received", t.bytes_received[1].load(Relaxed)),
+            ],
+            anti_entropy: c.anti_entropy_rounds.load(Relaxed),
+            handshake_failures: t.handshake_failures.load(Relaxed),
+        })
+    }
+
     fn status(&self) -> serde_json::Value {
         let (load, marks, registry) = self.digests();
         let c = &self.counters;

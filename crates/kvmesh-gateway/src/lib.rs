@@ -244,9 +244,11 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
                 ok_empty()
             }
         }
-        (&Method::GET, "/metrics") => {
-            openmetrics(gw.metrics.render(&gw.registry, gw.clock.now_us()))
-        }
+        (&Method::GET, "/metrics") => openmetrics(gw.metrics.render_with(
+            &gw.registry,
+            gw.clock.now_us(),
+            gw.mesh.get().map(|m| m.collector()),
+        )),
         (_, "/admin/engines") => admin::engines(&gw, req).await,
         (&Method::GET, "/admin/cluster") => match gw.mesh.get() {
             Some(m) => json(200, m.status().to_string()),

@@ -126,6 +126,16 @@ impl GatewayMetrics {
 
     /// The exposition text (OpenMetrics).
     pub fn render(&self, reg: &Registry, now_us: u64) -> String {
+        self.render_with(reg, now_us, None)
+    }
+
+    /// The exposition text with another collector's families (the mesh's).
+    pub fn render_with(
+        &self,
+        reg: &Registry,
+        now_us: u64,
+        extra: Option<Box<dyn Collector>>,
+    ) -> String {
         let mut r = prometheus_client::registry::Registry::default();
         r.register(
             "kvmesh_requests",
@@ -154,6 +164,9 @@ impl GatewayMetrics {
         );
         let mut engines = reg.members();
         engines.sort_by(|a, b| a.url.cmp(&b.url));
+        if let Some(c) = extra {
+            r.register_collector(c);
+        }
         r.register_collector(Box::new(Snapshot {
             engines,
             prefix: reg.prefix.clone(),

@@ -209,6 +209,20 @@ async fn meshed_routers_share_marks_load_and_engines() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(agree, "digests agree");
+    // The mesh's families on /metrics.
+    let (_, page) = get(&c, &format!("{}/metrics", b.base_url())).await;
+    let value = |prefix: &str| {
+        page.lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in /metrics"))
+    };
+    assert_eq!(value("kvmesh_mesh_members "), 2.0);
+    assert!(value("kvmesh_mesh_envelopes_total{direction=\"received\"}") > 0.0);
+    assert!(value("kvmesh_mesh_bytes_total{class=\"delta\",direction=\"received\"}") > 0.0);
+    assert!(value("kvmesh_mesh_bytes_total{class=\"swim\",direction=\"sent\"}") > 0.0);
+    assert_eq!(value("kvmesh_mesh_envelopes_total{direction=\"dropped\"}"), 0.0);
 
     for r in [a, b, c_router] {
         r.shutdown().await;
