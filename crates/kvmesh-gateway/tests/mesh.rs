@@ -222,7 +222,10 @@ async fn meshed_routers_share_marks_load_and_engines() {
     assert!(value("kvmesh_mesh_envelopes_total{direction=\"received\"}") > 0.0);
     assert!(value("kvmesh_mesh_bytes_total{class=\"delta\",direction=\"received\"}") > 0.0);
     assert!(value("kvmesh_mesh_bytes_total{class=\"swim\",direction=\"sent\"}") > 0.0);
-    assert_eq!(value("kvmesh_mesh_envelopes_total{direction=\"dropped\"}"), 0.0);
+    assert_eq!(
+        value("kvmesh_mesh_envelopes_total{direction=\"dropped\"}"),
+        0.0
+    );
 
     for r in [a, b, c_router] {
         r.shutdown().await;

@@ -67,6 +67,20 @@ fn kvmesh_up_serves_the_demo_through_a_router() {
 }
 
 #[test]
+fn kvmesh_up_by_default_meshes_three_routers() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args(["up", "--groups", "2", "--users", "2", "--turns", "2"])
+        .output()
+        .expect("run kvmesh up");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("mesh formed: 3 routers"), "{stderr}");
+    assert!(stderr.contains("3 router(s)"), "{stderr}");
+    assert!(stdout.contains("requests ok 8 / errors 0"), "{stdout}");
+}
+
+#[test]
 fn serve_startup_errors_name_the_problem() {
     let run = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
