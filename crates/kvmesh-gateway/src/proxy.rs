@@ -220,36 +220,40 @@ fn decide_step(
             let cold_key = s.keys.get(s.keys.len().min(depth).wrapping_sub(1));
             let cold_key = cold_key.map_or(0, |k| k.0);
             let ttl = prefix::ttl_plan(state.config());
-            let reserve = |d: &Decision| {
-                d.reserve
-                    .map(|i| Reservation::new(route.engines[i].clone()))
+            // Lookup (into the scratch buffers), decision and reservation over one view of
+            // the index; `None` when a match is required and no engine holds a usable prefix.
+            let decide_on = |index: &PrefixIndex,
+                             s: &mut prefix::Scratch,
+                             out: Vec<usize>,
+                             need_match: bool| {
+                prefix::match_engines(state, index, rp, now, s);
+                if need_match && s.matches.is_empty() {
+                    return None;
+                }
+                let probe = IndexProbe {
+                    index,
+                    engines: &route.engines,
+                    keys: &s.keys,
+                    now_us: now,
+                };
+                let plan = PrefixPlan {
+                    total_blocks: l.total_blocks,
+                    matches: &s.matches,
+                    cold_key,
+                    probe: &probe,
+                    ttl,
+                };
+                let d = decide(&route.policy, &view, ctx, Some(plan), out);
+                // Counted in flight right away, so that the next decision's load guard sees
+                // this request (the attempt takes the count over).
+                let r = d
+                    .reserve
+                    .map(|i| Reservation::new(route.engines[i].clone()));
+                Some((d, r))
             };
             // Most prompts match an engine: lookup and decision under the shared lock
             // (concurrent with other lookups), then the mark under a brief write lock.
-            let warm = {
-                let index = state.index();
-                prefix::match_engines(state, &index, rp, now, s);
-                (!s.matches.is_empty()).then(|| {
-                    let probe = IndexProbe {
-                        index: &index,
-                        engines: &route.engines,
-                        keys: &s.keys,
-                        now_us: now,
-                    };
-                    let plan = PrefixPlan {
-                        total_blocks: l.total_blocks,
-                        matches: &s.matches,
-                        cold_key,
-                        probe: &probe,
-                        ttl,
-                    };
-                    let d = decide(&route.policy, &view, ctx, Some(plan), out);
-                    // Counted in flight right away, so that the next decision's load guard
-                    // sees this request (the attempt takes the count over).
-                    let r = reserve(&d);
-                    (d, r)
-                })
-            };
+            let warm = decide_on(&state.index(), s, out, true);
             let (d, r) = match warm {
                 Some((d, r)) => {
                     if let Some(m) = d.mark {
@@ -261,28 +265,11 @@ fn decide_step(
                 // reservation again under the write lock, so that siblings of a new prefix
                 // arriving together see each other's mark and land on one engine.
                 None => state.exclusive(|x| {
-                    prefix::match_engines(state, x.index(), rp, now, s);
-                    let probe = IndexProbe {
-                        index: x.index(),
-                        engines: &route.engines,
-                        keys: &s.keys,
-                        now_us: now,
+                    let Some((d, r)) =
+                        decide_on(x.index(), s, Vec::with_capacity(MAX_CANDIDATES), false)
+                    else {
+                        unreachable!("a decision is made when no match is required")
                     };
-                    let plan = PrefixPlan {
-                        total_blocks: l.total_blocks,
-                        matches: &s.matches,
-                        cold_key,
-                        probe: &probe,
-                        ttl,
-                    };
-                    let d = decide(
-                        &route.policy,
-                        &view,
-                        ctx,
-                        Some(plan),
-                        Vec::with_capacity(MAX_CANDIDATES),
-                    );
-                    let r = reserve(&d);
                     if let Some(m) = d.mark {
                         x.mark(route.engines[m.engine].target(), &s.keys, m.expiry_us, now);
                     }

@@ -49,33 +49,49 @@ async fn wait_members(c: &HttpClient, r: &GatewayServer, n: usize) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn meshed_routers_share_marks_load_and_engines() {
-    let dir = std::env::temp_dir().join(format!("kvmesh-mesh-test-{}", std::process::id()));
+/// Three routers meshed through the first (certificates written to a fresh directory), each
+/// configured by `cfg(name)` and waited for until every one sees the two others.
+async fn mesh_of_three(
+    tag: &str,
+    engines: usize,
+    cfg: impl Fn(&str) -> kvmesh_config::ServeConfig,
+) -> (std::path::PathBuf, [GatewayServer; 3]) {
+    let dir = std::env::temp_dir().join(format!("kvmesh-{tag}-{}", std::process::id()));
     let certs = kvmesh_mesh::certs::generate(&["a".into(), "b".into(), "c".into()]).expect("certs");
     kvmesh_mesh::certs::write_dir(&dir, &certs).expect("write");
-    let sims = start_sims(5, |_| sim_cfg("m")).await;
-    let engines = urls(&sims);
-    let base = |name: &str, seeds: Vec<String>| {
-        let mut cfg = serve_cfg(&engines[..4]);
-        cfg.routing.policy.policy = PolicyKind::CacheAware;
-        cfg.mesh = mesh_cfg(&dir, name, seeds);
-        cfg.admin_token = "t".into();
-        cfg
+    let with_mesh = |name: &str, seeds: Vec<String>| {
+        let mut c = cfg(name);
+        c.mesh = mesh_cfg(&dir, name, seeds);
+        c
     };
-    let a = start_router_with(base("a", vec![]), "m", 4).await;
+    let a = start_router_with(with_mesh("a", vec![]), "m", engines).await;
     let seed = a
         .cluster
         .as_ref()
         .and_then(|c| c.addr())
         .expect("a's mesh address")
         .to_string();
-    let b = start_router_with(base("b", vec![seed.clone()]), "m", 4).await;
-    let c_router = start_router_with(base("c", vec![seed]), "m", 4).await;
-    let c = client();
-    for r in [&a, &b, &c_router] {
-        wait_members(&c, r, 2).await;
+    let b = start_router_with(with_mesh("b", vec![seed.clone()]), "m", engines).await;
+    let c = start_router_with(with_mesh("c", vec![seed]), "m", engines).await;
+    let http = client();
+    for r in [&a, &b, &c] {
+        wait_members(&http, r, 2).await;
     }
+    (dir, [a, b, c])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meshed_routers_share_marks_load_and_engines() {
+    let sims = start_sims(5, |_| sim_cfg("m")).await;
+    let engines = urls(&sims);
+    let (dir, [a, b, c_router]) = mesh_of_three("mesh-test", 4, |_| {
+        let mut cfg = serve_cfg(&engines[..4]);
+        cfg.routing.policy.policy = PolicyKind::CacheAware;
+        cfg.admin_token = "t".into();
+        cfg
+    })
+    .await;
+    let c = client();
 
     // A conversation's first turn through A; its follow-up through B lands on the same engine.
     let system = "You are a meticulous assistant for a shared product manual. ".repeat(60);
@@ -236,30 +252,15 @@ async fn meshed_routers_share_marks_load_and_engines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sibling_burst_spread_over_three_routers_lands_on_one_engine() {
-    let dir = std::env::temp_dir().join(format!("kvmesh-mesh-burst-{}", std::process::id()));
-    let certs = kvmesh_mesh::certs::generate(&["a".into(), "b".into(), "c".into()]).expect("certs");
-    kvmesh_mesh::certs::write_dir(&dir, &certs).expect("write");
     let sims = start_sims(8, |_| instant_sim_cfg("m")).await;
     let engines = urls(&sims);
-    let cfg_of = |name: &str, seeds: Vec<String>| {
+    let (dir, [a, b, c3]) = mesh_of_three("mesh-burst", 8, |_| {
         let mut cfg = serve_cfg(&engines);
         cfg.routing.policy.policy = PolicyKind::CacheAware;
-        cfg.mesh = mesh_cfg(&dir, name, seeds);
         cfg
-    };
-    let a = start_router_with(cfg_of("a", vec![]), "m", 8).await;
-    let seed = a
-        .cluster
-        .as_ref()
-        .and_then(|c| c.addr())
-        .expect("addr")
-        .to_string();
-    let b = start_router_with(cfg_of("b", vec![seed.clone()]), "m", 8).await;
-    let c3 = start_router_with(cfg_of("c", vec![seed]), "m", 8).await;
+    })
+    .await;
     let c = client();
-    for r in [&a, &b, &c3] {
-        wait_members(&c, r, 2).await;
-    }
     let routers = [a.base_url(), b.base_url(), c3.base_url()];
     let mut together = 0;
     const BURSTS: usize = 20;
