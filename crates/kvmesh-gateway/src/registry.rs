@@ -99,10 +99,12 @@ impl EngineSet for RouteView<'_> {
         self.engines[i].view(self.now_us, self.fleet_latency_us)
     }
 
-    /// The kept totals, refreshed by a scan at most once per [`TOTALS_REFRESH_US`] (by the
-    /// decision that finds them older): a decision does not scan the fleet.
+    /// Exact for a small route (a scan of up to [`EXACT_TOTALS_UP_TO`] engines costs less than
+    /// being wrong); beyond, the kept totals, refreshed by a scan at most once per
+    /// [`TOTALS_REFRESH_US`] (by the decision that finds them older): a decision does not scan
+    /// a large fleet.
     fn totals(&self) -> Totals {
-        self.totals.get(self.now_us, || {
+        let scan = || {
             let mut t = Totals::default();
             for e in self.engines {
                 let v = e.view(self.now_us, self.fleet_latency_us);
@@ -113,9 +115,17 @@ impl EngineSet for RouteView<'_> {
                 }
             }
             t
-        })
+        };
+        if self.engines.len() <= EXACT_TOTALS_UP_TO {
+            scan()
+        } else {
+            self.totals.get(self.now_us, scan)
+        }
     }
 }
+
+/// Routes of at most this many engines compute their totals exactly at each decision.
+pub const EXACT_TOTALS_UP_TO: usize = 64;
 
 /// How old the kept fleet totals may get before a decision rescans (µs).
 pub const TOTALS_REFRESH_US: u64 = 1_000;
