@@ -108,3 +108,67 @@ pub fn python(script: &str, args: &[&str]) -> String {
     );
     stdout
 }
+
+/// A response: status, headers (lower-case names) and body.
+pub struct Http {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Http {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Minimal blocking HTTP/1.1 request with a body on loopback (bounded by `timeout`).
+pub fn http(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    timeout: Duration,
+) -> Option<Http> {
+    use std::io::Write;
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}")))?;
+    let mut s = std::net::TcpStream::connect(host).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).ok()?;
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    let mut lines = head.lines();
+    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    // Chunked bodies are not decoded: callers read JSON error/ok bodies sent whole.
+    Some(Http {
+        status,
+        headers,
+        body: body.to_string(),
+    })
+}
+
+/// A free UDP port on loopback (for a mesh address).
+pub fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .expect("free udp port")
+}
