@@ -24,7 +24,9 @@ pub struct MeshConfig {
     pub cluster_id: String,
     /// Directory with `ca.pem` and this node's `<node_id>.pem`/`.key` (`kvmesh cert`).
     pub tls_dir: String,
-    /// Routers reading each engine's KV events (0 = every router reads every engine).
+    /// Routers reading each engine's KV events (0 = every router reads every engine). Only 0
+    /// is supported so far (ownership by rendezvous hashing is being built): another value is
+    /// refused rather than ignored.
     pub ingest_replicas: u32,
     /// Local changes (marks, load, registry) are batched and sent at most this often, ms.
     pub flush_ms: u64,
@@ -68,6 +70,11 @@ impl MeshConfig {
             (10..=600_000).contains(&self.anti_entropy_ms),
             &format!("{at}.anti_entropy_ms"),
             "must be between 10 and 600000",
+        )?;
+        check(
+            self.ingest_replicas == 0,
+            &format!("{at}.ingest_replicas"),
+            "only 0 (every router reads every engine's events) is supported so far",
         )?;
         check(
             !self.cluster_id.is_empty(),
