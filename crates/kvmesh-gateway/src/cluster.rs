@@ -65,6 +65,9 @@ pub struct Cluster {
     transport: Arc<kvmesh_mesh::transport::Transport>,
     state: Mutex<Replicated>,
     outbox: Arc<Mutex<Vec<Delta>>>,
+    /// Warm: this router holds the cluster's state (it is the first, it received a peer's
+    /// whole state, or the warm-up bound passed); `/health` says ready only then.
+    warm: std::sync::atomic::AtomicBool,
     /// Counters.
     pub counters: ClusterCounters,
 }
@@ -128,6 +131,9 @@ impl Cluster {
                 registry: RegistrySet::new(),
             }),
             outbox: outbox.clone(),
+            warm: std::sync::atomic::AtomicBool::new(
+                cfg.seeds.is_empty() && cfg.seed_dns.is_empty(),
+            ),
             counters: ClusterCounters::default(),
         });
         gw.registry
@@ -147,7 +153,30 @@ impl Cluster {
             .spawn(async move { cl.anti_entropy_loop(g, ae).await });
         let (g, cl) = (gw.clone(), c.clone());
         gw.tasks.spawn(async move { cl.membership_loop(g).await });
+        // A router whose peers never answer still serves after the warm-up bound (logged).
+        let (cl, bound) = (c.clone(), ae * 5);
+        gw.tasks.spawn(async move {
+            tokio::time::sleep(bound).await;
+            if !cl.warm.swap(true, Relaxed) {
+                tracing::warn!(?bound, "no peer's state received: serving without it");
+            }
+        });
         Ok(c)
+    }
+
+    /// This router holds the cluster's state (see [`Cluster::warm`]).
+    pub fn is_warm(&self) -> bool {
+        self.warm.load(Relaxed)
+    }
+
+    /// This router's whole replicated state as deltas.
+    fn whole_state(&self, now_us: u64) -> Vec<Delta> {
+        let mut st = lock(&self.state);
+        st.marks.expire(now_us);
+        let mut v: Vec<Delta> = st.load.deltas().into_iter().map(Delta::Load).collect();
+        v.extend(st.marks.deltas().into_iter().map(Delta::Mark));
+        v.extend(st.registry.deltas().into_iter().map(Delta::Registry));
+        v
     }
 
     /// The live members (not this router).
@@ -174,11 +203,18 @@ impl Cluster {
         }
     }
 
-    fn send(&self, to: Vec<SocketAddr>, deltas: Vec<Delta>) {
-        for chunk in deltas.chunks(DELTAS_PER_ENVELOPE) {
+    fn send(&self, to: Vec<SocketAddr>, deltas: Vec<Delta>, snapshot: bool) {
+        // An empty state still goes (as one empty snapshot): it warms the joining router.
+        let chunks: Vec<&[Delta]> = if deltas.is_empty() {
+            vec![&[]]
+        } else {
+            deltas.chunks(DELTAS_PER_ENVELOPE).collect()
+        };
+        for chunk in chunks {
             let env = Envelope::V1(EnvelopeV1 {
                 cluster_id: self.cluster_id,
                 from: self.me,
+                snapshot,
                 deltas: chunk.to_vec(),
             });
             let Ok(bytes) = encode(&env) else { continue };
@@ -237,7 +273,7 @@ impl Cluster {
             }
             let to: Vec<SocketAddr> = self.members().iter().map(|m| m.addr).collect();
             if !to.is_empty() {
-                self.send(to, deltas);
+                self.send(to, deltas, false);
             }
         }
     }
@@ -250,21 +286,15 @@ impl Cluster {
         loop {
             tick.tick().await;
             let members = self.members();
-            if members.is_empty() {
+            // A router still warming up has no whole state to offer.
+            if members.is_empty() || !self.is_warm() {
                 continue;
             }
             turn = turn.wrapping_add(1 + (gw.next_seed() as usize % members.len()));
             let peer = members[turn % members.len()].addr;
-            let all = {
-                let mut st = lock(&self.state);
-                st.marks.expire(gw.clock.now_us());
-                let mut v: Vec<Delta> = st.load.deltas().into_iter().map(Delta::Load).collect();
-                v.extend(st.marks.deltas().into_iter().map(Delta::Mark));
-                v.extend(st.registry.deltas().into_iter().map(Delta::Registry));
-                v
-            };
+            let all = self.whole_state(gw.clock.now_us());
             self.counters.anti_entropy_rounds.fetch_add(1, Relaxed);
-            self.send(vec![peer], all);
+            self.send(vec![peer], all, true);
         }
     }
 
@@ -285,6 +315,9 @@ impl Cluster {
             }
             for delta in &env.deltas {
                 self.apply(&gw, delta).await;
+            }
+            if env.snapshot && !self.warm.swap(true, Relaxed) {
+                tracing::info!(from = %d.from, "warm: a peer's whole state received");
             }
         }
     }
@@ -384,6 +417,16 @@ impl Cluster {
                 .iter()
                 .map(|m| (m.name.clone(), m.bump))
                 .collect();
+            // A newcomer gets this router's whole state at once (it is warm from the first).
+            let joined: Vec<SocketAddr> = rx
+                .borrow()
+                .iter()
+                .filter(|m| !known.contains(&(m.name.clone(), m.bump)))
+                .map(|m| m.addr)
+                .collect();
+            if !joined.is_empty() && self.is_warm() {
+                self.send(joined, self.whole_state(gw.clock.now_us()), true);
+            }
             let gone: Vec<(String, u64)> = known.difference(&now).cloned().collect();
             if !gone.is_empty() {
                 let mut st = lock(&self.state);
@@ -466,6 +509,10 @@ impl prometheus_client::collector::Collector for MeshMetrics {
 }
 
 impl MeshHook for Cluster {
+    fn is_warm(&self) -> bool {
+        Cluster::is_warm(self)
+    }
+
     fn collector(&self) -> Box<dyn prometheus_client::collector::Collector> {
         let c = &self.counters;
         let t = self.transport.counters();
@@ -493,6 +540,7 @@ impl MeshHook for Cluster {
         let t = self.transport.counters();
         serde_json::json!({
             "node": format!("{:016x}", self.me.0),
+            "warm": self.is_warm(),
             "addr": self.addr().map(|a| a.to_string()),
             "members": self.members().iter().map(|m| serde_json::json!({
                 "name": m.name, "addr": m.addr.to_string(), "incarnation": m.bump,

@@ -27,6 +27,8 @@ pub trait MeshHook: Send + Sync {
     fn engine_removed(&self, url: &str);
     /// `GET /admin/cluster`: members, digests, counters.
     fn status(&self) -> serde_json::Value;
+    /// The router holds the cluster's state (ready to route as its peers do).
+    fn is_warm(&self) -> bool;
     /// The mesh's metric families for `/metrics`, read at this instant.
     fn collector(&self) -> Box<dyn prometheus_client::collector::Collector>;
 }

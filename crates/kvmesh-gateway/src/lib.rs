@@ -240,6 +240,10 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         (&Method::GET, "/health") => {
             if gw.registry.models().is_empty() {
                 error(&ApiError::unavailable("no engine serves any model yet"))
+            } else if gw.mesh.get().is_some_and(|m| !m.is_warm()) {
+                error(&ApiError::unavailable(
+                    "joining the mesh: the cluster's state has not arrived yet",
+                ))
             } else {
                 ok_empty()
             }

@@ -225,6 +225,13 @@ async fn meshed_routers_share_marks_load_and_engines() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(agree, "digests agree");
+    for r in [&a, &b, &c_router] {
+        assert_eq!(
+            cluster_json(&c, r).await["warm"],
+            true,
+            "every router is warm"
+        );
+    }
     // The mesh's families on /metrics.
     let (_, page) = get(&c, &format!("{}/metrics", b.base_url())).await;
     let value = |prefix: &str| {

@@ -30,6 +30,9 @@ pub struct EnvelopeV1 {
     pub cluster_id: u64,
     /// The sender.
     pub from: NodeId,
+    /// The deltas are (a chunk of) the sender's whole state, not just its latest changes (an
+    /// anti-entropy round, or the welcome a joining router gets).
+    pub snapshot: bool,
     /// The deltas, in the sender's order.
     pub deltas: Vec<Delta>,
 }

@@ -166,7 +166,7 @@ proptest! {
         cut in any::<usize>(),
     ) {
         let deltas = produce(&actions);
-        let env = Envelope::V1(EnvelopeV1 { cluster_id: 7, from: node(1), deltas });
+        let env = Envelope::V1(EnvelopeV1 { cluster_id: 7, from: node(1), snapshot: false, deltas });
         let bytes = encode(&env).expect("encode");
         let back = decode(&bytes, 7).expect("decode");
         prop_assert_eq!(Envelope::V1(back), env);
@@ -182,6 +182,7 @@ fn oversized_and_trailing_bytes_are_refused() {
     let env = Envelope::V1(EnvelopeV1 {
         cluster_id: 1,
         from: node(0),
+        snapshot: true,
         deltas: vec![Delta::Load(LoadDelta {
             node: node(0),
             engine: 3,
@@ -198,7 +199,7 @@ fn oversized_and_trailing_bytes_are_refused() {
     let huge = vec![0u8; kvmesh_state::MAX_ENVELOPE_BYTES + 1];
     assert!(matches!(decode(&huge, 1), Err(WireError::TooLarge(_))));
     // A length prefix claiming 2^60 deltas is refused without allocating them.
-    let mut claim = vec![0u8, 1, 0]; // variant V1, cluster id 1, from 0
+    let mut claim = vec![0u8, 1, 0, 0]; // variant V1, cluster id 1, from 0, not a snapshot
     claim.extend_from_slice(&[0xFD, 0, 0, 0, 0, 0, 0, 0, 0x10]); // varint u64 length
     assert!(decode(&claim, 1).is_err());
 }

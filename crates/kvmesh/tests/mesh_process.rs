@@ -87,7 +87,11 @@ fn three_serve_processes_share_prefixes_and_engines() {
             if i > 0 {
                 args.extend(["--seed", &seed]);
             }
-            Proc::spawn("serve", &args)
+            // Healthy = joined and warm (a peer's whole state received) for B and C.
+            let t = Instant::now();
+            let p = Proc::spawn("serve", &args);
+            println!("router {name}: started and ready in {:?}", t.elapsed());
+            p
         })
         .collect();
     let (a, b, c) = (routers[0].base(), routers[1].base(), routers[2].base());
