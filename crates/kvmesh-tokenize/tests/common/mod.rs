@@ -20,20 +20,36 @@ pub fn bundled_config_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("assets/qwen3/tokenizer_config.json")
 }
 
-/// The upstream Qwen3 directory (`shared/tokenizers/qwen3` beside the repository, or
-/// `$KVMESH_SHARED_DIR/tokenizers/qwen3`). Panics with a clear message when it is missing.
+/// The upstream Qwen3 files (Hugging Face's `tokenizer.json` format 1.0 and
+/// `tokenizer_config.json`, Apache-2.0, see `tests/data/qwen3-upstream/NOTICE`) as a directory:
+/// unpacked once from `tests/data/qwen3-upstream` into the system's temp directory (the bundled
+/// asset is the converted 2.0 file; these tests load the original and compare the two).
 pub fn shared_qwen3_dir() -> PathBuf {
-    let shared = std::env::var_os("KVMESH_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let dir = shared.join("tokenizers/qwen3");
-    assert!(
-        dir.join("tokenizer.json").is_file(),
-        "upstream Qwen3 tokenizer not found at {} (expected the project's shared/ directory \
-         beside the repository, or set KVMESH_SHARED_DIR)",
-        dir.display()
-    );
-    dir
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/qwen3-upstream");
+        let gz = std::fs::read(src.join("tokenizer.json.gz")).expect("upstream tokenizer.json.gz");
+        let mut json = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut json)
+            .expect("gunzip upstream tokenizer.json");
+        // One directory per content (test binaries run in parallel and may share it); files are
+        // written under a unique name and renamed into place, so a reader never sees half.
+        let tag = blake3::hash(&json).to_hex()[..16].to_string();
+        let dir = std::env::temp_dir().join(format!("kvmesh-qwen3-upstream-{tag}"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let config = std::fs::read(src.join("tokenizer_config.json")).expect("upstream config");
+        for (name, bytes) in [("tokenizer.json", &json), ("tokenizer_config.json", &config)] {
+            let path = dir.join(name);
+            if std::fs::read(&path).is_ok_and(|b| b == *bytes) {
+                continue;
+            }
+            let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+            std::fs::write(&tmp, bytes).expect("write upstream file");
+            std::fs::rename(&tmp, &path).expect("rename upstream file");
+        }
+        dir
+    })
+    .clone()
 }
 
 /// Run `python3 tests/python/render_golden.py ARGS` with `stdin`, returning parsed stdout.
