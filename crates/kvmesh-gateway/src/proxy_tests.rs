@@ -46,14 +46,19 @@ fn engine(gw: &Gateway, a: &str) -> Arc<Engine> {
 
 const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
 
-/// Sends one chat request and reads the whole answer.
-async fn call(gw: &Arc<Gateway>) -> (u16, HeaderMap, String) {
+/// Sends one chat request with `body`; the response head and its streaming body.
+async fn send_chat(gw: &Arc<Gateway>, body: Bytes) -> Response<Body> {
     let (parts, ()) = Request::post("/v1/chat/completions")
         .header("content-type", "application/json")
         .body(())
         .expect("request")
         .into_parts();
-    let r = handle(gw, &parts, Bytes::from_static(BODY.as_bytes()), "rid").await;
+    handle(gw, &parts, body, "rid").await
+}
+
+/// Sends one chat request and reads the whole answer.
+async fn call(gw: &Arc<Gateway>) -> (u16, HeaderMap, String) {
+    let r = send_chat(gw, Bytes::from_static(BODY.as_bytes())).await;
     let (p, b) = r.into_parts();
     let bytes = b.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     (
@@ -247,11 +252,7 @@ async fn a_client_that_leaves_mid_stream_cancels_upstream_and_releases_the_engin
         },
     );
     let gw = gateway(cfg(), &mock, &[A]);
-    let (parts, ()) = Request::post("/v1/chat/completions")
-        .body(())
-        .expect("request")
-        .into_parts();
-    let r = handle(&gw, &parts, Bytes::from_static(BODY.as_bytes()), "rid").await;
+    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
     assert_eq!(r.status(), 200);
     let mut body = r.into_body();
     let first = body.frame().await.expect("a frame").expect("data");
@@ -295,11 +296,7 @@ async fn a_body_that_breaks_mid_stream_is_a_failure_not_a_retry() {
     mock.set_default(B, MockReply::ok(200, "{}"));
     let gw = gateway(cfg(), &mock, &[A, B]);
     engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
-    let (parts, ()) = Request::post("/v1/chat/completions")
-        .body(())
-        .expect("request")
-        .into_parts();
-    let r = handle(&gw, &parts, Bytes::from_static(BODY.as_bytes()), "rid").await;
+    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
     assert_eq!(r.status(), 200);
     assert!(
         r.into_body().collect().await.is_err(),
@@ -424,11 +421,7 @@ async fn every_mark_of_a_cache_aware_decision_reaches_the_delta_sink() {
     );
     let mut engines = Vec::new();
     for _ in 0..3 {
-        let (parts, ()) = Request::post("/v1/chat/completions")
-            .body(())
-            .expect("request")
-            .into_parts();
-        let r = handle(&gw, &parts, Bytes::from(body.clone()), "rid").await;
+        let r = send_chat(&gw, Bytes::from(body.clone())).await;
         assert_eq!(r.status(), 200);
         engines.push(r.headers()["x-kvmesh-engine"].clone());
     }

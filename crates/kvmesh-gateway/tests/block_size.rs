@@ -26,6 +26,8 @@ async fn a_discovered_models_block_size_applies_to_its_events() {
         "the model comes from discovery"
     );
     cfg.routing.policy.policy = PolicyKind::Precise;
+    // Short marks: the follow-up can only be predicted from the events once they expire.
+    cfg.prefix.speculative_ttl_ms = 200;
     cfg.models.insert(
         "m32".into(),
         ModelConfig {
@@ -40,7 +42,7 @@ async fn a_discovered_models_block_size_applies_to_its_events() {
     let first = post_json(&c, &chat, &chat_body("m32", &text, 2, false)).await;
     assert_eq!(first.status, 200, "{}", first.body);
     // The engine's events for the first prompt arrive (the index holds confirmed entries);
-    // then, once the first request's speculative mark (2 s: the engine's events are live) has
+    // then, once the first request's speculative mark (200 ms here: the events are live) has
     // expired, the same prompt can only be predicted from the events.
     let metric = |page: &str, name: &str| {
         page.lines()
@@ -58,7 +60,7 @@ async fn a_discovered_models_block_size_applies_to_its_events() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(confirmed > 0.0, "the engine's events reached the index");
-    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
     let again = post_json(&c, &chat, &chat_body("m32", &text, 2, false)).await;
     assert_eq!(again.status, 200);
     let predicted = again

@@ -25,6 +25,18 @@ fn mesh_cfg(dir: &std::path::Path, name: &str, seeds: Vec<String>) -> MeshConfig
     }
 }
 
+/// Polls `ok` every 20 ms until it holds or `within` passes.
+async fn until(within: Duration, ok: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while !ok() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
 async fn cluster_json(c: &HttpClient, r: &GatewayServer) -> serde_json::Value {
     let (s, body) = get(c, &format!("{}/admin/cluster", r.base_url())).await;
     assert_eq!(s, 200);
@@ -145,39 +157,23 @@ async fn meshed_routers_share_marks_load_and_engines() {
     let held = tokio::spawn(async move {
         post_json(&c2, &format!("{a_url}/v1/chat/completions"), &long).await
     });
-    let mut seen = false;
-    for _ in 0..100 {
-        let peer: u32 = b
-            .gateway
+    let peer_load = || -> u32 {
+        b.gateway
             .registry
             .members()
             .iter()
             .map(|e| e.peer_in_flight.load(Relaxed))
-            .sum();
-        if peer >= 1 {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(seen, "B sees A's request in flight");
+            .sum()
+    };
+    assert!(
+        until(Duration::from_secs(2), || peer_load() >= 1).await,
+        "B sees A's request in flight"
+    );
     assert_eq!(held.await.expect("task").status, 200);
-    let mut back = false;
-    for _ in 0..100 {
-        let peer: u32 = b
-            .gateway
-            .registry
-            .members()
-            .iter()
-            .map(|e| e.peer_in_flight.load(Relaxed))
-            .sum();
-        if peer == 0 {
-            back = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(back, "and the count returns to zero");
+    assert!(
+        until(Duration::from_secs(2), || peer_load() == 0).await,
+        "and the count returns to zero"
+    );
 
     // An engine added through A's admin API is routed to by C within a second or so.
     let fifth = engines[4].clone();
@@ -191,20 +187,15 @@ async fn meshed_routers_share_marks_load_and_engines() {
     )
     .await;
     assert_eq!(add.status, 201, "{}", add.body);
-    let mut known = false;
-    for _ in 0..100 {
-        if c_router
+    let known = until(Duration::from_secs(2), || {
+        c_router
             .gateway
             .registry
             .members()
             .iter()
             .any(|e| e.url == fifth && !e.models().is_empty())
-        {
-            known = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     assert!(known, "C knows the engine A added");
 
     // The replicated state converges: equal digests on all three (load and registry).

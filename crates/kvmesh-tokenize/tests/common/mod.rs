@@ -38,7 +38,10 @@ pub fn shared_qwen3_dir() -> PathBuf {
         let dir = std::env::temp_dir().join(format!("kvmesh-qwen3-upstream-{tag}"));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let config = std::fs::read(src.join("tokenizer_config.json")).expect("upstream config");
-        for (name, bytes) in [("tokenizer.json", &json), ("tokenizer_config.json", &config)] {
+        for (name, bytes) in [
+            ("tokenizer.json", &json),
+            ("tokenizer_config.json", &config),
+        ] {
             let path = dir.join(name);
             if std::fs::read(&path).is_ok_and(|b| b == *bytes) {
                 continue;
