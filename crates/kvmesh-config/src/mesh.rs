@@ -24,13 +24,14 @@ pub struct MeshConfig {
     pub cluster_id: String,
     /// Directory with `ca.pem` and this node's `<node_id>.pem`/`.key` (`kvmesh cert`).
     pub tls_dir: String,
-    /// Routers reading each engine's KV events (0 = every router reads every engine). Only 0
-    /// is supported so far (ownership by rendezvous hashing is being built): another value is
-    /// refused rather than ignored.
+    /// Routers reading each engine's KV events, chosen by rendezvous hashing over the live
+    /// routers; they send the engine's index changes to the others (0 = every router reads
+    /// every engine: small clusters).
     pub ingest_replicas: u32,
     /// Local changes (marks, load, registry) are batched and sent at most this often, ms.
     pub flush_ms: u64,
-    /// A router sends its whole state to a random peer this often (repairs what was lost), ms.
+    /// A router compares digests with a random peer this often and both send what differs;
+    /// ingest owners announce their feeds' heads (repairs what was lost), ms.
     pub anti_entropy_ms: u64,
     /// Routers expected (sizes failure detection until the real count is known).
     pub expected_routers: u32,
@@ -46,7 +47,7 @@ impl Default for MeshConfig {
             seed_dns: String::new(),
             cluster_id: "kvmesh".into(),
             tls_dir: String::new(),
-            ingest_replicas: 0,
+            ingest_replicas: 2,
             flush_ms: 20,
             anti_entropy_ms: 1_000,
             expected_routers: 3,
@@ -72,9 +73,9 @@ impl MeshConfig {
             "must be between 10 and 600000",
         )?;
         check(
-            self.ingest_replicas == 0,
+            self.ingest_replicas <= 64,
             &format!("{at}.ingest_replicas"),
-            "only 0 (every router reads every engine's events) is supported so far",
+            "must be between 0 (every router) and 64",
         )?;
         check(
             !self.cluster_id.is_empty(),

@@ -180,8 +180,12 @@ impl Engine {
     /// trusts them; otherwise routing decisions are remembered for the approximate TTL).
     pub fn events_live(&self) -> bool {
         !self.kv_events.is_empty()
-            && self.ingest.connected.load(Ordering::Relaxed)
-            && !self.ingest.stale.load(Ordering::Relaxed)
+            && if self.ingest.has_applier.load(Ordering::Relaxed) {
+                self.ingest.connected.load(Ordering::Relaxed)
+                    && !self.ingest.stale.load(Ordering::Relaxed)
+            } else {
+                self.ingest.mesh_live.load(Ordering::Relaxed)
+            }
     }
 
     /// Its slot and id: whom an index change is for.
@@ -364,6 +368,11 @@ pub struct IngestStatus {
     pub tracked_blocks: AtomicU64,
     /// An applier runs for this engine (its KV events are read).
     pub has_applier: AtomicBool,
+    /// Meshed and not reading the engine itself: its blocks arrive from the engine's ingest
+    /// owner, synced and exact (set by the cluster module).
+    pub mesh_live: AtomicBool,
+    /// Stops this router's reading of the engine (the mesh moved its ownership away).
+    pub run: std::sync::Mutex<Option<tokio_util::sync::CancellationToken>>,
     /// Restart hint from the probe: the ingestion epoch it saw with the previous process
     /// start time, plus one (0 = none pending).
     pub restart_hint: AtomicU64,

@@ -20,7 +20,10 @@ use crate::prefix::PrefixState;
 use crate::tasks::Tasks;
 use kvmesh_config::ServeConfig;
 use kvmesh_kvevents::{DecodeLimits, KvFrame, RecvError, Subscriber, decode_batch, replay};
-use kvmesh_prefix::{EngineIngest, IndexOp, IngestConfig, IngestOutcome, OpVersion};
+use kvmesh_mesh::node::Input;
+use kvmesh_prefix::{BlockKey, EngineIngest, IndexOp, IngestConfig, IngestOutcome, OpVersion};
+use kvmesh_state::{FeedSnapshot, WireOp};
+use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -36,30 +39,62 @@ pub struct IngestCtx {
     pub prefix: Arc<PrefixState>,
     /// Cluster time.
     pub clock: Clock,
+    /// Meshed: the ops go to the mesh as this router's feed of the engine (which applies them
+    /// to the index in its order) instead of straight into the index.
+    pub feed: Option<mpsc::Sender<Input>>,
 }
 
 /// Starts the reader and applier tasks of `e` if it has a KV-event endpoint; they end when
-/// the engine is removed or the router stops.
-pub fn spawn(ctx: &IngestCtx, tasks: &Tasks, e: &Arc<Engine>) {
+/// the engine is removed, the router stops, or [`stop`] is called (the mesh moved the
+/// engine's ownership away). `from` is a handover: another owner's blocks (with the engine's
+/// hashes) and the seq to resume at.
+pub fn spawn(ctx: &IngestCtx, tasks: &Tasks, e: &Arc<Engine>, from: Option<&FeedSnapshot>) {
     if e.kv_events.is_empty() {
         return;
     }
+    let run = e.stop.child_token();
+    if let Some(old) = lock_run(e).replace(run.clone()) {
+        old.cancel();
+    }
     let (tx, rx) = mpsc::channel(ctx.cfg.prefix.ingest_queue_batches);
     e.ingest.has_applier.store(true, Relaxed);
-    let (c, en, stop) = (ctx.clone(), e.clone(), e.stop.clone());
+    let (c, en, stop) = (ctx.clone(), e.clone(), run.clone());
     tasks.spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
             _ = read_loop(c, en, tx) => {}
         }
     });
-    let (c, en, stop) = (ctx.clone(), e.clone(), e.stop.clone());
+    let (c, en, stop) = (ctx.clone(), e.clone(), run);
+    let import = from.map(|s| {
+        (
+            s.blocks
+                .iter()
+                .map(|b| (b.engine_hash, BlockKey(b.key), b.pos, b.copies))
+                .collect::<Vec<_>>(),
+            s.next_seq,
+            s.stale,
+        )
+    });
     tasks.spawn(async move {
         tokio::select! {
             _ = stop.cancelled() => {}
-            _ = apply_loop(c, en, rx) => {}
+            _ = apply_loop(c, en, rx, import) => {}
         }
     });
+}
+
+fn lock_run(e: &Engine) -> std::sync::MutexGuard<'_, Option<CancellationToken>> {
+    e.ingest.run.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Stops this router's reading of `e` (its blocks keep arriving from the mesh).
+pub fn stop(e: &Engine) {
+    if let Some(t) = lock_run(e).take() {
+        t.cancel();
+    }
+    e.ingest.has_applier.store(false, Relaxed);
+    e.ingest.connected.store(false, Relaxed);
 }
 
 async fn read_loop(ctx: IngestCtx, e: Arc<Engine>, tx: mpsc::Sender<KvFrame>) {
@@ -112,8 +147,16 @@ struct Applier {
     e: Arc<Engine>,
     ingest: EngineIngest,
     ops: Vec<IndexOp>,
+    meta: Vec<(u64, u32)>,
+    /// Meshed: batches for the mesh, sent after each step.
+    to_mesh: Vec<Input>,
+    /// The staleness the mesh last heard of.
+    told_stale: bool,
     limits: DecodeLimits,
 }
+
+/// A handover: blocks (engine hash, key, chain position, copies), next seq, stale.
+type Import = (Vec<(u64, BlockKey, u32, u32)>, Option<u64>, bool);
 
 /// The block size of the engine's events: its models' (`[serve.models."M"] block_size`),
 /// else `[serve.prefix] block_size`. Read per batch: an engine found through DNS has no models
@@ -125,7 +168,12 @@ fn block_size(cfg: &ServeConfig, e: &Engine) -> u32 {
         .unwrap_or(cfg.prefix.block_size)
 }
 
-async fn apply_loop(ctx: IngestCtx, e: Arc<Engine>, mut rx: mpsc::Receiver<KvFrame>) {
+async fn apply_loop(
+    ctx: IngestCtx,
+    e: Arc<Engine>,
+    mut rx: mpsc::Receiver<KvFrame>,
+    import: Option<Import>,
+) {
     let mut a = Applier {
         ingest: EngineIngest::new(IngestConfig {
             block_size: block_size(&ctx.cfg, &e),
@@ -134,8 +182,16 @@ async fn apply_loop(ctx: IngestCtx, e: Arc<Engine>, mut rx: mpsc::Receiver<KvFra
         ctx,
         e,
         ops: Vec::new(),
+        meta: Vec::new(),
+        to_mesh: Vec::new(),
+        told_stale: false,
         limits: DecodeLimits::default(),
     };
+    if let Some((blocks, next_seq, stale)) = import {
+        let now = a.now();
+        a.ingest.import(blocks, next_seq, stale, now);
+        tracing::info!(engine = %a.e.url, ?next_seq, "kv events taken over from another router");
+    }
     loop {
         tokio::select! {
             f = rx.recv() => {
@@ -162,6 +218,7 @@ async fn apply_loop(ctx: IngestCtx, e: Arc<Engine>, mut rx: mpsc::Receiver<KvFra
             tracing::info!(engine = %a.e.url, "engine restarted (new process start time): its blocks are dropped");
         }
         a.publish();
+        a.flush_to_mesh().await;
     }
 }
 
@@ -174,10 +231,47 @@ impl Applier {
     /// batches that produced ops are sent: a batch held back by a gap sends nothing, so the
     /// replayed batches before it still count as newer.
     fn apply(&mut self, version: OpVersion) {
-        if !self.ops.is_empty() {
+        self.ingest.take_stored_meta(&mut self.meta);
+        let stale = self.ingest.is_stale();
+        // Meshed, a change of staleness travels even without ops.
+        if self.ops.is_empty() && (self.ctx.feed.is_none() || stale == self.told_stale) {
+            return;
+        }
+        self.told_stale = stale;
+        if self.ctx.feed.is_none() {
             self.ctx
                 .prefix
                 .apply_batch(self.e.target(), version, &self.ops);
+            return;
+        }
+        let ops = self
+            .ops
+            .iter()
+            .map(|op| match *op {
+                IndexOp::Stored(k) => WireOp::Stored(k.0),
+                IndexOp::Removed(k) => WireOp::Removed(k.0),
+                IndexOp::Cleared => WireOp::Cleared,
+            })
+            .collect();
+        self.to_mesh.push(Input::Feed {
+            engine: self.e.id.0,
+            ops,
+            meta: std::mem::take(&mut self.meta),
+            stale,
+            next_seq: self.ingest.next_seq(),
+        });
+    }
+
+    /// Meshed: the batches of the last step go to the mesh, in order, never dropped (the
+    /// applier waits for room).
+    async fn flush_to_mesh(&mut self) {
+        let Some(tx) = self.ctx.feed.clone() else {
+            return;
+        };
+        for b in self.to_mesh.drain(..) {
+            if tx.send(b).await.is_err() {
+                break;
+            }
         }
     }
 

@@ -227,11 +227,13 @@ async fn engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
 }
 
 /// What an engine's ingestion needs from the router.
-fn ingest_ctx(gw: &Gateway) -> IngestCtx {
+/// The ingestion's context; `feed` when meshed (the ops go to the mesh).
+pub fn ingest_ctx(gw: &Gateway, feed: Option<tokio::sync::mpsc::Sender<kvmesh_mesh::node::Input>>) -> IngestCtx {
     IngestCtx {
         cfg: gw.cfg.clone(),
         prefix: gw.registry.prefix.clone(),
         clock: gw.clock,
+        feed,
     }
 }
 
@@ -244,7 +246,10 @@ pub fn add_engine(
 ) -> Result<Arc<Engine>, String> {
     let e = gw.registry.add(entry, source, ramp)?;
     spawn_engine_loop(gw.clone(), e.clone());
-    ingest::spawn(&ingest_ctx(gw), &gw.tasks, &e);
+    // Meshed, the engine's owners read its events (the cluster module starts them).
+    if !gw.cfg.mesh.enabled {
+        ingest::spawn(&ingest_ctx(gw, None), &gw.tasks, &e, None);
+    }
     tracing::info!(engine = %e.url, weight = e.base_weight, "engine added");
     Ok(e)
 }

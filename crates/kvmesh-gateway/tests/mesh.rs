@@ -232,9 +232,9 @@ async fn meshed_routers_share_marks_load_and_engines() {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or_else(|| panic!("no {prefix} in /metrics"))
     };
-    assert_eq!(value("kvmesh_mesh_members "), 2.0);
+    assert_eq!(value("kvmesh_mesh_members{state=\"alive\"} "), 2.0);
     assert!(value("kvmesh_mesh_envelopes_total{direction=\"received\"}") > 0.0);
-    assert!(value("kvmesh_mesh_bytes_total{class=\"delta\",direction=\"received\"}") > 0.0);
+    assert!(value("kvmesh_mesh_bytes_total{class=\"state\",direction=\"received\"}") > 0.0);
     assert!(value("kvmesh_mesh_bytes_total{class=\"swim\",direction=\"sent\"}") > 0.0);
     assert_eq!(
         value("kvmesh_mesh_envelopes_total{direction=\"dropped\"}"),

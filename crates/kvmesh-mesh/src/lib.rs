@@ -1,10 +1,13 @@
-//! The mesh's I/O shell. So far: the cluster's certificates ([`certs`]) and the mutual-TLS
-//! QUIC transport ([`transport`]). Membership (foca) and the wiring of `kvmesh-state` come next.
+//! The mesh: the cluster's certificates ([`certs`]), the mutual-TLS QUIC transport
+//! ([`transport`]), SWIM membership sans-IO ([`membership`], foca), the whole node sans-IO
+//! ([`core`]: membership + replicated state + ingest ownership + dissemination, time and
+//! randomness passed in) and its tokio shell ([`node`]).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod certs;
+pub mod core;
 pub mod membership;
 pub mod node;
 pub mod transport;

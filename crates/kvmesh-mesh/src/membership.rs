@@ -11,8 +11,9 @@
 use bytes::Bytes;
 use foca::{
     AccumulatingRuntime, Config, Foca, Identity, NoCustomBroadcast, OwnedNotification,
-    PostcardCodec, Timer,
+    PeriodicParams, PostcardCodec, Timer,
 };
+use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
@@ -62,6 +63,8 @@ pub enum Effect {
     Up(MeshId),
     /// A member was declared down (or left).
     Down(MeshId),
+    /// A member rejoined under a renewed identity (a higher bump).
+    Renamed(MeshId),
 }
 
 /// Foca with its runtime, timers and the live members.
@@ -80,6 +83,12 @@ pub struct Membership {
 fn config(n: u32) -> Config {
     let mut c = Config::new_lan(NonZeroU32::new(n.max(1)).unwrap_or(NonZeroU32::MIN));
     c.max_packet_size = NonZeroUsize::new(MAX_PACKET).unwrap_or(NonZeroUsize::MIN);
+    // A healed partition is found by announcing to members declared down: every 5 s to two of
+    // them (foca's LAN default is 65 s; down members stay known for foca's 24 h).
+    c.periodic_announce_to_down_members = Some(PeriodicParams {
+        frequency: Duration::from_secs(5),
+        num_members: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
+    });
     c
 }
 
@@ -199,7 +208,8 @@ impl Membership {
                 }
                 OwnedNotification::Rename(old, new) => {
                     if self.live.remove(&old.addr).is_some() {
-                        self.live.insert(new.addr, new);
+                        self.live.insert(new.addr, new.clone());
+                        self.effects.push(Effect::Renamed(new));
                     }
                 }
                 _ => {}

@@ -1,14 +1,18 @@
-//! The tokio shell of one mesh node: the transport's datagrams feed the membership, its timers
-//! run on tokio's clock, its packets go out as datagrams; seeds (static addresses, or a DNS
-//! name re-resolved) are asked again while the node knows nobody; the live members are
-//! published on a `watch`; delta payloads are handed to the program; leaving is graceful.
+//! The tokio shell of one mesh node: a thin driver of the sans-IO [`MeshCore`]. The
+//! transport's datagrams and streams go in, the router's local changes come in on a channel,
+//! the core's timer runs on the given clock; the packets it wants sent go out through the
+//! transport and the changes it wants applied go to the router on a channel. Seeds (static
+//! addresses, or a DNS name re-resolved) are asked again while the node knows nobody; the live
+//! members are published on a `watch`; leaving is graceful.
 
 use crate::certs::NodeTls;
-use crate::membership::{Effect, Membership, MeshId};
+use crate::core::{Apply, CoreConfig, MeshCore, Output};
+use crate::membership::MeshId;
 use crate::transport::{Class, Inbound, Transport, TransportError};
-use bytes::Bytes;
+use kvmesh_state::{EngineRecord, WireOp};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -22,29 +26,75 @@ pub struct Seeds {
     pub dns: Option<String>,
 }
 
+/// A change of the router's that the cluster must learn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A speculative mark from a routing decision.
+    Mark {
+        /// The engine.
+        engine: u64,
+        /// Block keys.
+        keys: Vec<u64>,
+        /// Until when (cluster time, µs).
+        expiry_us: u64,
+    },
+    /// This router's in-flight count on an engine.
+    Load {
+        /// The engine.
+        engine: u64,
+        /// In flight.
+        in_flight: u32,
+    },
+    /// An engine added (or changed) through this router.
+    EngineAdd {
+        /// The engine.
+        engine: u64,
+        /// Its record.
+        record: EngineRecord,
+    },
+    /// An engine removed through this router.
+    EngineRemove {
+        /// The engine.
+        engine: u64,
+    },
+    /// The engines with KV events (ownership follows).
+    EventEngines(BTreeSet<u64>),
+    /// Ops this router derived from an engine's events (it owns the engine).
+    Feed {
+        /// The engine.
+        engine: u64,
+        /// The ops.
+        ops: Vec<WireOp>,
+        /// Engine hash and chain position of each stored block.
+        meta: Vec<(u64, u32)>,
+        /// The engine's blocks are not exactly known.
+        stale: bool,
+        /// The engine seq expected next.
+        next_seq: Option<u64>,
+    },
+}
+
+/// Cluster time (µs since the Unix epoch) as the router keeps it.
+pub type NowFn = Arc<dyn Fn() -> u64 + Send + Sync>;
+
 /// A running mesh node.
 pub struct MeshNode {
-    /// The transport (send deltas with it).
+    /// The transport.
     pub transport: Arc<Transport>,
     /// The live members (not this node).
     pub members: watch::Receiver<Vec<MeshId>>,
-    /// This node's identity.
+    /// This node's identity at start.
     pub id: MeshId,
+    /// The node's state (read it briefly: status pages, tests).
+    pub core: Arc<Mutex<MeshCore>>,
+    /// Where the router's changes go (bounded; a full channel drops, anti-entropy repairs).
+    pub input: mpsc::Sender<Input>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-/// A delta batch a peer sent.
-#[derive(Debug, Clone)]
-pub struct DeltaIn {
-    /// The peer's address.
-    pub from: SocketAddr,
-    /// The payload (a `kvmesh-state` envelope).
-    pub payload: Bytes,
-}
-
-fn now_us(t0: tokio::time::Instant) -> u64 {
-    t0.elapsed().as_micros() as u64
+fn lock(m: &Mutex<MeshCore>) -> MutexGuard<'_, MeshCore> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 async fn resolve(seeds: &Seeds, me: SocketAddr) -> Vec<SocketAddr> {
@@ -59,68 +109,106 @@ async fn resolve(seeds: &Seeds, me: SocketAddr) -> Vec<SocketAddr> {
     out
 }
 
+fn feed(core: &mut MeshCore, i: Input, now: u64) {
+    match i {
+        Input::Mark {
+            engine,
+            keys,
+            expiry_us,
+        } => core.local_mark(engine, keys, expiry_us),
+        Input::Load { engine, in_flight } => core.local_load(engine, in_flight),
+        Input::EngineAdd { engine, record } => core.local_engine_add(engine, record, now),
+        Input::EngineRemove { engine } => core.local_engine_remove(engine),
+        Input::EventEngines(set) => core.set_event_engines(set, now),
+        Input::Feed {
+            engine,
+            ops,
+            meta,
+            stale,
+            next_seq,
+        } => core.local_feed(engine, &ops, &meta, stale, next_seq),
+    }
+}
+
 impl MeshNode {
-    /// Binds `listen`, starts the membership as `name` (its bump: the start time in µs, so a
-    /// restart wins over the old identity) and returns the node and the receiver of the
-    /// delta batches peers send.
+    /// Binds `listen`, starts the node as `name` (its incarnation: the start time, so a
+    /// restart wins over the old identity) and returns it with the receiver of the changes
+    /// the router must apply.
     pub async fn start(
         name: &str,
         listen: SocketAddr,
         tls: &NodeTls,
         seeds: Seeds,
-        expected_size: u32,
-    ) -> Result<(MeshNode, mpsc::Receiver<DeltaIn>), TransportError> {
+        cfg: CoreConfig,
+        now: NowFn,
+    ) -> Result<(MeshNode, mpsc::Receiver<Apply>), TransportError> {
         let (transport, mut inbound) = Transport::bind(listen, tls, 4096)?;
         let addr = transport.local_addr()?;
-        let bump = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(1);
+        let t0 = now();
         let id = MeshId {
             name: name.to_string(),
             addr,
-            bump,
+            bump: t0.max(1),
         };
-        let seed = id.bump ^ u64::from(addr.port());
-        let mut m = Membership::new(id.clone(), expected_size, seed);
+        let seed = id.bump ^ u64::from(addr.port()).rotate_left(40);
+        let core = Arc::new(Mutex::new(MeshCore::new(id.clone(), cfg, seed, t0)));
         let (members_tx, members) = watch::channel(Vec::new());
-        let (deltas_tx, deltas) = mpsc::channel(1024);
+        let (apply_tx, applies) = mpsc::channel(65_536);
+        let (input, mut input_rx) = mpsc::channel::<Input>(65_536);
         let (stop, mut stopped) = oneshot::channel::<()>();
-        let t = transport.clone();
+        let (t, c) = (transport.clone(), core.clone());
         let task = tokio::spawn(async move {
-            let t0 = tokio::time::Instant::now();
             let mut reseed = tokio::time::interval(Duration::from_secs(1));
             reseed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                let wake = m
-                    .next_due()
-                    .map(|d| t0 + Duration::from_micros(d))
-                    .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(1));
+                let wait = {
+                    let due = lock(&c).next_due();
+                    Duration::from_micros(due.saturating_sub(now()).min(1_000_000))
+                };
                 tokio::select! {
                     _ = &mut stopped => {
-                        m.leave(now_us(t0));
-                        run_effects(&t, &mut m, &members_tx).await;
+                        let outs = {
+                            let mut core = lock(&c);
+                            core.leave(now());
+                            core.take_outputs()
+                        };
+                        run(&t, outs, &apply_tx, &members_tx, &c).await;
                         break;
                     }
                     msg = inbound.recv() => {
                         let Some(Inbound { from, class, payload }) = msg else { break };
+                        let mut core = lock(&c);
                         match class {
-                            Class::Datagram => m.handle_data(&payload, now_us(t0)),
-                            Class::Delta => {
-                                let _ = deltas_tx.try_send(DeltaIn { from, payload });
+                            Class::Datagram => core.handle_datagram(&payload, now()),
+                            Class::Delta => core.handle_envelope(from, &payload, now()),
+                        }
+                    }
+                    i = input_rx.recv() => {
+                        let Some(i) = i else { break };
+                        let mut core = lock(&c);
+                        let n = now();
+                        feed(&mut core, i, n);
+                        // What else is waiting goes in the same hold of the lock.
+                        for _ in 0..1024 {
+                            match input_rx.try_recv() {
+                                Ok(i) => feed(&mut core, i, n),
+                                Err(_) => break,
                             }
                         }
                     }
-                    _ = tokio::time::sleep_until(wake) => m.advance(now_us(t0)),
+                    _ = tokio::time::sleep(wait) => lock(&c).tick(now()),
                     _ = reseed.tick() => {
-                        if m.live().next().is_none() {
-                            for s in resolve(&seeds, addr).await {
-                                m.announce(s, now_us(t0));
+                        if lock(&c).is_alone() {
+                            let found = resolve(&seeds, addr).await;
+                            let mut core = lock(&c);
+                            for s in found {
+                                core.announce(s, now());
                             }
                         }
                     }
                 }
-                run_effects(&t, &mut m, &members_tx).await;
+                let outs = lock(&c).take_outputs();
+                run(&t, outs, &apply_tx, &members_tx, &c).await;
             }
         });
         Ok((
@@ -128,10 +216,12 @@ impl MeshNode {
                 transport,
                 members,
                 id,
+                core,
+                input,
                 stop: Some(stop),
                 task,
             },
-            deltas,
+            applies,
         ))
     }
 
@@ -152,10 +242,17 @@ impl MeshNode {
     }
 }
 
-async fn run_effects(t: &Arc<Transport>, m: &mut Membership, members: &watch::Sender<Vec<MeshId>>) {
-    for e in m.take_effects() {
-        match e {
-            Effect::Send(to, data) => {
+async fn run(
+    t: &Arc<Transport>,
+    outs: Vec<Output>,
+    applies: &mpsc::Sender<Apply>,
+    members: &watch::Sender<Vec<MeshId>>,
+    core: &Arc<Mutex<MeshCore>>,
+) {
+    let mut changed = false;
+    for o in outs {
+        match o {
+            Output::Datagram(to, data) => {
                 // Lost packets are SWIM's business (it probes again); a peer that cannot be
                 // reached is what failure detection is for.
                 let t = t.clone();
@@ -163,17 +260,31 @@ async fn run_effects(t: &Arc<Transport>, m: &mut Membership, members: &watch::Se
                     let _ = t.send_datagram(to, data).await;
                 });
             }
-            Effect::Up(_) | Effect::Down(_) => {}
+            Output::Envelope(to, data) => {
+                // One stream per envelope; a lost one is repaired (digests, feed pulls).
+                let t = t.clone();
+                tokio::spawn(async move {
+                    let _ = t.send_delta(to, &data).await;
+                });
+            }
+            Output::Apply(a) => {
+                changed |= matches!(a, Apply::Members);
+                // The router applies in order; backpressure rather than loss.
+                if applies.send(a).await.is_err() {
+                    return;
+                }
+            }
         }
     }
-    // Ups, downs and renames (a rejoin with a new bump) all show in the live set.
-    let live: Vec<MeshId> = m.live().cloned().collect();
-    members.send_if_modified(|cur| {
-        if *cur == live {
-            false
-        } else {
-            *cur = live;
-            true
-        }
-    });
+    if changed || members.borrow().is_empty() {
+        let live: Vec<MeshId> = lock(core).members().cloned().collect();
+        members.send_if_modified(|cur| {
+            if *cur == live {
+                false
+            } else {
+                *cur = live;
+                true
+            }
+        });
+    }
 }

@@ -1,9 +1,34 @@
-//! Three mesh nodes on loopback form a cluster through a seed, exchange a delta batch, see a
+//! Three mesh nodes on loopback form a cluster through a seed, share a router's load, see a
 //! graceful leave at once and detect a crash; a node of another CA never joins.
 
 use kvmesh_mesh::certs::{NodeTls, generate};
-use kvmesh_mesh::node::{MeshNode, Seeds};
+use kvmesh_mesh::core::{Apply, CoreConfig};
+use kvmesh_mesh::node::{Input, MeshNode, NowFn, Seeds};
+use std::sync::Arc;
 use std::time::Duration;
+
+fn cfg(first: bool) -> CoreConfig {
+    CoreConfig {
+        cluster_id: 1,
+        flush_us: 20_000,
+        anti_entropy_us: 1_000_000,
+        ingest_replicas: 2,
+        mark_capacity: 1_024,
+        feed_capacity: 1_024,
+        expected_size: 4,
+        warm_bound_us: 5_000_000,
+        first,
+    }
+}
+
+fn clock() -> NowFn {
+    Arc::new(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0)
+    })
+}
 
 fn names(n: &[&str]) -> Vec<String> {
     n.iter().map(|s| s.to_string()).collect()
@@ -31,17 +56,17 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
     let certs = generate(&names(&["a", "b", "c", "d"])).expect("certs");
     let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
     let any = "127.0.0.1:0".parse().expect("addr");
-    let (a, _da) = MeshNode::start("a", any, &tls("a"), Seeds::default(), 4)
+    let (a, _da) = MeshNode::start("a", any, &tls("a"), Seeds::default(), cfg(true), clock())
         .await
         .expect("a");
     let seed = Seeds {
         addrs: vec![a.id.addr.to_string()],
         dns: None,
     };
-    let (b, mut db) = MeshNode::start("b", any, &tls("b"), seed.clone(), 4)
+    let (b, mut db) = MeshNode::start("b", any, &tls("b"), seed.clone(), cfg(false), clock())
         .await
         .expect("b");
-    let (c, _dc) = MeshNode::start("c", any, &tls("c"), seed.clone(), 4)
+    let (c, _dc) = MeshNode::start("c", any, &tls("c"), seed.clone(), cfg(false), clock())
         .await
         .expect("c");
     for (n, node) in [("a", &a), ("b", &b), ("c", &c)] {
@@ -50,15 +75,24 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
             "{n} sees the two others"
         );
     }
-    a.transport
-        .send_delta(b.id.addr, b"state delta")
+    a.input
+        .send(Input::Load {
+            engine: 42,
+            in_flight: 7,
+        })
         .await
-        .expect("delta");
-    let got = tokio::time::timeout(Duration::from_secs(5), db.recv())
-        .await
-        .expect("within the bound")
-        .expect("delta");
-    assert_eq!(&got.payload[..], b"state delta");
+        .expect("input");
+    let got = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(x) = db.recv().await {
+            if let Apply::PeerLoad { engine: 42, others } = x {
+                return others;
+            }
+        }
+        0
+    })
+    .await
+    .expect("within the bound");
+    assert_eq!(got, 7, "b sees a's load");
     // Graceful leave: the others see it down quickly.
     c.leave().await;
     assert!(
@@ -84,7 +118,8 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
         any,
         &NodeTls::from_cluster(&other, "x").expect("x"),
         seed,
-        4,
+        cfg(false),
+        clock(),
     )
     .await
     .expect("x");

@@ -252,6 +252,10 @@ pub struct EngineIngest {
     order: VecDeque<(u64, u64)>,
     stamp: u64,
     scratch: Vec<(u64, BlockKey, u32)>,
+    /// Per `Stored` op emitted since the last [`EngineIngest::take_stored_meta`]: the
+    /// engine's hash of the block and its chain position (a mesh feed carries them so that
+    /// another router can take the stream over).
+    stored_meta: Vec<(u64, u32)>,
     stats: IngestStats,
 }
 
@@ -271,6 +275,7 @@ impl EngineIngest {
             order: VecDeque::new(),
             stamp: 0,
             scratch: Vec::new(),
+            stored_meta: Vec::new(),
             stats: IngestStats::default(),
         }
     }
@@ -419,6 +424,51 @@ impl EngineIngest {
         }
         self.staleness = Staleness::GaveUp;
         self.stats.gave_up += 1;
+    }
+
+    /// The engine hash and chain position of each `Stored` op emitted since the last call, in
+    /// order (cleared by the call).
+    pub fn take_stored_meta(&mut self, into: &mut Vec<(u64, u32)>) {
+        into.clear();
+        into.append(&mut self.stored_meta);
+    }
+
+    /// Takes over an engine's stream from another router's snapshot: its blocks (engine
+    /// hash, key, chain position, copies) and the seq it expected next. The next batches
+    /// continue from there (a gap to the engine's current seq opens a replay, as usual);
+    /// `stale` carries the other router's doubt over. Emits no ops: the blocks are already in
+    /// the index the snapshot came with.
+    pub fn import(
+        &mut self,
+        blocks: impl IntoIterator<Item = (u64, BlockKey, u32, u32)>,
+        next_seq: Option<u64>,
+        stale: bool,
+        now_us: u64,
+    ) {
+        self.forget_all();
+        for (h, key, pos, copies) in blocks {
+            if h == 0 || self.hashes.len() >= self.cfg.capacity {
+                continue;
+            }
+            self.stamp += 1;
+            self.hashes.insert(
+                h,
+                Tracked {
+                    key,
+                    pos,
+                    copies: copies.max(1),
+                    stamp: self.stamp,
+                },
+            );
+            self.order.push_back((h, self.stamp));
+        }
+        self.next_seq = next_seq;
+        self.gap = None;
+        self.resume = false;
+        self.recent.clear();
+        if stale {
+            self.mark_stale(now_us);
+        }
     }
 
     /// The shell learned of a restart some other way (process restarted, health check): new
@@ -581,6 +631,7 @@ impl EngineIngest {
         for &(h, key, pos) in scratch.iter().rev() {
             if self.track(h, key, pos, ops) {
                 ops.push(IndexOp::Stored(key));
+                self.stored_meta.push((h, pos));
                 self.stats.blocks_stored += 1;
             }
         }

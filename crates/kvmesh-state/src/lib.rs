@@ -14,15 +14,16 @@
 //!   last-writer-wins attributes ((time, node) stamps, no arbitrary tie).
 //! * [`ownership`]: which `r` routers read an engine's KV events (rendezvous hashing over the
 //!   live routers' stable ids).
+//! * [`feeds`]: precise prefix feeds — an engine's KV-event ops as its ingest owner derived
+//!   them, numbered without gaps, a bounded log and snapshots for receivers that lost some.
 //! * [`wire`]: the versioned envelope (`Envelope::V1` with the cluster id and the sender)
 //!   and its size-bounded decoder, which never panics on hostile bytes.
 //!
-//! The precise prefix entries from KV events travel as the versioned op batches of
-//! `kvmesh_prefix` (`OpBatch`-shaped: engine, epoch, seq, ops), idempotent by version.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod feeds;
 pub mod ids;
 pub mod load;
 pub mod marks;
@@ -35,7 +36,13 @@ pub use load::{LoadDelta, LoadMap};
 pub use marks::{MarkDelta, MarkMap};
 pub use ownership::{owners, owns};
 pub use registry::{Dot, EngineRecord, RegistryDelta, RegistrySet, Stamp};
-pub use wire::{Delta, Envelope, EnvelopeV1, MAX_ENVELOPE_BYTES, WireError, decode, encode};
+pub use feeds::{
+    FeedApply, FeedBatch, FeedId, FeedIn, FeedOut, FeedPull, FeedSnapshot, SnapBlock, WireOp,
+};
+pub use wire::{
+    Control, Delta, Envelope, EnvelopeV1, FeedHead, MAX_ENVELOPE_BYTES, StateDigest, WireError,
+    decode, encode,
+};
 
 /// A 64-bit digest of a sorted sequence of hashable parts (blake3, stable across platforms).
 pub(crate) fn digest_of(tag: &[u8], parts: impl Iterator<Item = [u8; 32]>) -> u64 {

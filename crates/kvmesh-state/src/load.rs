@@ -149,6 +149,82 @@ impl LoadMap {
         self.departed.retain(|n, _| keep(*n));
     }
 
+    /// `me` restarted its numbering under `incarnation` (it was declared down and rejoined):
+    /// its entries are rewritten under it; the deltas to send.
+    pub fn renew(&mut self, me: NodeId, incarnation: u64) -> Vec<LoadDelta> {
+        let mine: Vec<(u64, u32)> = self
+            .entries
+            .range((me, 0)..=(me, u64::MAX))
+            .map(|(k, v)| (k.1, v.in_flight))
+            .collect();
+        mine.into_iter()
+            .map(|(engine, n)| self.set_local(me, incarnation, engine, n))
+            .collect()
+    }
+
+    /// Per router: a hash of its entries (what anti-entropy compares).
+    pub fn node_digests(&self) -> Vec<(NodeId, u64)> {
+        let mut out: Vec<(NodeId, u64)> = Vec::new();
+        for (&(n, e), v) in &self.entries {
+            let mut x = e ^ v.version.incarnation.rotate_left(17)
+                ^ v.version.counter.rotate_left(34)
+                ^ u64::from(v.in_flight).rotate_left(51);
+            x ^= x >> 31;
+            x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x ^= x >> 29;
+            match out.last_mut() {
+                Some((m, h)) if *m == n => *h ^= x,
+                _ => out.push((n, x)),
+            }
+        }
+        out
+    }
+
+    /// `node`'s entries as deltas (a repair).
+    pub fn deltas_of(&self, node: NodeId) -> Vec<LoadDelta> {
+        self.entries
+            .range((node, 0)..=(node, u64::MAX))
+            .map(|(&(node, engine), e)| LoadDelta {
+                node,
+                engine,
+                version: e.version,
+                in_flight: e.in_flight,
+            })
+            .collect()
+    }
+
+    /// The routers with entries.
+    pub fn nodes(&self) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.entries.keys().map(|k| k.0).collect();
+        v.dedup();
+        v
+    }
+
+    /// Drops `node`'s entries without a tombstone (a router this one does not know as a
+    /// member: its entries came through a third router that had not yet seen it go). They
+    /// return only from a router that still holds them live, that is, while it is a member.
+    pub fn forget_node(&mut self, node: NodeId) -> Vec<u64> {
+        let gone: Vec<(NodeId, u64)> = self
+            .entries
+            .range((node, 0)..=(node, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &gone {
+            if let Some(v) = self.entries.remove(k) {
+                self.sub(k.1, v.in_flight);
+            }
+        }
+        gone.into_iter().map(|k| k.1).collect()
+    }
+
+    /// The engines `node` has entries for.
+    pub fn engines_of(&self, node: NodeId) -> Vec<u64> {
+        self.entries
+            .range((node, 0)..=(node, u64::MAX))
+            .map(|(k, _)| k.1)
+            .collect()
+    }
+
     /// The sum of every router's in-flight count on `engine`.
     pub fn total(&self, engine: u64) -> u64 {
         self.totals.get(&engine).copied().unwrap_or(0)
@@ -196,15 +272,10 @@ impl LoadMap {
     /// A digest of the entries (equal digests: equal maps).
     pub fn digest(&self) -> u64 {
         digest_of(
-            b"kvmesh/load/v1",
-            self.entries.iter().map(|(&(n, e), v)| {
-                part(
-                    n.0,
-                    e,
-                    v.version.incarnation ^ v.version.counter.rotate_left(32),
-                    u64::from(v.in_flight),
-                )
-            }),
+            b"kvmesh/load/v2",
+            self.node_digests()
+                .into_iter()
+                .map(|(n, h)| part(n.0, h, 0, 0)),
         )
     }
 }

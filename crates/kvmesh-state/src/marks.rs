@@ -24,12 +24,29 @@ pub struct MarkDelta {
     pub expiry_us: u64,
 }
 
+/// Width of the expiry buckets anti-entropy compares (µs): marks made at about the same time
+/// share a bucket, so two routers that differ only by the marks of the last instant exchange
+/// only those.
+pub const MARK_BUCKET_US: u64 = 1_000_000;
+
+#[inline]
+fn mix(engine: u64, key: u64, expiry: u64) -> u64 {
+    let mut x = engine ^ key.rotate_left(21) ^ expiry.rotate_left(42) ^ 0x9E37_79B9_7F4A_7C15;
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 29;
+    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 32)
+}
+
 /// Every engine's marks.
 #[derive(Debug, Clone)]
 pub struct MarkMap {
     by_engine: HashMap<u64, HashMap<u64, u64>>,
     per_engine: usize,
     len: usize,
+    /// Expiry bucket → (xor of its marks' hashes, count): maintained at every change.
+    buckets: BTreeMap<u64, (u64, u64)>,
 }
 
 impl MarkMap {
@@ -39,6 +56,20 @@ impl MarkMap {
             by_engine: HashMap::new(),
             per_engine: per_engine.max(1),
             len: 0,
+            buckets: BTreeMap::new(),
+        }
+    }
+
+    fn touch(buckets: &mut BTreeMap<u64, (u64, u64)>, engine: u64, key: u64, expiry: u64, add: bool) {
+        let b = buckets.entry(expiry / MARK_BUCKET_US).or_insert((0, 0));
+        b.0 ^= mix(engine, key, expiry);
+        if add {
+            b.1 += 1;
+        } else {
+            b.1 -= 1;
+            if b.1 == 0 {
+                buckets.remove(&(expiry / MARK_BUCKET_US));
+            }
         }
     }
 
@@ -50,22 +81,29 @@ impl MarkMap {
             match m.get_mut(&k) {
                 Some(e) if *e >= d.expiry_us => {}
                 Some(e) => {
+                    Self::touch(&mut self.buckets, d.engine, k, *e, false);
                     *e = d.expiry_us;
+                    Self::touch(&mut self.buckets, d.engine, k, d.expiry_us, true);
                     changed = true;
                 }
                 None => {
                     m.insert(k, d.expiry_us);
+                    Self::touch(&mut self.buckets, d.engine, k, d.expiry_us, true);
                     self.len += 1;
                     changed = true;
                 }
             }
         }
         if m.len() > self.per_engine {
-            let over = m.len() - self.per_engine;
+            // Down to 7/8 of the bound at once (not one by one per merge), the marks that
+            // expire first going first.
+            let keep = self.per_engine - self.per_engine / 8;
+            let over = m.len() - keep;
             let mut by_expiry: Vec<(u64, u64)> = m.iter().map(|(k, e)| (*e, *k)).collect();
-            by_expiry.sort_unstable();
-            for (_, k) in by_expiry.into_iter().take(over) {
+            by_expiry.select_nth_unstable(over - 1);
+            for &(e, k) in &by_expiry[..over] {
                 m.remove(&k);
+                Self::touch(&mut self.buckets, d.engine, k, e, false);
             }
             self.len -= over;
         }
@@ -74,10 +112,26 @@ impl MarkMap {
 
     /// Drops every mark expired at `now_us` (expiry ≤ now). Returns how many.
     pub fn expire(&mut self, now_us: u64) -> usize {
+        // Nothing to do unless the oldest bucket holds a mark that expired.
+        if self
+            .buckets
+            .keys()
+            .next()
+            .is_none_or(|&b| b * MARK_BUCKET_US > now_us)
+        {
+            return 0;
+        }
         let mut dropped = 0;
-        self.by_engine.retain(|_, m| {
+        let buckets = &mut self.buckets;
+        self.by_engine.retain(|&engine, m| {
             let before = m.len();
-            m.retain(|_, e| *e > now_us);
+            m.retain(|&k, e| {
+                let live = *e > now_us;
+                if !live {
+                    Self::touch(buckets, engine, k, *e, false);
+                }
+                live
+            });
             dropped += before - m.len();
             !m.is_empty()
         });
@@ -87,9 +141,45 @@ impl MarkMap {
 
     /// An engine was removed: its marks go.
     pub fn remove_engine(&mut self, engine: u64) -> usize {
-        let n = self.by_engine.remove(&engine).map_or(0, |m| m.len());
-        self.len -= n;
-        n
+        let Some(m) = self.by_engine.remove(&engine) else {
+            return 0;
+        };
+        for (k, e) in &m {
+            Self::touch(&mut self.buckets, engine, *k, *e, false);
+        }
+        self.len -= m.len();
+        m.len()
+    }
+
+    /// Per expiry bucket: a hash of its marks (what anti-entropy compares).
+    pub fn buckets(&self) -> Vec<(u64, u64)> {
+        self.buckets
+            .iter()
+            .map(|(&b, &(x, n))| (b, x ^ n.rotate_left(48)))
+            .collect()
+    }
+
+    /// The marks of the given expiry buckets as deltas (a repair).
+    pub fn deltas_in(&self, buckets: &std::collections::BTreeSet<u64>) -> Vec<MarkDelta> {
+        let mut out = Vec::new();
+        for (&engine, m) in &self.by_engine {
+            let mut by_exp: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+            for (&k, &e) in m {
+                if buckets.contains(&(e / MARK_BUCKET_US)) {
+                    by_exp.entry(e).or_default().push(k);
+                }
+            }
+            for (expiry_us, mut keys) in by_exp {
+                keys.sort_unstable();
+                out.push(MarkDelta {
+                    engine,
+                    keys,
+                    expiry_us,
+                });
+            }
+        }
+        out.sort_by_key(|d| (d.engine, d.expiry_us));
+        out
     }
 
     /// Whether `engine` holds `key` live at `now_us`.
@@ -131,17 +221,11 @@ impl MarkMap {
         out
     }
 
-    /// A digest of the marks (equal digests: equal maps).
+    /// A digest of the marks (equal digests: equal maps, with the odds of a 64-bit hash).
     pub fn digest(&self) -> u64 {
-        let mut all: Vec<(u64, u64, u64)> = self
-            .by_engine
-            .iter()
-            .flat_map(|(&eng, m)| m.iter().map(move |(&k, &e)| (eng, k, e)))
-            .collect();
-        all.sort_unstable();
         digest_of(
-            b"kvmesh/marks/v1",
-            all.into_iter().map(|(a, b, c)| part(a, b, c, 0)),
+            b"kvmesh/marks/v2",
+            self.buckets().into_iter().map(|(b, h)| part(b, h, 0, 0)),
         )
     }
 }

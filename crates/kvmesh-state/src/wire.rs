@@ -3,6 +3,7 @@
 //! treats every byte as hostile: bounded input size and allocation (`with_limit`), no panic,
 //! a typed error the caller counts.
 
+use crate::feeds::{FeedBatch, FeedId, FeedPull, FeedSnapshot};
 use crate::ids::NodeId;
 use crate::load::LoadDelta;
 use crate::marks::MarkDelta;
@@ -21,6 +22,55 @@ pub enum Delta {
     Mark(MarkDelta),
     /// An engine added, updated or removed.
     Registry(RegistryDelta),
+    /// A batch of an engine's precise ops from its ingest owner.
+    Feed(FeedBatch),
+    /// An engine's whole block set from an ingest owner.
+    FeedSnapshot(FeedSnapshot),
+}
+
+/// Digests of the replicated state's parts, compared in anti-entropy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StateDigest {
+    /// [`crate::LoadMap::digest`].
+    pub load: u64,
+    /// [`crate::MarkMap::digest`].
+    pub marks: u64,
+    /// [`crate::RegistrySet::digest`].
+    pub registry: u64,
+}
+
+/// The head of a feed a source advertises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeedHead {
+    /// The engine.
+    pub engine: u64,
+    /// The feed.
+    pub feed: FeedId,
+    /// Its last batch.
+    pub head: u64,
+}
+
+/// Requests and announcements between routers (not state).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Control {
+    /// Anti-entropy: the sender's digests; the receiver sends back the parts that differ,
+    /// and its own digests when `reply` (so that the sender sends its differing parts too).
+    Digest {
+        /// The sender's digests.
+        digest: StateDigest,
+        /// Per router, a hash of its load entries (sent when the load digests differ).
+        load_nodes: Vec<(NodeId, u64)>,
+        /// Per expiry bucket, a hash of its marks (sent when the mark digests differ).
+        mark_buckets: Vec<(u64, u64)>,
+        /// Answer with your digests.
+        reply: bool,
+    },
+    /// A joining router wants the sender's whole state (it is warm once it has it).
+    WantState,
+    /// Feed batches or a snapshot wanted.
+    Pull(FeedPull),
+    /// Heads of the feeds the sender is the source of.
+    Heads(Vec<FeedHead>),
 }
 
 /// Version 1 of the envelope.
@@ -33,8 +83,12 @@ pub struct EnvelopeV1 {
     /// The deltas are (a chunk of) the sender's whole state, not just its latest changes (an
     /// anti-entropy round, or the welcome a joining router gets).
     pub snapshot: bool,
+    /// When it was sent (the sender's cluster time, µs): the receiver's delta lag.
+    pub sent_us: u64,
     /// The deltas, in the sender's order.
     pub deltas: Vec<Delta>,
+    /// Requests and announcements.
+    pub control: Vec<Control>,
 }
 
 /// What travels between routers; a new version is a new variant.

@@ -118,13 +118,13 @@ fn serve_startup_errors_name_the_problem() {
         "127.0.0.1:1",
     ]);
     assert!(err.contains("/nonexistent-kvmesh-dir"), "{err}");
-    // Not built yet, so refused rather than ignored.
+    // Out of range, refused with the key named.
     let err = run(&[
         "serve",
         "--engine",
         "http://127.0.0.1:1",
         "--ingest-replicas",
-        "2",
+        "65",
     ]);
     assert!(err.contains("ingest_replicas"), "{err}");
     let dir = std::env::temp_dir().join(format!("kvmesh-serve-cfg-{}", std::process::id()));

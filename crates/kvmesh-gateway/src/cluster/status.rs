@@ -1,0 +1,183 @@
+//! What the mesh shows: `GET /admin/cluster` and the mesh's metric families.
+
+use super::{Cluster, lock};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// `GET /admin/cluster`: members with their lag, digests, counters, bytes by traffic class,
+/// and per engine with KV events its owners and how this router follows it.
+pub(super) fn status(c: &Cluster) -> serde_json::Value {
+    let members = c.members();
+    let now = (c.now)();
+    let t = c.transport.counters();
+    let mut core = lock(&c.core);
+    let d = core.digest(now);
+    let lags: Vec<serde_json::Value> = core
+        .lags()
+        .map(|(m, l)| {
+            serde_json::json!({
+                "name": m.name,
+                "addr": m.addr.to_string(),
+                "incarnation": m.bump,
+                "last_envelope_ms_ago": (l.last_us > 0).then(|| now.saturating_sub(l.last_us) / 1_000),
+                "delta_lag_ms": (l.last_us > 0).then_some(l.lag_us as f64 / 1_000.0),
+            })
+        })
+        .collect();
+    let owned: std::collections::BTreeSet<u64> = core.owned().collect();
+    let mut engines = Vec::new();
+    for (engine, followed) in core.feeds_followed() {
+        let owners: Vec<String> = core
+            .owners(engine)
+            .into_iter()
+            .map(|n| c.name_of(n, &members))
+            .collect();
+        let f = core.feed_status(engine);
+        engines.push(serde_json::json!({
+            "engine": format!("{engine:016x}"),
+            "owners": owners,
+            "reads_here": owned.contains(&engine),
+            "follows": followed.map(|f| c.name_of(f.source, &members)),
+            "synced": f.is_some_and(|f| f.is_synced()),
+            "stale": f.is_none_or(|f| f.is_stale()),
+            "applied": f.map(|f| f.applied()),
+        }));
+    }
+    engines.sort_by(|a, b| a["engine"].as_str().cmp(&b["engine"].as_str()));
+    let k = core.counters().clone();
+    let (load, marks, registry, feed_blocks) = core.sizes();
+    drop(core);
+    serde_json::json!({
+        "node": c.name,
+        "id": format!("{:016x}", c.me.0),
+        "warm": c.is_warm(),
+        "addr": c.addr().map(|a| a.to_string()),
+        "members": lags,
+        "digests": {
+            "load": format!("{:016x}", d.load),
+            "marks": format!("{:016x}", d.marks),
+            "registry": format!("{:016x}", d.registry),
+        },
+        "entries": { "load": load, "marks": marks, "registry": registry, "feed_blocks": feed_blocks },
+        "envelopes": {
+            "sent": k.envelopes_sent,
+            "received": k.envelopes_received,
+            "dropped": k.envelopes_dropped,
+        },
+        "anti_entropy_rounds": k.anti_entropy_rounds,
+        "repairs": k.repairs,
+        "ownership_moves": k.ownership_moves,
+        "feed_batches": k.feed_batches,
+        "feed_pulls": k.feed_pulls,
+        "dropped_marks": c.dropped_marks.load(Relaxed),
+        "bytes": {
+            "swim_sent": t.bytes_sent[0].load(Relaxed),
+            "swim_received": t.bytes_received[0].load(Relaxed),
+            "state_sent": t.bytes_sent[1].load(Relaxed),
+            "state_received": t.bytes_received[1].load(Relaxed),
+        },
+        "handshake_failures": t.handshake_failures.load(Relaxed),
+        "ingest": { "owned": owned.len(), "engines": engines },
+    })
+}
+
+/// The mesh's counters at one instant, as metric families.
+#[derive(Debug)]
+struct MeshMetrics {
+    members: i64,
+    owned: i64,
+    max_lag_s: f64,
+    counters: [(&'static str, &'static str, u64); 6],
+    envelopes: [(&'static str, u64); 3],
+    bytes: [(&'static str, &'static str, u64); 4],
+}
+
+pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Collector> {
+    let t = c.transport.counters();
+    let core = lock(&c.core);
+    let k = core.counters().clone();
+    let max_lag_s = core
+        .lags()
+        .map(|(_, l)| l.lag_us.max(0) as f64 / 1e6)
+        .fold(0.0, f64::max);
+    let owned = core.owned().count() as i64;
+    let members = core.members().count() as i64;
+    drop(core);
+    Box::new(MeshMetrics {
+        members,
+        owned,
+        max_lag_s,
+        counters: [
+            ("kvmesh_mesh_anti_entropy_rounds", "Digest exchanges started with a random member", k.anti_entropy_rounds),
+            ("kvmesh_mesh_repairs", "State parts sent because a peer's digest differed", k.repairs),
+            ("kvmesh_mesh_ownership_moves", "Engines this router started or stopped reading", k.ownership_moves),
+            ("kvmesh_mesh_feed_batches", "KV-event batches this router sent as an engine's ingest owner", k.feed_batches),
+            ("kvmesh_mesh_feed_pulls", "Feed batches or snapshots asked of an owner (a gap, a new source)", k.feed_pulls),
+            ("kvmesh_mesh_handshake_failures", "Mesh handshakes refused (certificate not from the cluster CA, garbage)", t.handshake_failures.load(Relaxed)),
+        ],
+        envelopes: [
+            ("sent", k.envelopes_sent),
+            ("received", k.envelopes_received),
+            ("dropped", k.envelopes_dropped),
+        ],
+        bytes: [
+            ("swim", "sent", t.bytes_sent[0].load(Relaxed)),
+            ("swim", "received", t.bytes_received[0].load(Relaxed)),
+            ("state", "sent", t.bytes_sent[1].load(Relaxed)),
+            ("state", "received", t.bytes_received[1].load(Relaxed)),
+        ],
+    })
+}
+
+impl prometheus_client::collector::Collector for MeshMetrics {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> std::fmt::Result {
+        use prometheus_client::encoding::NoLabelSet;
+        use prometheus_client::metrics::MetricType::{Counter, Gauge};
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_members",
+            "Members of the mesh besides this router, by SWIM state",
+            None,
+            Gauge,
+        )?;
+        m.encode_family(&[("state", "alive")])?
+            .encode_gauge(&self.members)?;
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_owned_engines",
+            "Engines whose KV events this router reads (ingest ownership)",
+            None,
+            Gauge,
+        )?;
+        m.encode_gauge(&self.owned)?;
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_delta_lag_seconds",
+            "Largest age of the last state envelope received from a member (includes clock skew)",
+            None,
+            Gauge,
+        )?;
+        m.encode_gauge(&self.max_lag_s)?;
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_envelopes",
+            "State envelopes by direction (dropped: undecodable, oversized or of another cluster)",
+            None,
+            Counter,
+        )?;
+        for (dir, v) in &self.envelopes {
+            m.encode_family(&[("direction", *dir)])?
+                .encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "kvmesh_mesh_bytes",
+            "Mesh bytes by traffic class and direction",
+            None,
+            Counter,
+        )?;
+        for (class, dir, v) in &self.bytes {
+            m.encode_family(&[("class", *class), ("direction", *dir)])?
+                .encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        }
+        for (name, help, v) in &self.counters {
+            let mut m = enc.encode_descriptor(name, help, None, Counter)?;
+            m.encode_counter::<NoLabelSet, _, u64>(v, None)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,378 @@
+//! Ingest ownership and the precise feeds, as one node sees them.
+//!
+//! Each engine with KV events is read by its owners (`r` routers by rendezvous hashing over
+//! the live members, every router when `r = 0`). An owner keeps a [`FeedOut`] and follows its
+//! own feed; every other router follows the engine's first live owner. A router that becomes
+//! an owner asks the engine's other owners (and the source it followed) for a handover
+//! snapshot — the blocks with the engine's own hashes and the seq to resume at — and starts
+//! reading the engine with it ([`Apply::Own`]); with nobody to ask, or nobody answering within
+//! [`HANDOVER_TICKS`] anti-entropy periods, it starts afresh (the engine is stale until its
+//! stream is exact again). A router that stops owning keeps its feed for
+//! [`RETIRED_TICKS`] periods to serve the next owner's handover.
+
+use super::Apply;
+use kvmesh_state::{
+    Delta, FeedApply, FeedBatch, FeedHead, FeedId, FeedIn, FeedOut, FeedPull, FeedSnapshot,
+    NodeId, WireOp, owners,
+};
+use std::collections::{BTreeSet, HashMap};
+
+/// Anti-entropy periods a new owner waits for a handover before starting afresh.
+pub const HANDOVER_TICKS: u32 = 3;
+/// Anti-entropy periods a former owner keeps its feed for the next owner's handover.
+pub const RETIRED_TICKS: u32 = 5;
+/// Owners asked for a handover at most.
+const HANDOVER_ASKED: usize = 2;
+
+/// A live router: stable id and incarnation.
+pub type Live = (NodeId, u64);
+
+pub(super) struct Feeds {
+    me: NodeId,
+    incarnation: u64,
+    r: usize,
+    capacity: usize,
+    engines: BTreeSet<u64>,
+    ins: HashMap<u64, FeedIn>,
+    outs: HashMap<u64, FeedOut>,
+    /// Engines this node should own, waiting for a handover: periods waited.
+    handover: HashMap<u64, u32>,
+    /// Former feeds kept for a handover: periods left.
+    retired: HashMap<u64, (FeedOut, u32)>,
+}
+
+impl Feeds {
+    pub(super) fn new(me: NodeId, incarnation: u64, r: usize, capacity: usize) -> Feeds {
+        Feeds {
+            me,
+            incarnation,
+            r,
+            capacity,
+            engines: BTreeSet::new(),
+            ins: HashMap::new(),
+            outs: HashMap::new(),
+            handover: HashMap::new(),
+            retired: HashMap::new(),
+        }
+    }
+
+    fn my_feed(&self) -> FeedId {
+        FeedId {
+            source: self.me,
+            incarnation: self.incarnation,
+        }
+    }
+
+    pub(super) fn owners_of(&self, engine: u64, live: &[NodeId]) -> Vec<NodeId> {
+        owners(engine, live, self.r)
+    }
+
+    pub(super) fn owned(&self) -> impl Iterator<Item = u64> + '_ {
+        self.outs.keys().copied()
+    }
+
+    pub(super) fn feed_in(&self, engine: u64) -> Option<&FeedIn> {
+        self.ins.get(&engine)
+    }
+
+    pub(super) fn feed_out(&self, engine: u64) -> Option<&FeedOut> {
+        self.outs.get(&engine)
+    }
+
+    pub(super) fn followed(&self) -> HashMap<u64, Option<FeedId>> {
+        self.ins.iter().map(|(e, f)| (*e, f.feed())).collect()
+    }
+
+    /// Blocks held by this node's feeds (owned and retired).
+    pub(super) fn blocks(&self) -> usize {
+        self.outs.values().map(FeedOut::len).sum::<usize>()
+            + self.retired.values().map(|r| r.0.len()).sum::<usize>()
+    }
+
+    /// This node's incarnation changed: its feeds continue under the new id (receivers
+    /// follow the new one and resynchronise from its snapshot).
+    pub(super) fn renew(&mut self, incarnation: u64, applies: &mut Vec<Apply>) {
+        self.incarnation = incarnation;
+        let feed = self.my_feed();
+        let engines: Vec<u64> = self.outs.keys().copied().collect();
+        for e in engines {
+            if let Some(old) = self.outs.remove(&e) {
+                let out = FeedOut::resume(feed, self.capacity, &old.snapshot());
+                if let Some(fin) = self.ins.get_mut(&e)
+                    && fin.follow(feed).is_some()
+                {
+                    let mut a = Vec::new();
+                    fin.on_snapshot(&out.snapshot(), &mut a);
+                    applies.extend(a.into_iter().map(Apply::Feed));
+                }
+                self.outs.insert(e, out);
+            }
+        }
+    }
+
+    /// The engines with events changed; returns the engines that are gone.
+    pub(super) fn set_engines(&mut self, engines: BTreeSet<u64>) -> Vec<u64> {
+        let gone: Vec<u64> = self.engines.difference(&engines).copied().collect();
+        for e in &gone {
+            self.ins.remove(e);
+            self.outs.remove(e);
+            self.handover.remove(e);
+            self.retired.remove(e);
+        }
+        self.engines = engines;
+        gone
+    }
+
+    /// Ownership and following after a membership or engine change. Returns the moves.
+    pub(super) fn rebalance(
+        &mut self,
+        live: &[Live],
+        pulls: &mut Vec<(NodeId, FeedPull)>,
+        applies: &mut Vec<Apply>,
+    ) -> u64 {
+        let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+        let mut moves = 0;
+        let engines: Vec<u64> = self.engines.iter().copied().collect();
+        for engine in engines {
+            let owners = self.owners_of(engine, &ids);
+            let should = owners.contains(&self.me);
+            let has = self.outs.contains_key(&engine) || self.handover.contains_key(&engine);
+            if should && !has {
+                let mut ask: Vec<NodeId> = owners
+                    .iter()
+                    .copied()
+                    .filter(|&o| o != self.me)
+                    .take(HANDOVER_ASKED)
+                    .collect();
+                if let Some(f) = self.ins.get(&engine).and_then(FeedIn::feed)
+                    && f.source != self.me
+                    && ids.contains(&f.source)
+                    && !ask.contains(&f.source)
+                {
+                    ask.push(f.source);
+                }
+                if ask.is_empty() {
+                    self.start(engine, None, applies);
+                    moves += 1;
+                } else {
+                    self.handover.insert(engine, 0);
+                    for o in ask {
+                        pulls.push((o, handover_pull(engine, o)));
+                    }
+                }
+            } else if !should && has {
+                self.handover.remove(&engine);
+                if let Some(out) = self.outs.remove(&engine) {
+                    self.retired.insert(engine, (out, RETIRED_TICKS));
+                    applies.push(Apply::Disown { engine });
+                    moves += 1;
+                }
+            }
+            self.follow(engine, &owners, live, pulls, applies);
+        }
+        moves
+    }
+
+    /// Follows this node's own feed when it owns the engine, else the first live owner.
+    fn follow(
+        &mut self,
+        engine: u64,
+        owners: &[NodeId],
+        live: &[Live],
+        pulls: &mut Vec<(NodeId, FeedPull)>,
+        applies: &mut Vec<Apply>,
+    ) {
+        let mine = self.my_feed();
+        let fin = self.ins.entry(engine).or_insert_with(|| FeedIn::new(engine));
+        if let Some(out) = self.outs.get(&engine) {
+            if fin.follow(mine).is_some() {
+                let mut a = Vec::new();
+                fin.on_snapshot(&out.snapshot(), &mut a);
+                applies.extend(a.into_iter().map(Apply::Feed));
+            }
+            return;
+        }
+        let src = owners
+            .iter()
+            .find(|&&o| o != self.me)
+            .and_then(|o| live.iter().find(|l| l.0 == *o));
+        match src {
+            Some(&(source, incarnation)) => {
+                if let Some(p) = fin.follow(FeedId {
+                    source,
+                    incarnation,
+                }) {
+                    pulls.push((source, p));
+                }
+            }
+            None => fin.unfollow(),
+        }
+    }
+
+    fn start(&mut self, engine: u64, from: Option<FeedSnapshot>, applies: &mut Vec<Apply>) {
+        let feed = self.my_feed();
+        let out = match &from {
+            Some(s) => FeedOut::resume(feed, self.capacity, s),
+            None => FeedOut::new(engine, feed, self.capacity),
+        };
+        self.outs.insert(engine, out);
+        self.handover.remove(&engine);
+        applies.push(Apply::Own {
+            engine,
+            from: from.map(Box::new),
+        });
+    }
+
+    /// This node's own ops for an engine it owns: numbered, applied locally, returned for the
+    /// receivers.
+    pub(super) fn local(
+        &mut self,
+        engine: u64,
+        ops: &[WireOp],
+        meta: &[(u64, u32)],
+        stale: bool,
+        next_seq: Option<u64>,
+        applies: &mut Vec<FeedApply>,
+    ) -> Option<FeedBatch> {
+        let out = self.outs.get_mut(&engine)?;
+        let b = out.push(ops, meta, stale, next_seq);
+        if let Some(fin) = self.ins.get_mut(&engine) {
+            fin.on_batch(b.clone(), applies);
+        }
+        Some(b)
+    }
+
+    pub(super) fn on_batch(&mut self, b: FeedBatch, applies: &mut Vec<FeedApply>) -> Option<FeedPull> {
+        self.ins.get_mut(&b.engine)?.on_batch(b, applies)
+    }
+
+    /// A snapshot: a handover this node waits for, and/or a resync of the feed it follows.
+    /// Returns the ownership moves.
+    pub(super) fn on_snapshot(
+        &mut self,
+        s: FeedSnapshot,
+        live: &[Live],
+        applies: &mut Vec<Apply>,
+    ) -> u64 {
+        if !self.engines.contains(&s.engine) {
+            return 0;
+        }
+        let mut moves = 0;
+        if self.handover.contains_key(&s.engine) && s.feed.source != self.me {
+            let engine = s.engine;
+            self.start(engine, Some(s.clone()), applies);
+            moves += 1;
+            let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+            let owners = self.owners_of(engine, &ids);
+            let mut pulls = Vec::new();
+            self.follow(engine, &owners, live, &mut pulls, applies);
+        }
+        if let Some(fin) = self.ins.get_mut(&s.engine) {
+            let mut a = Vec::new();
+            fin.on_snapshot(&s, &mut a);
+            applies.extend(a.into_iter().map(Apply::Feed));
+        }
+        moves
+    }
+
+    pub(super) fn on_head(&mut self, engine: u64, feed: FeedId, head: u64) -> Option<FeedPull> {
+        self.ins.get_mut(&engine)?.on_head(feed, head)
+    }
+
+    /// What a pull asks of this node: batches from the log, or a snapshot.
+    pub(super) fn serve_pull(&self, p: &FeedPull) -> Vec<Delta> {
+        let out = match self.outs.get(&p.engine) {
+            Some(o) => o,
+            None => match self.retired.get(&p.engine) {
+                Some((o, _)) => o,
+                None => return Vec::new(),
+            },
+        };
+        if !p.snapshot
+            && p.feed == out.id()
+            && let Some(batches) = out.since(p.after)
+        {
+            return batches.into_iter().map(Delta::Feed).collect();
+        }
+        vec![Delta::FeedSnapshot(out.snapshot())]
+    }
+
+    /// Every anti-entropy period: heads to announce (with their receivers: the live routers
+    /// that do not own the engine), pulls of unsynced feeds, handovers that waited too long,
+    /// retired feeds aging.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn periodic(
+        &mut self,
+        live: &[Live],
+        applies: &mut Vec<Apply>,
+    ) -> (Vec<(Vec<NodeId>, FeedHead)>, Vec<(NodeId, FeedPull)>) {
+        let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+        let mut heads = Vec::new();
+        for (&engine, out) in &self.outs {
+            let owners = self.owners_of(engine, &ids);
+            let receivers: Vec<NodeId> = ids
+                .iter()
+                .copied()
+                .filter(|n| !owners.contains(n))
+                .collect();
+            if !receivers.is_empty() {
+                heads.push((
+                    receivers,
+                    FeedHead {
+                        engine,
+                        feed: out.id(),
+                        head: out.head(),
+                    },
+                ));
+            }
+        }
+        let mut pulls = Vec::new();
+        for (&engine, fin) in &self.ins {
+            if let Some(f) = fin.feed()
+                && f.source != self.me
+                && !fin.is_synced()
+            {
+                pulls.push((
+                    f.source,
+                    FeedPull {
+                        engine,
+                        feed: f,
+                        after: fin.applied(),
+                        snapshot: !fin.has_snapshot(),
+                    },
+                ));
+            }
+        }
+        let late: Vec<u64> = self
+            .handover
+            .iter_mut()
+            .filter_map(|(e, t)| {
+                *t += 1;
+                (*t > HANDOVER_TICKS).then_some(*e)
+            })
+            .collect();
+        for e in late {
+            self.start(e, None, applies);
+            let owners = self.owners_of(e, &ids);
+            let mut p = Vec::new();
+            self.follow(e, &owners, live, &mut p, applies);
+        }
+        self.retired.retain(|_, (_, t)| {
+            *t = t.saturating_sub(1);
+            *t > 0
+        });
+        (heads, pulls)
+    }
+}
+
+fn handover_pull(engine: u64, from: NodeId) -> FeedPull {
+    FeedPull {
+        engine,
+        feed: FeedId {
+            source: from,
+            incarnation: 0,
+        },
+        after: 0,
+        snapshot: true,
+    }
+}

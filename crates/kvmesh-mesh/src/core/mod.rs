@@ -1,0 +1,909 @@
+//! The mesh node, sans-IO: SWIM membership (foca, [`crate::membership`]), the replicated state
+//! (`kvmesh-state`), ingest ownership and dissemination in one deterministic state machine.
+//! Time (`now_us`, cluster time) and randomness (a seed) are passed in; what it wants done
+//! comes out as [`Output`]s — packets to send and changes to apply to the router — on the
+//! model of foca's `AccumulatingRuntime`. The tokio shell ([`crate::node`]) and the
+//! simulations (`tests/cluster_sim.rs`, `benches`) drive the same code.
+//!
+//! Dissemination:
+//! * local changes (marks, load, registry, feed batches) wait in an outbox and go out every
+//!   `flush_us` as one envelope per member (a unidirectional stream in the shell);
+//! * every `anti_entropy_us` this node sends its digests to one random member, which answers
+//!   with the parts that differ and its own digests, so both sides repair in one round trip;
+//!   feed sources announce their heads to every member, and receivers that are behind pull;
+//! * a member that joins gets this node's whole state at once; a joining node is warm (ready)
+//!   at the first whole state it receives, or after `warm_bound_us`.
+
+mod feeds;
+pub mod sim;
+
+use crate::membership::{Effect, Membership, MeshId};
+use bytes::Bytes;
+use kvmesh_state::{
+    Control, Delta, EngineRecord, Envelope, EnvelopeV1, FeedApply, FeedIn, FeedOut, FeedSnapshot,
+    LoadMap, MarkDelta, MarkMap, NodeId, RegistryDelta, RegistrySet, StateDigest, encode,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+
+/// Deltas per envelope at most (a whole state is chunked).
+pub const DELTAS_PER_ENVELOPE: usize = 2_048;
+
+/// How a node behaves (the router's `[serve.mesh]` section fills it).
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// The cluster's id on the wire.
+    pub cluster_id: u64,
+    /// Outbox flush period (µs).
+    pub flush_us: u64,
+    /// Anti-entropy period (µs).
+    pub anti_entropy_us: u64,
+    /// Owners reading each engine's KV events (0 = every router).
+    pub ingest_replicas: usize,
+    /// Speculative marks per engine at most.
+    pub mark_capacity: usize,
+    /// Blocks per engine a feed holds at most.
+    pub feed_capacity: usize,
+    /// Expected cluster size (foca's timings; grows as members join).
+    pub expected_size: u32,
+    /// A joining node serves without a peer's state after this long (µs).
+    pub warm_bound_us: u64,
+    /// The node has no seeds: it is the first, warm from the start.
+    pub first: bool,
+}
+
+/// What the router must apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Apply {
+    /// A peer's speculative mark (into the local index).
+    Mark(MarkDelta),
+    /// The other routers' in-flight on an engine changed.
+    PeerLoad {
+        /// The engine.
+        engine: u64,
+        /// Σ of the other routers' entries.
+        others: u64,
+    },
+    /// An engine is in the replicated registry with this record.
+    EngineUpsert {
+        /// The engine.
+        engine: u64,
+        /// Its record.
+        record: EngineRecord,
+    },
+    /// An engine was removed from the replicated registry.
+    EngineRemoved {
+        /// The engine.
+        engine: u64,
+    },
+    /// Precise ops of an engine, versioned (see `kvmesh_state::feeds`).
+    Feed(FeedApply),
+    /// This router now reads the engine's KV events; `from` is the handover snapshot of
+    /// another owner (resume from its `next_seq` with its blocks), or none (start afresh).
+    Own {
+        /// The engine.
+        engine: u64,
+        /// The handover.
+        from: Option<Box<FeedSnapshot>>,
+    },
+    /// This router no longer reads the engine's KV events.
+    Disown {
+        /// The engine.
+        engine: u64,
+    },
+    /// The set of live members changed.
+    Members,
+    /// The node holds the cluster's state: report ready.
+    Warm,
+}
+
+/// What the node wants done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// A SWIM packet (a QUIC datagram).
+    Datagram(SocketAddr, Bytes),
+    /// An encoded envelope (a unidirectional stream).
+    Envelope(SocketAddr, Bytes),
+    /// A change for the router.
+    Apply(Apply),
+}
+
+/// Counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CoreCounters {
+    /// Envelopes sent, received, dropped (undecodable, oversized, other cluster).
+    pub envelopes_sent: u64,
+    /// See `envelopes_sent`.
+    pub envelopes_received: u64,
+    /// See `envelopes_sent`.
+    pub envelopes_dropped: u64,
+    /// Envelope bytes sent and received.
+    pub bytes_sent: u64,
+    /// See `bytes_sent`.
+    pub bytes_received: u64,
+    /// Deltas that changed the state.
+    pub deltas_applied: u64,
+    /// Anti-entropy rounds started.
+    pub anti_entropy_rounds: u64,
+    /// State parts sent because a peer's digest differed.
+    pub repairs: u64,
+    /// Engines this node started or stopped reading.
+    pub ownership_moves: u64,
+    /// Feed pulls sent.
+    pub feed_pulls: u64,
+    /// Feed batches this node produced as an owner.
+    pub feed_batches: u64,
+}
+
+/// Per peer: when its last envelope arrived and how old it was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerLag {
+    /// Cluster time of the last envelope's arrival.
+    pub last_us: u64,
+    /// Arrival − the sender's send time (includes clock skew).
+    pub lag_us: i64,
+}
+
+/// The replicated state this node holds.
+struct Replicated {
+    load: LoadMap,
+    marks: MarkMap,
+    registry: RegistrySet,
+}
+
+/// One mesh node. See the module docs.
+pub struct MeshCore {
+    cfg: CoreConfig,
+    membership: Membership,
+    me: NodeId,
+    incarnation: u64,
+    /// Live members (not this node) by stable id.
+    peers: BTreeMap<NodeId, MeshId>,
+    st: Replicated,
+    outbox: Vec<Delta>,
+    /// Per destination: deltas only it needs (feed repairs), sent with the next flush.
+    direct: BTreeMap<SocketAddr, (Vec<Delta>, Vec<Control>)>,
+    feeds: feeds::Feeds,
+    warm: bool,
+    warm_at: u64,
+    /// The latest time an input carried.
+    now: u64,
+    /// Routers gone (or restarted), with when: their load tombstones are kept a while so
+    /// that a late delta cannot bring their entries back.
+    departed_at: BTreeMap<NodeId, u64>,
+    next_flush: u64,
+    next_ae: u64,
+    rng: u64,
+    lag: BTreeMap<NodeId, PeerLag>,
+    out: Vec<Output>,
+    counters: CoreCounters,
+}
+
+impl MeshCore {
+    /// A node of identity `id` (its name gives the stable id, its bump the incarnation).
+    pub fn new(id: MeshId, cfg: CoreConfig, seed: u64, now_us: u64) -> MeshCore {
+        let me = NodeId::from_name(&id.name);
+        let incarnation = id.bump;
+        let membership = Membership::new(id, cfg.expected_size, seed);
+        let warm = cfg.first;
+        MeshCore {
+            feeds: feeds::Feeds::new(me, incarnation, cfg.ingest_replicas, cfg.feed_capacity),
+            st: Replicated {
+                load: LoadMap::new(),
+                marks: MarkMap::new(cfg.mark_capacity),
+                registry: RegistrySet::new(),
+            },
+            warm_at: now_us.saturating_add(cfg.warm_bound_us),
+            next_flush: now_us.saturating_add(cfg.flush_us),
+            next_ae: now_us.saturating_add(cfg.anti_entropy_us),
+            cfg,
+            membership,
+            me,
+            incarnation,
+            peers: BTreeMap::new(),
+            outbox: Vec::new(),
+            direct: BTreeMap::new(),
+            warm,
+            now: now_us,
+            departed_at: BTreeMap::new(),
+            rng: seed | 1,
+            lag: BTreeMap::new(),
+            out: Vec::new(),
+            counters: CoreCounters::default(),
+        }
+    }
+
+    /// This node's stable id.
+    pub fn id(&self) -> NodeId {
+        self.me
+    }
+
+    /// This node's membership identity.
+    pub fn identity(&self) -> &MeshId {
+        self.membership.identity()
+    }
+
+    /// The live members (not this node).
+    pub fn members(&self) -> impl Iterator<Item = &MeshId> {
+        self.peers.values()
+    }
+
+    /// Holds the cluster's state (see the module docs).
+    pub fn is_warm(&self) -> bool {
+        self.warm
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &CoreCounters {
+        &self.counters
+    }
+
+    /// Per live peer: its last envelope's arrival and lag.
+    pub fn lags(&self) -> impl Iterator<Item = (&MeshId, PeerLag)> {
+        self.peers
+            .iter()
+            .map(|(n, m)| (m, self.lag.get(n).copied().unwrap_or_default()))
+    }
+
+    /// SWIM packets or timers the membership refused.
+    pub fn membership_errors(&self) -> u64 {
+        self.membership.errors()
+    }
+
+    /// The digests of the replicated state (expired marks dropped first).
+    pub fn digest(&mut self, now_us: u64) -> StateDigest {
+        self.st.marks.expire(now_us);
+        StateDigest {
+            load: self.st.load.digest(),
+            marks: self.st.marks.digest(),
+            registry: self.st.registry.digest(),
+        }
+    }
+
+    /// Entries held: (load, marks, registry engines + tombstones, feed blocks).
+    pub fn sizes(&self) -> (usize, usize, usize, usize) {
+        (
+            self.st.load.len(),
+            self.st.marks.len(),
+            self.st.registry.engines().count() + self.st.registry.tombstones(),
+            self.feeds.blocks(),
+        )
+    }
+
+    /// The owners of an engine's KV events in this node's view, best first.
+    pub fn owners(&self, engine: u64) -> Vec<NodeId> {
+        self.feeds.owners_of(engine, &self.live_ids())
+    }
+
+    /// Engines whose events this node reads.
+    pub fn owned(&self) -> impl Iterator<Item = u64> + '_ {
+        self.feeds.owned()
+    }
+
+    /// Per engine with events: the feed followed, whether synced and stale.
+    pub fn feed_status(&self, engine: u64) -> Option<&FeedIn> {
+        self.feeds.feed_in(engine)
+    }
+
+    /// The outputs accumulated since the last call.
+    pub fn take_outputs(&mut self) -> Vec<Output> {
+        self.drain_membership();
+        std::mem::take(&mut self.out)
+    }
+
+    /// When [`MeshCore::tick`] wants to run next (µs).
+    pub fn next_due(&self) -> u64 {
+        let mut t = self.next_flush.min(self.next_ae);
+        if let Some(m) = self.membership.next_due() {
+            t = t.min(m);
+        }
+        if !self.warm {
+            t = t.min(self.warm_at);
+        }
+        t
+    }
+
+    // ---- inputs ------------------------------------------------------------------------
+
+    /// Asks `seed` to let this node in.
+    pub fn announce(&mut self, seed: SocketAddr, now_us: u64) {
+        self.at(now_us);
+        self.membership.announce(seed, now_us);
+    }
+
+    /// Knows no live member (the shell asks its seeds again).
+    pub fn is_alone(&self) -> bool {
+        self.peers.is_empty()
+    }
+
+    /// A SWIM datagram from the network.
+    pub fn handle_datagram(&mut self, data: &[u8], now_us: u64) {
+        self.at(now_us);
+        self.membership.handle_data(data, now_us);
+        self.drain_membership();
+    }
+
+    /// An envelope from the network (hostile bytes: bounded, never panics, counted).
+    pub fn handle_envelope(&mut self, from: SocketAddr, bytes: &[u8], now_us: u64) {
+        self.at(now_us);
+        let env = match kvmesh_state::decode(bytes, self.cfg.cluster_id) {
+            Ok(e) => e,
+            Err(_) => {
+                self.counters.envelopes_dropped += 1;
+                return;
+            }
+        };
+        self.counters.envelopes_received += 1;
+        self.counters.bytes_received += bytes.len() as u64;
+        if env.from == self.me {
+            return;
+        }
+        self.lag.insert(
+            env.from,
+            PeerLag {
+                last_us: now_us,
+                lag_us: now_us as i64 - env.sent_us as i64,
+            },
+        );
+        for d in env.deltas {
+            self.merge(d, now_us);
+        }
+        for c in env.control {
+            self.control(from, c, now_us);
+        }
+        if env.snapshot && !self.warm {
+            self.warm = true;
+            self.out.push(Output::Apply(Apply::Warm));
+        }
+    }
+
+    /// Runs what is due at `now_us`: membership timers, the flush, anti-entropy.
+    pub fn tick(&mut self, now_us: u64) {
+        self.at(now_us);
+        self.membership.advance(now_us);
+        self.drain_membership();
+        if !self.warm && now_us >= self.warm_at {
+            self.warm = true;
+            self.out.push(Output::Apply(Apply::Warm));
+        }
+        if now_us >= self.next_flush {
+            self.next_flush = now_us + self.cfg.flush_us;
+            self.flush(now_us);
+        }
+        if now_us >= self.next_ae {
+            self.next_ae = now_us + self.cfg.anti_entropy_us;
+            self.anti_entropy(now_us);
+        }
+    }
+
+    /// Leaves the cluster (the others see it at once).
+    pub fn leave(&mut self, now_us: u64) {
+        self.at(now_us);
+        self.flush(now_us);
+        self.membership.leave(now_us);
+        self.drain_membership();
+    }
+
+    /// This router's speculative mark.
+    pub fn local_mark(&mut self, engine: u64, keys: Vec<u64>, expiry_us: u64) {
+        let d = MarkDelta {
+            engine,
+            keys,
+            expiry_us,
+        };
+        self.st.marks.merge(&d);
+        self.outbox.push(Delta::Mark(d));
+    }
+
+    /// This router's in-flight count on an engine.
+    pub fn local_load(&mut self, engine: u64, in_flight: u32) {
+        let d = self
+            .st
+            .load
+            .set_local(self.me, self.incarnation, engine, in_flight);
+        self.outbox.push(Delta::Load(d));
+    }
+
+    /// An engine added (or its record changed) through this router.
+    pub fn local_engine_add(&mut self, engine: u64, record: EngineRecord, now_us: u64) {
+        self.at(now_us);
+        let d = self.st.registry.add(self.me, now_us, engine, record);
+        self.outbox.push(Delta::Registry(d));
+    }
+
+    /// An engine removed through this router.
+    pub fn local_engine_remove(&mut self, engine: u64) {
+        if let Some(d) = self.st.registry.remove(engine) {
+            self.outbox.push(Delta::Registry(d));
+        }
+    }
+
+    /// The engines whose KV events the cluster reads (the router's registry: config, DNS,
+    /// admin, peers). Ownership follows.
+    pub fn set_event_engines(&mut self, engines: BTreeSet<u64>, now_us: u64) {
+        self.at(now_us);
+        let gone = self.feeds.set_engines(engines);
+        for e in gone {
+            self.st.load.remove_engine(e);
+            self.st.marks.remove_engine(e);
+        }
+        self.rebalance(now_us);
+    }
+
+    /// Ops this router (an owner) derived from an engine's events; `meta[i]` is the engine's
+    /// hash and the chain position of the `i`-th `Stored` op's block. Ignored when this router
+    /// does not own the engine.
+    pub fn local_feed(
+        &mut self,
+        engine: u64,
+        ops: &[kvmesh_state::WireOp],
+        meta: &[(u64, u32)],
+        stale: bool,
+        next_seq: Option<u64>,
+    ) {
+        let live = self.live_ids();
+        let mut applies = Vec::new();
+        if let Some(b) = self
+            .feeds
+            .local(engine, ops, meta, stale, next_seq, &mut applies)
+        {
+            self.counters.feed_batches += 1;
+            // Receivers are the routers that do not read the engine themselves.
+            let owners = self.feeds.owners_of(engine, &live);
+            if owners.first() == Some(&self.me) {
+                for (n, m) in &self.peers {
+                    if !owners.contains(n) {
+                        self.direct
+                            .entry(m.addr)
+                            .or_default()
+                            .0
+                            .push(Delta::Feed(b.clone()));
+                    }
+                }
+            }
+        }
+        self.out
+            .extend(applies.into_iter().map(|a| Output::Apply(Apply::Feed(a))));
+    }
+
+    // ---- internals ---------------------------------------------------------------------
+
+    fn live_ids(&self) -> Vec<NodeId> {
+        let mut v: Vec<NodeId> = self.peers.keys().copied().collect();
+        v.push(self.me);
+        v
+    }
+
+    fn live(&self) -> Vec<feeds::Live> {
+        let mut v: Vec<feeds::Live> = self.peers.iter().map(|(n, m)| (*n, m.bump)).collect();
+        v.push((self.me, self.incarnation));
+        v
+    }
+
+    fn at(&mut self, now_us: u64) {
+        self.now = self.now.max(now_us);
+    }
+
+    fn next_rand(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    fn drain_membership(&mut self) {
+        let mut changed = false;
+        let mut joined: Vec<SocketAddr> = Vec::new();
+        for e in self.membership.take_effects() {
+            match e {
+                Effect::Send(to, data) => self.out.push(Output::Datagram(to, data)),
+                Effect::Up(_) | Effect::Down(_) | Effect::Renamed(_) => changed = true,
+            }
+        }
+        // Declared down while alive (a partition, a long pause), foca renewed this node's
+        // identity to rejoin: its entries are rewritten under the new incarnation, which the
+        // others accept over the tombstone of the old one.
+        let bump = self.membership.identity().bump;
+        if bump != self.incarnation {
+            self.incarnation = bump;
+            for d in self.st.load.renew(self.me, bump) {
+                self.outbox.push(Delta::Load(d));
+            }
+            let mut applies = Vec::new();
+            self.feeds.renew(bump, &mut applies);
+            self.out.extend(applies.into_iter().map(Output::Apply));
+        }
+        if !changed {
+            return;
+        }
+        let live: BTreeMap<NodeId, MeshId> = self
+            .membership
+            .live()
+            .map(|m| (NodeId::from_name(&m.name), m.clone()))
+            .collect();
+        if live == self.peers {
+            return;
+        }
+        let now = self.now;
+        let mut touched = BTreeSet::new();
+        for (n, m) in &self.peers {
+            if live.get(n).is_none_or(|x| x.bump != m.bump) {
+                // Gone (or restarted): its load entries go with its incarnation.
+                touched.extend(self.st.load.engines_of(*n));
+                self.st.load.remove_node(*n, m.bump);
+                self.departed_at.insert(*n, now);
+                self.lag.remove(n);
+            }
+        }
+        for (n, m) in &live {
+            if self.peers.get(n).is_none_or(|x| x.bump != m.bump) {
+                joined.push(m.addr);
+            }
+        }
+        self.peers = live;
+        self.out.push(Output::Apply(Apply::Members));
+        for engine in touched {
+            let others = self.st.load.others(self.me, engine);
+            self.out
+                .push(Output::Apply(Apply::PeerLoad { engine, others }));
+        }
+        // A cold node asks one member for its whole state (again every anti-entropy period
+        // until it has one); members never push whole states, so a healed partition costs
+        // digests, not N² snapshots.
+        if !joined.is_empty() && !self.warm {
+            self.want_state(now);
+        }
+        self.rebalance(now);
+    }
+
+    fn rebalance(&mut self, now_us: u64) {
+        let live = self.live();
+        let mut pulls = Vec::new();
+        let mut applies = Vec::new();
+        let moves = self.feeds.rebalance(&live, &mut pulls, &mut applies);
+        self.counters.ownership_moves += moves;
+        self.out.extend(applies.into_iter().map(Output::Apply));
+        self.send_pulls(pulls, now_us);
+    }
+
+    fn send_pulls(&mut self, pulls: Vec<(NodeId, kvmesh_state::FeedPull)>, _now_us: u64) {
+        for (to, p) in pulls {
+            if let Some(m) = self.peers.get(&to) {
+                self.counters.feed_pulls += 1;
+                self.direct
+                    .entry(m.addr)
+                    .or_default()
+                    .1
+                    .push(Control::Pull(p));
+            }
+        }
+    }
+
+    fn merge(&mut self, d: Delta, now_us: u64) {
+        match d {
+            Delta::Mark(m) => {
+                if self.st.marks.merge(&m) {
+                    self.counters.deltas_applied += 1;
+                    if m.expiry_us > now_us {
+                        self.out.push(Output::Apply(Apply::Mark(m)));
+                    }
+                }
+            }
+            Delta::Load(l) => {
+                if self.st.load.merge(&l) {
+                    self.counters.deltas_applied += 1;
+                    let others = self.st.load.others(self.me, l.engine);
+                    self.out.push(Output::Apply(Apply::PeerLoad {
+                        engine: l.engine,
+                        others,
+                    }));
+                }
+            }
+            Delta::Registry(r) => {
+                if self.st.registry.merge(&r) {
+                    self.counters.deltas_applied += 1;
+                    let engine = match &r {
+                        RegistryDelta::Add { engine, .. } | RegistryDelta::Remove { engine, .. } => {
+                            *engine
+                        }
+                    };
+                    let a = match self.st.registry.get(engine) {
+                        Some(rec) if self.st.registry.contains(engine) => Apply::EngineUpsert {
+                            engine,
+                            record: rec.clone(),
+                        },
+                        _ => Apply::EngineRemoved { engine },
+                    };
+                    self.out.push(Output::Apply(a));
+                }
+            }
+            Delta::Feed(b) => {
+                let mut applies = Vec::new();
+                let pull = self.feeds.on_batch(b, &mut applies);
+                self.out
+                    .extend(applies.into_iter().map(|a| Output::Apply(Apply::Feed(a))));
+                if let Some(p) = pull {
+                    self.send_pulls(vec![(p.feed.source, p)], now_us);
+                }
+            }
+            Delta::FeedSnapshot(s) => {
+                let mut applies = Vec::new();
+                let live = self.live();
+                let moves = self.feeds.on_snapshot(s, &live, &mut applies);
+                self.counters.ownership_moves += moves;
+                self.out.extend(applies.into_iter().map(Output::Apply));
+            }
+        }
+    }
+
+    fn control(&mut self, from: SocketAddr, c: Control, now_us: u64) {
+        match c {
+            Control::Digest {
+                digest,
+                load_nodes,
+                mark_buckets,
+                reply,
+            } => {
+                let mine = self.digest(now_us);
+                let mut parts = Vec::new();
+                let mut differs = false;
+                if digest.load != mine.load {
+                    differs = true;
+                    let theirs: BTreeMap<NodeId, u64> = load_nodes.into_iter().collect();
+                    for (n, h) in self.st.load.node_digests() {
+                        if theirs.get(&n) != Some(&h) {
+                            parts.extend(self.st.load.deltas_of(n).into_iter().map(Delta::Load));
+                            self.counters.repairs += 1;
+                        }
+                    }
+                }
+                if digest.marks != mine.marks {
+                    differs = true;
+                    let theirs: BTreeMap<u64, u64> = mark_buckets.into_iter().collect();
+                    let want: BTreeSet<u64> = self
+                        .st
+                        .marks
+                        .buckets()
+                        .into_iter()
+                        .filter(|(b, h)| theirs.get(b) != Some(h))
+                        .map(|(b, _)| b)
+                        .collect();
+                    if !want.is_empty() {
+                        self.counters.repairs += 1;
+                        parts.extend(self.st.marks.deltas_in(&want).into_iter().map(Delta::Mark));
+                    }
+                }
+                if digest.registry != mine.registry {
+                    differs = true;
+                    self.counters.repairs += 1;
+                    parts.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
+                }
+                let ctl = if reply && differs {
+                    vec![self.digest_msg(now_us, false)]
+                } else {
+                    Vec::new()
+                };
+                if !parts.is_empty() || !ctl.is_empty() {
+                    self.send_to(from, parts, ctl, false, now_us);
+                }
+            }
+            Control::WantState => {
+                if self.warm {
+                    let all = self.whole_state(now_us);
+                    self.send_to(from, all, Vec::new(), true, now_us);
+                }
+            }
+            Control::Pull(p) => {
+                let d = self.feeds.serve_pull(&p);
+                if !d.is_empty() {
+                    self.direct.entry(from).or_default().0.extend(d);
+                }
+            }
+            Control::Heads(heads) => {
+                let mut pulls = Vec::new();
+                for h in heads {
+                    if let Some(p) = self.feeds.on_head(h.engine, h.feed, h.head) {
+                        pulls.push((h.feed.source, p));
+                    }
+                }
+                self.send_pulls(pulls, now_us);
+            }
+        }
+    }
+
+    fn whole_state(&mut self, now_us: u64) -> Vec<Delta> {
+        self.st.marks.expire(now_us);
+        let mut v: Vec<Delta> = self.st.load.deltas().into_iter().map(Delta::Load).collect();
+        v.extend(self.st.marks.deltas().into_iter().map(Delta::Mark));
+        v.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
+        v
+    }
+
+    fn flush(&mut self, now_us: u64) {
+        let deltas = std::mem::take(&mut self.outbox);
+        let direct = std::mem::take(&mut self.direct);
+        let addrs: Vec<SocketAddr> = self.peers.values().map(|m| m.addr).collect();
+        // What every member gets is encoded once; what only some need goes separately.
+        if !deltas.is_empty() && !addrs.is_empty() {
+            for bytes in self.encode_chunks(deltas, Vec::new(), false, now_us) {
+                for &a in &addrs {
+                    self.counters.envelopes_sent += 1;
+                    self.counters.bytes_sent += bytes.len() as u64;
+                    self.out.push(Output::Envelope(a, bytes.clone()));
+                }
+            }
+        }
+        for (a, (d, ctl)) in direct {
+            if self.peers.values().any(|m| m.addr == a) && (!d.is_empty() || !ctl.is_empty()) {
+                self.send_to(a, d, ctl, false, now_us);
+            }
+        }
+    }
+
+    fn want_state(&mut self, now_us: u64) {
+        if self.peers.is_empty() {
+            return;
+        }
+        let i = (self.next_rand() % self.peers.len() as u64) as usize;
+        if let Some(a) = self.peers.values().nth(i).map(|m| m.addr) {
+            self.send_to(a, Vec::new(), vec![Control::WantState], false, now_us);
+        }
+    }
+
+    fn anti_entropy(&mut self, now_us: u64) {
+        if !self.warm {
+            self.want_state(now_us);
+            return;
+        }
+        // Expired marks are dropped by every node alike.
+        self.st.marks.expire(now_us);
+        // Tombstones of routers gone long enough ago are forgotten (bounded memory).
+        let horizon = now_us.saturating_sub(self.cfg.anti_entropy_us.saturating_mul(30));
+        self.departed_at.retain(|_, t| *t >= horizon);
+        let keep = self.departed_at.clone();
+        let live: BTreeSet<NodeId> = self.peers.keys().copied().collect();
+        self.st
+            .load
+            .prune_departed(|n| keep.contains_key(&n) || live.contains(&n));
+        // Load entries of routers that are not members here (they came through a router that
+        // had not yet seen them go) are dropped.
+        let strangers: Vec<NodeId> = self
+            .st
+            .load
+            .nodes()
+            .into_iter()
+            .filter(|n| *n != self.me && !self.peers.contains_key(n))
+            .collect();
+        for n in strangers {
+            for engine in self.st.load.forget_node(n) {
+                let others = self.st.load.others(self.me, engine);
+                self.out
+                    .push(Output::Apply(Apply::PeerLoad { engine, others }));
+            }
+        }
+        // Feed sources announce their heads; receivers still unsynced ask again; handovers
+        // that waited too long start afresh.
+        let live = self.live();
+        let mut applies = Vec::new();
+        let (heads, pulls) = self.feeds.periodic(&live, &mut applies);
+        self.counters.ownership_moves += applies
+            .iter()
+            .filter(|a| matches!(a, Apply::Own { .. }))
+            .count() as u64;
+        self.out.extend(applies.into_iter().map(Output::Apply));
+        self.send_pulls(pulls, now_us);
+        if !heads.is_empty() {
+            for (n, m) in self.peers.clone() {
+                let h: Vec<_> = heads
+                    .iter()
+                    .filter(|(receivers, _)| receivers.contains(&n))
+                    .map(|(_, h)| *h)
+                    .collect();
+                if !h.is_empty() {
+                    self.direct
+                        .entry(m.addr)
+                        .or_default()
+                        .1
+                        .push(Control::Heads(h));
+                }
+            }
+        }
+        if self.peers.is_empty() {
+            return;
+        }
+        let i = (self.next_rand() % self.peers.len() as u64) as usize;
+        let Some(peer) = self.peers.values().nth(i).map(|m| m.addr) else {
+            return;
+        };
+        self.counters.anti_entropy_rounds += 1;
+        let msg = self.digest_msg(now_us, true);
+        self.send_to(peer, Vec::new(), vec![msg], false, now_us);
+    }
+
+    /// This node's digests with the detail a peer needs to send only what differs.
+    fn digest_msg(&mut self, now_us: u64, reply: bool) -> Control {
+        Control::Digest {
+            digest: self.digest(now_us),
+            load_nodes: self.st.load.node_digests(),
+            mark_buckets: self.st.marks.buckets(),
+            reply,
+        }
+    }
+
+    fn send_to(
+        &mut self,
+        to: SocketAddr,
+        deltas: Vec<Delta>,
+        control: Vec<Control>,
+        snapshot: bool,
+        now_us: u64,
+    ) {
+        for bytes in self.encode_chunks(deltas, control, snapshot, now_us) {
+            self.counters.envelopes_sent += 1;
+            self.counters.bytes_sent += bytes.len() as u64;
+            self.out.push(Output::Envelope(to, bytes));
+        }
+    }
+
+    /// Deltas as envelopes of bounded size; the control goes with the last, and only the
+    /// last of a whole state is marked as one (it warms the receiver).
+    fn encode_chunks(
+        &self,
+        deltas: Vec<Delta>,
+        control: Vec<Control>,
+        snapshot: bool,
+        now_us: u64,
+    ) -> Vec<Bytes> {
+        let mut chunks: Vec<Vec<Delta>> = Vec::new();
+        let mut cur = Vec::new();
+        let mut weight = 0usize;
+        for d in deltas {
+            // Large deltas count for what they carry.
+            weight += match &d {
+                Delta::FeedSnapshot(s) => 1 + s.blocks.len() / 8,
+                Delta::Feed(b) => 1 + b.ops.len() / 8,
+                Delta::Mark(m) => 1 + m.keys.len() / 8,
+                _ => 1,
+            };
+            cur.push(d);
+            if weight >= DELTAS_PER_ENVELOPE {
+                chunks.push(std::mem::take(&mut cur));
+                weight = 0;
+            }
+        }
+        if !cur.is_empty() || chunks.is_empty() {
+            chunks.push(cur);
+        }
+        let last = chunks.len() - 1;
+        let mut control = Some(control);
+        let mut out = Vec::with_capacity(chunks.len());
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let env = Envelope::V1(EnvelopeV1 {
+                cluster_id: self.cfg.cluster_id,
+                from: self.me,
+                snapshot: snapshot && i == last,
+                sent_us: now_us,
+                deltas: chunk,
+                control: if i == last {
+                    control.take().unwrap_or_default()
+                } else {
+                    Vec::new()
+                },
+            });
+            if let Ok(bytes) = encode(&env) {
+                out.push(Bytes::from(bytes));
+            }
+        }
+        out
+    }
+
+    /// Test and bench hook: the feed side's own view (engines followed and their feeds).
+    pub fn feeds_followed(&self) -> HashMap<u64, Option<kvmesh_state::FeedId>> {
+        self.feeds.followed()
+    }
+
+    /// Test and bench hook: an owner's feed of an engine.
+    pub fn feed_out(&self, engine: u64) -> Option<&FeedOut> {
+        self.feeds.feed_out(engine)
+    }
+}

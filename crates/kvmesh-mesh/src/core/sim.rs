@@ -1,0 +1,486 @@
+//! A deterministic simulation of many mesh nodes in one process: virtual time, a seeded
+//! network that loses, delays, duplicates and reorders SWIM datagrams and loses or delays
+//! state envelopes (a broken connection), partitions and heals, kills and restarts; engines
+//! whose KV events the owners read. Used by the test suite (`tests/cluster_sim.rs`) and the
+//! scale command (`benches/mesh_scale.rs`). No sockets, no clock.
+
+use super::{Apply, CoreConfig, MeshCore, Output};
+use crate::membership::MeshId;
+use kvmesh_state::{FeedApply, NodeId, StateDigest, WireOp};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{Ipv4Addr, SocketAddr};
+
+/// The simulated network's behaviour.
+#[derive(Debug, Clone, Copy)]
+pub struct NetConfig {
+    /// Datagrams lost, percent.
+    pub datagram_loss: u64,
+    /// Envelopes lost, percent (a stream on a connection that broke).
+    pub envelope_loss: u64,
+    /// One-way delay: base + uniform jitter (µs).
+    pub delay_us: u64,
+    /// See `delay_us`.
+    pub jitter_us: u64,
+    /// Datagrams duplicated, per mille.
+    pub dup_per_mille: u64,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            datagram_loss: 10,
+            envelope_loss: 2,
+            delay_us: 300,
+            jitter_us: 4_000,
+            dup_per_mille: 20,
+        }
+    }
+}
+
+/// A seeded xorshift generator.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform below `n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// The address of node `i`.
+pub fn addr(i: usize) -> SocketAddr {
+    let i = i as u32 + 1;
+    SocketAddr::from((Ipv4Addr::from(0x7F00_0000 | i), 7946))
+}
+
+fn index_of(a: SocketAddr) -> usize {
+    match a.ip() {
+        std::net::IpAddr::V4(v) => (u32::from(v) & 0x00FF_FFFF) as usize - 1,
+        std::net::IpAddr::V6(_) => usize::MAX,
+    }
+}
+
+/// An engine's KV-event stream: every batch kept (the sim's replay socket), and its truth.
+#[derive(Debug, Clone, Default)]
+pub struct SimEngine {
+    /// (ops, engine hash and position of each stored block) per seq.
+    pub batches: Vec<(Vec<WireOp>, Vec<(u64, u32)>)>,
+    /// Its blocks now: key → copies.
+    pub truth: BTreeMap<u64, u32>,
+}
+
+/// A node's local index as its applies left it: per engine (version, blocks).
+#[derive(Debug, Clone, Default)]
+pub struct SimIndex {
+    /// Per engine: last (epoch, n) applied and the blocks.
+    pub engines: HashMap<u64, ((u32, u64), BTreeMap<u64, u32>)>,
+    /// Marks received from peers.
+    pub marks: u64,
+    /// Σ others' in-flight per engine as last applied.
+    pub peer_load: HashMap<u64, u64>,
+}
+
+impl SimIndex {
+    fn apply(&mut self, a: &FeedApply) {
+        let e = self.engines.entry(a.engine).or_default();
+        if (a.epoch, a.n) <= e.0 && e.0 != (0, 0) {
+            return;
+        }
+        e.0 = (a.epoch, a.n);
+        for op in &a.ops {
+            match *op {
+                WireOp::Stored(k) => *e.1.entry(k).or_insert(0) += 1,
+                WireOp::Removed(k) => {
+                    if let Some(c) = e.1.get_mut(&k) {
+                        *c -= 1;
+                        if *c == 0 {
+                            e.1.remove(&k);
+                        }
+                    }
+                }
+                WireOp::Cleared => e.1.clear(),
+            }
+        }
+    }
+}
+
+/// One simulated router: its core, its index, and per owned engine the next seq it reads.
+pub struct SimNode {
+    /// The node.
+    pub core: MeshCore,
+    /// What it applied.
+    pub index: SimIndex,
+    /// Owned engines → next seq to read.
+    pub reading: BTreeMap<u64, u64>,
+    /// Warm reported.
+    pub warm: bool,
+}
+
+/// The simulation.
+pub struct Sim {
+    /// Virtual time (µs).
+    pub now: u64,
+    /// Its random source.
+    pub rng: Rng,
+    /// Nodes by index (None: dead).
+    pub nodes: Vec<Option<SimNode>>,
+    /// Partition group of each node: traffic between groups is dropped.
+    pub group: Vec<u8>,
+    /// The network.
+    pub net: NetConfig,
+    /// Engines with KV events.
+    pub engines: BTreeMap<u64, SimEngine>,
+    /// The core configuration of every node.
+    pub cfg: CoreConfig,
+    /// In flight: (due, seq, to, from, is_datagram, bytes).
+    queue: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64, usize, usize, bool, Vec<u8>)>>,
+    order: u64,
+    /// Bytes delivered per node (received).
+    pub bytes_in: Vec<u64>,
+    seed: u64,
+}
+
+impl Sim {
+    /// `n` nodes (none started), engines `0..engines` with events.
+    pub fn new(n: usize, engines: u64, cfg: CoreConfig, net: NetConfig, seed: u64) -> Sim {
+        Sim {
+            now: 1_000_000,
+            rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            nodes: (0..n).map(|_| None).collect(),
+            group: vec![0; n],
+            net,
+            engines: (0..engines)
+                .map(|e| (e.wrapping_mul(0x9E37_79B9) | 1, SimEngine::default()))
+                .collect(),
+            cfg,
+            queue: std::collections::BinaryHeap::new(),
+            order: 0,
+            bytes_in: vec![0; n],
+            seed,
+        }
+    }
+
+    /// Starts (or restarts, with a higher bump) node `i`, announcing to `seed_node`.
+    pub fn start(&mut self, i: usize, seed_node: Option<usize>) {
+        let id = MeshId {
+            name: format!("r{i}"),
+            addr: addr(i),
+            bump: self.now,
+        };
+        let mut cfg = self.cfg.clone();
+        cfg.first = seed_node.is_none();
+        let mut core = MeshCore::new(id, cfg, self.seed ^ (i as u64 * 7919) ^ self.now, self.now);
+        core.set_event_engines(self.engines.keys().copied().collect(), self.now);
+        if let Some(s) = seed_node {
+            core.announce(addr(s), self.now);
+        }
+        self.nodes[i] = Some(SimNode {
+            core,
+            index: SimIndex::default(),
+            reading: BTreeMap::new(),
+            warm: false,
+        });
+        self.collect(i);
+    }
+
+    /// Kills node `i` without a word.
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i] = None;
+    }
+
+    /// The live node indices.
+    pub fn alive(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].is_some())
+            .collect()
+    }
+
+    /// Engine `e` (its id) emits a batch: a new block (chained under a random existing one)
+    /// or the eviction of one.
+    pub fn engine_event(&mut self, engine: u64) {
+        let r = self.rng.next_u64();
+        let Some(en) = self.engines.get_mut(&engine) else {
+            return;
+        };
+        let mut ops = Vec::new();
+        let mut hashes = Vec::new();
+        if r % 4 == 0 && !en.truth.is_empty() {
+            let k = *en.truth.keys().nth((r >> 8) as usize % en.truth.len()).unwrap_or(&0);
+            ops.push(WireOp::Removed(k));
+            if let Some(c) = en.truth.get_mut(&k) {
+                *c -= 1;
+                if *c == 0 {
+                    en.truth.remove(&k);
+                }
+            }
+        } else {
+            for j in 0..1 + (r >> 20) % 4 {
+                let k = (r ^ j.wrapping_mul(0xA24B_AED4_963E_E407)) | 1;
+                ops.push(WireOp::Stored(k));
+                hashes.push((k.rotate_left(17), j as u32));
+                *en.truth.entry(k).or_insert(0) += 1;
+            }
+        }
+        en.batches.push((ops, hashes));
+    }
+
+    /// Every owner reads its engines' new batches.
+    fn read_events(&mut self) {
+        for i in 0..self.nodes.len() {
+            let Some(n) = self.nodes[i].as_mut() else {
+                continue;
+            };
+            for (&engine, next) in n.reading.iter_mut() {
+                let Some(en) = self.engines.get(&engine) else {
+                    continue;
+                };
+                while (*next as usize) < en.batches.len() {
+                    let (ops, hashes) = &en.batches[*next as usize];
+                    *next += 1;
+                    n.core.local_feed(engine, ops, hashes, false, Some(*next));
+                }
+            }
+        }
+        for i in 0..self.nodes.len() {
+            self.collect(i);
+        }
+    }
+
+    fn collect(&mut self, i: usize) {
+        let Some(n) = self.nodes[i].as_mut() else {
+            return;
+        };
+        let outs = n.core.take_outputs();
+        let mut sends = Vec::new();
+        for o in outs {
+            match o {
+                Output::Datagram(to, b) => sends.push((to, true, b.to_vec())),
+                Output::Envelope(to, b) => sends.push((to, false, b.to_vec())),
+                Output::Apply(a) => match a {
+                    Apply::Feed(f) => n.index.apply(&f),
+                    Apply::Mark(_) => n.index.marks += 1,
+                    Apply::PeerLoad { engine, others } => {
+                        n.index.peer_load.insert(engine, others);
+                    }
+                    Apply::Own { engine, from } => {
+                        // Resume at the handover's seq, else read the engine from its start
+                        // (the sim's replay socket keeps everything).
+                        let at = from.and_then(|s| s.next_seq).unwrap_or(0);
+                        n.reading.insert(engine, at);
+                    }
+                    Apply::Disown { engine } => {
+                        n.reading.remove(&engine);
+                    }
+                    Apply::Warm => n.warm = true,
+                    Apply::EngineUpsert { .. } | Apply::EngineRemoved { .. } | Apply::Members => {}
+                },
+            }
+        }
+        for (to, dgram, bytes) in sends {
+            let j = index_of(to);
+            if j >= self.nodes.len() || self.group[i] != self.group[j] {
+                continue;
+            }
+            let loss = if dgram {
+                self.net.datagram_loss
+            } else {
+                self.net.envelope_loss
+            };
+            if self.rng.below(100) < loss {
+                continue;
+            }
+            let due = self.now + self.net.delay_us + self.rng.below(self.net.jitter_us + 1);
+            if dgram && self.rng.below(1000) < self.net.dup_per_mille {
+                let d2 = due + self.rng.below(20_000);
+                self.order += 1;
+                self.queue
+                    .push(std::cmp::Reverse((d2, self.order, j, i, true, bytes.clone())));
+            }
+            self.order += 1;
+            self.queue
+                .push(std::cmp::Reverse((due, self.order, j, i, dgram, bytes)));
+        }
+    }
+
+    /// Runs `for_us` of virtual time; `activity(sim)` is called every 10 ms of it.
+    pub fn run(&mut self, for_us: u64, mut activity: impl FnMut(&mut Sim)) {
+        let end = self.now + for_us;
+        let mut next_activity = self.now;
+        while self.now < end {
+            // The next event: a delivery, a node's timer, or the activity tick.
+            let mut t = end.min(next_activity);
+            if let Some(std::cmp::Reverse(q)) = self.queue.peek() {
+                t = t.min(q.0);
+            }
+            for n in self.nodes.iter().flatten() {
+                t = t.min(n.core.next_due());
+            }
+            self.now = t.max(self.now);
+            while let Some(std::cmp::Reverse(q)) = self.queue.peek() {
+                if q.0 > self.now {
+                    break;
+                }
+                let Some(std::cmp::Reverse((_, _, to, from, dgram, bytes))) = self.queue.pop()
+                else {
+                    break;
+                };
+                if self.group[to] != self.group[from] {
+                    continue;
+                }
+                let now = self.now;
+                if let Some(n) = self.nodes[to].as_mut() {
+                    self.bytes_in[to] += bytes.len() as u64;
+                    if dgram {
+                        n.core.handle_datagram(&bytes, now);
+                    } else {
+                        n.core.handle_envelope(addr(from), &bytes, now);
+                    }
+                    self.collect(to);
+                }
+            }
+            for i in 0..self.nodes.len() {
+                let now = self.now;
+                if let Some(n) = self.nodes[i].as_mut()
+                    && n.core.next_due() <= now
+                {
+                    n.core.tick(now);
+                    // A node alone asks its seed again every second, as the shell does.
+                    if n.core.is_alone() && i != 0 && now % 1_000_000 < 10_000 {
+                        n.core.announce(addr(0), now);
+                    }
+                    self.collect(i);
+                }
+            }
+            if self.now >= next_activity {
+                next_activity = self.now + 10_000;
+                activity(self);
+                self.read_events();
+            }
+        }
+    }
+
+    /// Runs until `ok` (checked every 100 ms), at most `max_us`; how long it took.
+    pub fn until(&mut self, max_us: u64, mut ok: impl FnMut(&mut Sim) -> bool) -> Option<u64> {
+        let start = self.now;
+        while self.now - start < max_us {
+            if ok(self) {
+                return Some(self.now - start);
+            }
+            self.run(100_000, |_| {});
+        }
+        ok(self).then(|| self.now - start)
+    }
+
+    /// Node `i`'s view of the live members (indices).
+    pub fn view(&self, i: usize) -> BTreeSet<usize> {
+        self.nodes[i]
+            .as_ref()
+            .map(|n| n.core.members().map(|m| index_of(m.addr)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Every live node sees every other live node and no dead one.
+    pub fn membership_converged(&self) -> bool {
+        let alive = self.alive();
+        alive.iter().all(|&i| {
+            let want: BTreeSet<usize> = alive.iter().copied().filter(|&j| j != i).collect();
+            self.view(i) == want
+        })
+    }
+
+    /// The live nodes' digests (at the current instant).
+    pub fn digests(&mut self) -> Vec<StateDigest> {
+        let now = self.now;
+        self.nodes
+            .iter_mut()
+            .flatten()
+            .map(|n| n.core.digest(now))
+            .collect()
+    }
+
+    /// Every live node's index holds exactly every engine's blocks.
+    pub fn indexes_exact(&self) -> bool {
+        self.nodes.iter().flatten().all(|n| {
+            self.engines.iter().all(|(e, en)| {
+                n.index
+                    .engines
+                    .get(e)
+                    .map_or(en.truth.is_empty(), |x| x.1 == en.truth)
+            })
+        })
+    }
+
+    /// Every engine has at least one live owner that reads it, in every live node's view.
+    pub fn ownership_covered(&self) -> bool {
+        let live: BTreeSet<NodeId> = self
+            .nodes
+            .iter()
+            .flatten()
+            .map(|n| n.core.id())
+            .collect();
+        let readers: HashMap<NodeId, &BTreeMap<u64, u64>> = self
+            .nodes
+            .iter()
+            .flatten()
+            .map(|n| (n.core.id(), &n.reading))
+            .collect();
+        self.nodes.iter().flatten().all(|n| {
+            self.engines.keys().all(|e| {
+                let owners = n.core.owners(*e);
+                !owners.is_empty()
+                    && owners.iter().any(|o| {
+                        live.contains(o) && readers.get(o).is_some_and(|r| r.contains_key(e))
+                    })
+            })
+        })
+    }
+
+    /// The first few index mismatches, for a failure message.
+    pub fn explain(&self) -> String {
+        let mut out = String::new();
+        let mut n_bad = 0;
+        for (i, n) in self.nodes.iter().enumerate() {
+            let Some(n) = n else { continue };
+            for (e, en) in &self.engines {
+                let got = n.index.engines.get(e);
+                if got.map_or(en.truth.is_empty(), |x| x.1 == en.truth) {
+                    continue;
+                }
+                n_bad += 1;
+                if n_bad <= 6 {
+                    let f = n.core.feed_status(*e);
+                    out.push_str(&format!(
+                        "node {i} engine {e:x}: index {:?} blocks {} vs truth {}; follows {:?} synced {:?} applied {:?}; owners {:?}; reads {:?}; source head {:?}\n",
+                        got.map(|x| x.0),
+                        got.map_or(0, |x| x.1.len()),
+                        en.truth.len(),
+                        f.and_then(|f| f.feed()).map(|x| (x.source.0 % 1000, x.incarnation)),
+                        f.map(|f| f.is_synced()),
+                        f.map(|f| f.applied()),
+                        n.core.owners(*e).iter().map(|o| o.0 % 1000).collect::<Vec<_>>(),
+                        n.reading.get(e),
+                        f.and_then(|f| f.feed()).and_then(|fid| self.nodes.iter().flatten().find(|m| m.core.id() == fid.source)).and_then(|m| m.core.feed_out(*e)).map(|o| (o.id().incarnation, o.head(), o.len())),
+                    ));
+                }
+            }
+        }
+        format!("{n_bad} mismatches\n{out}")
+    }
+
+    /// All converged: membership, digests, indexes, ownership.
+    pub fn converged(&mut self) -> bool {
+        if !self.membership_converged() || !self.indexes_exact() || !self.ownership_covered() {
+            return false;
+        }
+        let d = self.digests();
+        d.windows(2).all(|w| w[0] == w[1])
+    }
+}
