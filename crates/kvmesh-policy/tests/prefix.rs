@@ -650,7 +650,8 @@ fn cold_ctx<'a>(seed: u64, cold_key: u64, matches: &'a [PrefixMatch]) -> Request
 #[test]
 fn a_cold_prompt_goes_to_the_same_home_on_every_router_whatever_the_engine_order_or_seed() {
     // Two "routers" list the same 8 engines in different orders and pick with different
-    // seeds and different (sub-guard) loads: the home engine is the same member.
+    // seeds and different loads (none busy: below half the guard's floor of 16): the home
+    // engine is the same member.
     let ms = members(8);
     let mut rev = ms.clone();
     rev.reverse();
@@ -661,8 +662,8 @@ fn a_cold_prompt_goes_to_the_same_home_on_every_router_whatever_the_engine_order
         let b = Policy::new(&c, &rev, 2);
         let mut homes = std::collections::BTreeSet::new();
         for key in 1..200u64 {
-            let loads_a: Vec<u32> = (0..8).map(|i| (i * 3 + key as u32) % 9).collect();
-            let loads_b: Vec<u32> = (0..8).map(|i| (i * 5 + key as u32) % 11).collect();
+            let loads_a: Vec<u32> = (0..8).map(|i| (i * 3 + key as u32) % 7).collect();
+            let loads_b: Vec<u32> = (0..8).map(|i| (i * 5 + key as u32) % 6).collect();
             let (ra, oa) = pick(&a, &views(&loads_a), &cold_ctx(key, key, &[]));
             let (rb, ob) = pick(&b, &views(&loads_b), &cold_ctx(key * 7, key, &[]));
             assert_eq!(ra, Reason::PrefixCold, "{kind:?}");
@@ -673,6 +674,35 @@ fn a_cold_prompt_goes_to_the_same_home_on_every_router_whatever_the_engine_order
         }
         assert_eq!(homes.len(), 8, "199 keys spread over every engine");
     }
+}
+
+#[test]
+fn a_busy_cold_home_gives_way_to_the_second_choice_only_when_clearly_less_loaded() {
+    let p = cold_policy(7, &members(4));
+    let key = 0xBEEF;
+    let (_, o) = pick(&p, &views(&[0, 0, 0, 0]), &cold_ctx(1, key, &[]));
+    let home = o[0];
+    // The second choice: the home when the first is ineligible.
+    let mut vs = views(&[0, 0, 0, 0]);
+    vs[home].eligible = false;
+    let (_, o) = pick(&p, &vs, &cold_ctx(1, key, &[]));
+    let second = o[0];
+    // Busy (10 in flight, under the guard) and the second far less loaded: the second.
+    let mut loads = [12u32; 4];
+    loads[home] = 10;
+    loads[second] = 2;
+    let (r, o) = pick(&p, &views(&loads), &cold_ctx(1, key, &[]));
+    assert_eq!((r, o[0]), (Reason::PrefixCold, second));
+    // Busy but the second within the margin: the home (routers whose views differ a little
+    // agree).
+    loads[second] = 8;
+    let (_, o) = pick(&p, &views(&loads), &cold_ctx(1, key, &[]));
+    assert_eq!(o[0], home);
+    // Not busy, the second idle: the home.
+    loads[home] = 6;
+    loads[second] = 0;
+    let (_, o) = pick(&p, &views(&loads), &cold_ctx(1, key, &[]));
+    assert_eq!(o[0], home);
 }
 
 #[test]

@@ -210,11 +210,15 @@ pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
     reason
 }
 
-/// The home of a cold prefix (no engine holds a usable part of it): weighted rendezvous
-/// hashing of `cold_key` over the engines passing `filter` and the load guard, by their
-/// stable ids — every router computes the same engine without talking to the others, so
-/// siblings of a new prefix that arrive at several routers at once land together.
-/// O(n) in the route's engines (only for cold prompts).
+/// The home of a cold prefix (no engine holds a usable part of it): of the two engines that
+/// weighted rendezvous hashing of `cold_key` ranks first among those passing `filter` and
+/// the load guard (by their stable ids), the first — unless it is busy (in flight above half
+/// the guard's absolute floor) and the second's `(load + 1) / weight` is lower by more than
+/// [`COLD_MARGIN`]. Every router computes the same two without talking to the others, and
+/// their loads as each router sees them differ by little, so siblings of a new prefix that
+/// arrive at several routers at once still land together, while new prefixes avoid a busy
+/// engine like the power of two choices rather than by hash alone. O(n) in the route's
+/// engines (only for cold prompts).
 fn cold_home<S: EngineSet + ?Sized>(
     engines: &S,
     members: &[EngineMember],
@@ -223,7 +227,8 @@ fn cold_home<S: EngineSet + ?Sized>(
     filter: Filter,
     guard: &mut Option<Guard>,
 ) -> Option<usize> {
-    let mut best: Option<(f64, u64, usize)> = None;
+    // (rendezvous score, hash, engine): the two lowest scores.
+    let mut best: [Option<(f64, u64, usize)>; 2] = [None, None];
     for (i, m) in members.iter().enumerate().take(engines.len()) {
         let v = engines.view(i);
         if !filter.ok(&v) {
@@ -233,7 +238,7 @@ fn cold_home<S: EngineSet + ?Sized>(
         // Weighted rendezvous: −ln(u) / w, the lowest wins; (0, 1] so ln is finite.
         let u = ((h >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
         let score = -u.ln() / v.safe_weight();
-        if best.is_some_and(|b| (score, h) >= (b.0, b.1)) {
+        if best[1].is_some_and(|b| (score, h) >= (b.0, b.1)) {
             continue;
         }
         if f64::from(v.load()) + 1.0 > f64::from(cfg.balance_abs_threshold)
@@ -243,10 +248,34 @@ fn cold_home<S: EngineSet + ?Sized>(
         {
             continue;
         }
-        best = Some((score, h, i));
+        let c = Some((score, h, i));
+        if best[0].is_none_or(|b| (score, h) < (b.0, b.1)) {
+            best = [c, best[0]];
+        } else {
+            best[1] = c;
+        }
     }
-    best.map(|b| b.2)
+    match best {
+        [Some(a), Some(b)] => {
+            let (va, vb) = (engines.view(a.2), engines.view(b.2));
+            // Only a busy first choice (half the guard's floor) gives way: below it, every
+            // router keeps the first, whatever small differences their views have.
+            let busy = 2.0 * (f64::from(va.load()) + 1.0) > f64::from(cfg.balance_abs_threshold);
+            Some(if busy && load_score(&vb) + COLD_MARGIN < load_score(&va) {
+                b.2
+            } else {
+                a.2
+            })
+        }
+        [Some(a), None] => Some(a.2),
+        _ => None,
+    }
 }
+
+/// How much less loaded (in `(load + 1) / weight`) a cold prefix's second rendezvous choice
+/// must be to take it over the first: routers whose views of the loads differ by less than
+/// this still agree.
+pub const COLD_MARGIN: f64 = 4.0;
 
 /// The smallest usable match: `max(min_match_blocks, ceil(min_match_ratio × total))`, at
 /// least 1 (a small epsilon keeps `0.3 × 10` at 3 despite rounding).
