@@ -65,6 +65,10 @@ fn cluster_id(s: &str) -> u64 {
 struct Outbox {
     input: mpsc::Sender<Input>,
     dropped: Arc<AtomicU64>,
+    /// Marks that live shorter stay local: speculative marks on engines whose KV events are
+    /// read, whose owner's feed brings the real blocks to every router within milliseconds
+    /// (new prompts' siblings meet at their cold rendezvous home meanwhile).
+    min_ttl_us: u64,
 }
 
 impl IndexSink for Outbox {
@@ -72,7 +76,10 @@ impl IndexSink for Outbox {
         true
     }
 
-    fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, _now_us: u64) {
+    fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
+        if expiry_us.saturating_sub(now_us) < self.min_ttl_us {
+            return;
+        }
         let m = Input::Mark {
             engine: t.engine.0,
             keys: keys.iter().map(|k| k.0).collect(),
@@ -119,6 +126,10 @@ impl Cluster {
             ingest_replicas: cfg.ingest_replicas as usize,
             mark_capacity: cap,
             feed_capacity: cap,
+            mark_ttls_us: vec![
+                gw.cfg.prefix.speculative_ttl_ms * 1_000,
+                gw.cfg.prefix.approximate_ttl_ms * 1_000,
+            ],
             expected_size: cfg.expected_routers,
             warm_bound_us: cfg.anti_entropy_ms * 5_000,
             first: cfg.seeds.is_empty() && cfg.seed_dns.is_empty(),
@@ -145,6 +156,8 @@ impl Cluster {
         gw.registry.prefix.set_delta_sink(Some(Box::new(Outbox {
             input: c.input.clone(),
             dropped,
+            min_ttl_us: (gw.cfg.prefix.speculative_ttl_ms * 1_000 + 1)
+                .min(gw.cfg.prefix.approximate_ttl_ms * 1_000),
         })));
         let _ = gw.mesh.set(c.clone());
         tracing::info!(node = %cfg.node_id, addr = %c.addr().map(|a| a.to_string()).unwrap_or_default(), "joined the mesh");

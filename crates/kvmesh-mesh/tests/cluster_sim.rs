@@ -20,6 +20,7 @@ fn cfg() -> CoreConfig {
         ingest_replicas: 2,
         mark_capacity: 512,
         feed_capacity: 4_096,
+        mark_ttls_us: vec![600_000_000],
         expected_size: N as u32,
         warm_bound_us: 5_000_000,
         first: false,

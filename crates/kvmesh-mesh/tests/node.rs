@@ -15,6 +15,7 @@ fn cfg(first: bool) -> CoreConfig {
         ingest_replicas: 2,
         mark_capacity: 1_024,
         feed_capacity: 1_024,
+        mark_ttls_us: vec![2_000_000],
         expected_size: 4,
         warm_bound_us: 5_000_000,
         first,

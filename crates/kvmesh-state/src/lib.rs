@@ -32,7 +32,7 @@ pub mod registry;
 pub mod wire;
 
 pub use ids::{NodeId, Version};
-pub use load::{LoadDelta, LoadMap};
+pub use load::{LoadBatch, LoadDelta, LoadMap};
 pub use marks::{MarkDelta, MarkMap};
 pub use ownership::{owners, owns};
 pub use registry::{Dot, EngineRecord, RegistryDelta, RegistrySet, Stamp};

@@ -23,6 +23,55 @@ pub struct LoadDelta {
     pub in_flight: u32,
 }
 
+/// Several in-flight counts of one router's incarnation, as they travel (the router and its
+/// incarnation once, not per engine).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LoadBatch {
+    /// The router.
+    pub node: NodeId,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// (engine, counter within the incarnation, in flight).
+    pub items: Vec<(u64, u64, u32)>,
+}
+
+impl LoadBatch {
+    /// Groups deltas by (router, incarnation), keeping their order within each group.
+    pub fn compact(deltas: impl IntoIterator<Item = LoadDelta>) -> Vec<LoadBatch> {
+        let mut out: Vec<LoadBatch> = Vec::new();
+        for d in deltas {
+            let item = (d.engine, d.version.counter, d.in_flight);
+            match out
+                .iter_mut()
+                .find(|b| b.node == d.node && b.incarnation == d.version.incarnation)
+            {
+                Some(b) => b.items.push(item),
+                None => out.push(LoadBatch {
+                    node: d.node,
+                    incarnation: d.version.incarnation,
+                    items: vec![item],
+                }),
+            }
+        }
+        out
+    }
+
+    /// The deltas it carries.
+    pub fn deltas(&self) -> impl Iterator<Item = LoadDelta> + '_ {
+        self.items
+            .iter()
+            .map(move |&(engine, counter, in_flight)| LoadDelta {
+                node: self.node,
+                engine,
+                version: Version {
+                    incarnation: self.incarnation,
+                    counter,
+                },
+                in_flight,
+            })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     version: Version,
@@ -162,9 +211,10 @@ impl LoadMap {
             .collect()
     }
 
-    /// Per router: a hash of its entries (what anti-entropy compares).
-    pub fn node_digests(&self) -> Vec<(NodeId, u64)> {
-        let mut out: Vec<(NodeId, u64)> = Vec::new();
+    /// Per router: a hash of its entries and their newest version (what anti-entropy
+    /// compares).
+    pub fn node_digests(&self) -> Vec<(NodeId, u64, Version)> {
+        let mut out: Vec<(NodeId, u64, Version)> = Vec::new();
         for (&(n, e), v) in &self.entries {
             let mut x = e ^ v.version.incarnation.rotate_left(17)
                 ^ v.version.counter.rotate_left(34)
@@ -173,11 +223,28 @@ impl LoadMap {
             x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
             x ^= x >> 29;
             match out.last_mut() {
-                Some((m, h)) if *m == n => *h ^= x,
-                _ => out.push((n, x)),
+                Some((m, h, mv)) if *m == n => {
+                    *h ^= x;
+                    *mv = (*mv).max(v.version);
+                }
+                _ => out.push((n, x, v.version)),
             }
         }
         out
+    }
+
+    /// `node`'s entries newer than `after` as deltas (what a peer that is behind lacks).
+    pub fn deltas_of_since(&self, node: NodeId, after: Version) -> Vec<LoadDelta> {
+        self.entries
+            .range((node, 0)..=(node, u64::MAX))
+            .filter(|(_, e)| e.version > after)
+            .map(|(&(node, engine), e)| LoadDelta {
+                node,
+                engine,
+                version: e.version,
+                in_flight: e.in_flight,
+            })
+            .collect()
     }
 
     /// `node`'s entries as deltas (a repair).
@@ -275,7 +342,7 @@ impl LoadMap {
             b"kvmesh/load/v2",
             self.node_digests()
                 .into_iter()
-                .map(|(n, h)| part(n.0, h, 0, 0)),
+                .map(|(n, h, _)| part(n.0, h, 0, 0)),
         )
     }
 }

@@ -182,6 +182,11 @@ impl MarkMap {
         out
     }
 
+    /// The expiry of `engine`'s mark of `key`, if any (expired or not).
+    pub fn expiry(&self, engine: u64, key: u64) -> Option<u64> {
+        self.by_engine.get(&engine).and_then(|m| m.get(&key)).copied()
+    }
+
     /// Whether `engine` holds `key` live at `now_us`.
     pub fn holds(&self, engine: u64, key: u64, now_us: u64) -> bool {
         self.by_engine

@@ -4,8 +4,8 @@
 //! a typed error the caller counts.
 
 use crate::feeds::{FeedBatch, FeedId, FeedPull, FeedSnapshot};
-use crate::ids::NodeId;
-use crate::load::LoadDelta;
+use crate::ids::{NodeId, Version};
+use crate::load::{LoadBatch, LoadDelta};
 use crate::marks::MarkDelta;
 use crate::registry::RegistryDelta;
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,8 @@ pub const MAX_ENVELOPE_BYTES: usize = 4 << 20;
 pub enum Delta {
     /// A router's in-flight count on an engine.
     Load(LoadDelta),
+    /// Several of one router's in-flight counts (what is sent: see [`LoadBatch`]).
+    LoadBatch(LoadBatch),
     /// A speculative prefix mark.
     Mark(MarkDelta),
     /// An engine added, updated or removed.
@@ -58,8 +60,8 @@ pub enum Control {
     Digest {
         /// The sender's digests.
         digest: StateDigest,
-        /// Per router, a hash of its load entries (sent when the load digests differ).
-        load_nodes: Vec<(NodeId, u64)>,
+        /// Per router, a hash of its load entries and their newest version.
+        load_nodes: Vec<(NodeId, u64, Version)>,
         /// Per expiry bucket, a hash of its marks (sent when the mark digests differ).
         mark_buckets: Vec<(u64, u64)>,
         /// Answer with your digests.
@@ -67,6 +69,12 @@ pub enum Control {
     },
     /// A joining router wants the sender's whole state (it is warm once it has it).
     WantState,
+    /// The last envelope of a whole state: it came in this many envelopes (each marked
+    /// `snapshot`), so the receiver knows when it has all of it.
+    WholeState {
+        /// Envelopes of the whole state, this one included.
+        chunks: u32,
+    },
     /// Feed batches or a snapshot wanted.
     Pull(FeedPull),
     /// Heads of the feeds the sender is the source of.
@@ -80,8 +88,8 @@ pub struct EnvelopeV1 {
     pub cluster_id: u64,
     /// The sender.
     pub from: NodeId,
-    /// The deltas are (a chunk of) the sender's whole state, not just its latest changes (an
-    /// anti-entropy round, or the welcome a joining router gets).
+    /// The deltas are a chunk of the sender's whole state (the welcome a joining router
+    /// asked for), not just its latest changes.
     pub snapshot: bool,
     /// When it was sent (the sender's cluster time, µs): the receiver's delta lag.
     pub sent_us: u64,

@@ -31,6 +31,11 @@ impl State {
             Delta::Load(x) => {
                 self.load.merge(x);
             }
+            Delta::LoadBatch(b) => {
+                for x in b.deltas() {
+                    self.load.merge(&x);
+                }
+            }
             Delta::Mark(x) => {
                 self.marks.merge(x);
             }

@@ -23,6 +23,9 @@ pub const HANDOVER_TICKS: u32 = 3;
 pub const RETIRED_TICKS: u32 = 5;
 /// Owners asked for a handover at most.
 const HANDOVER_ASKED: usize = 2;
+/// A feed's head is announced when it moved, and at least every this many periods (a lost
+/// announcement of a feed that went quiet is repaired then).
+const HEAD_REFRESH_TICKS: u32 = 10;
 
 /// A live router: stable id and incarnation.
 pub type Live = (NodeId, u64);
@@ -39,6 +42,8 @@ pub(super) struct Feeds {
     handover: HashMap<u64, u32>,
     /// Former feeds kept for a handover: periods left.
     retired: HashMap<u64, (FeedOut, u32)>,
+    /// Per owned engine: the head last announced and the periods since.
+    announced: HashMap<u64, (u64, u32)>,
 }
 
 impl Feeds {
@@ -53,6 +58,7 @@ impl Feeds {
             outs: HashMap::new(),
             handover: HashMap::new(),
             retired: HashMap::new(),
+            announced: HashMap::new(),
         }
     }
 
@@ -308,7 +314,14 @@ impl Feeds {
     ) -> (Vec<(Vec<NodeId>, FeedHead)>, Vec<(NodeId, FeedPull)>) {
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
         let mut heads = Vec::new();
+        self.announced.retain(|e, _| self.outs.contains_key(e));
         for (&engine, out) in &self.outs {
+            let a = self.announced.entry(engine).or_insert((u64::MAX, 0));
+            a.1 += 1;
+            if a.0 == out.head() && a.1 < HEAD_REFRESH_TICKS {
+                continue;
+            }
+            *a = (out.head(), 0);
             let owners = self.owners_of(engine, &ids);
             let receivers: Vec<NodeId> = ids
                 .iter()

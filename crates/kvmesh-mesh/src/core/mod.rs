@@ -44,6 +44,9 @@ pub struct CoreConfig {
     pub mark_capacity: usize,
     /// Blocks per engine a feed holds at most.
     pub feed_capacity: usize,
+    /// The lifetimes marks are made with (µs): anti-entropy leaves out the expiry buckets
+    /// where the newest marks land (their deltas are in flight, not lost).
+    pub mark_ttls_us: Vec<u64>,
     /// Expected cluster size (foca's timings; grows as members join).
     pub expected_size: u32,
     /// A joining node serves without a peer's state after this long (µs).
@@ -168,6 +171,8 @@ pub struct MeshCore {
     warm_at: u64,
     /// The latest time an input carried.
     now: u64,
+    /// Whole-state envelopes received per sender, and how many it said there are.
+    welcome: BTreeMap<NodeId, (u32, Option<u32>)>,
     /// Routers gone (or restarted), with when: their load tombstones are kept a while so
     /// that a late delta cannot bring their entries back.
     departed_at: BTreeMap<NodeId, u64>,
@@ -205,6 +210,7 @@ impl MeshCore {
             direct: BTreeMap::new(),
             warm,
             now: now_us,
+            welcome: BTreeMap::new(),
             departed_at: BTreeMap::new(),
             rng: seed | 1,
             lag: BTreeMap::new(),
@@ -348,12 +354,24 @@ impl MeshCore {
         for d in env.deltas {
             self.merge(d, now_us);
         }
+        if env.snapshot && !self.warm {
+            let w = self.welcome.entry(env.from).or_insert((0, None));
+            w.0 += 1;
+            for c in &env.control {
+                if let Control::WholeState { chunks } = c {
+                    w.1 = Some(*chunks);
+                }
+            }
+            // Warm once every envelope of a peer's whole state is in (streams may arrive in
+            // any order).
+            if w.1.is_some_and(|total| w.0 >= total) {
+                self.warm = true;
+                self.welcome.clear();
+                self.out.push(Output::Apply(Apply::Warm));
+            }
+        }
         for c in env.control {
             self.control(from, c, now_us);
-        }
-        if env.snapshot && !self.warm {
-            self.warm = true;
-            self.out.push(Output::Apply(Apply::Warm));
         }
     }
 
@@ -384,8 +402,23 @@ impl MeshCore {
         self.drain_membership();
     }
 
-    /// This router's speculative mark.
-    pub fn local_mark(&mut self, engine: u64, keys: Vec<u64>, expiry_us: u64) {
+    /// This router's speculative mark. Only the keys the cluster does not already hold for
+    /// at least half the mark's lifetime travel: a conversation's follow-up, or a sibling of a
+    /// shared prompt, re-marks a long prefix of which only the last blocks are news (the
+    /// prefix's marks then expire a little earlier on the other routers, and the next
+    /// decision after that re-marks them).
+    pub fn local_mark(&mut self, engine: u64, mut keys: Vec<u64>, expiry_us: u64) {
+        let ttl = expiry_us.saturating_sub(self.now);
+        let fresh_enough = expiry_us.saturating_sub(ttl / 2);
+        keys.retain(|&k| {
+            self.st
+                .marks
+                .expiry(engine, k)
+                .is_none_or(|e| e < fresh_enough)
+        });
+        if keys.is_empty() {
+            return;
+        }
         let d = MarkDelta {
             engine,
             keys,
@@ -448,18 +481,10 @@ impl MeshCore {
             .local(engine, ops, meta, stale, next_seq, &mut applies)
         {
             self.counters.feed_batches += 1;
-            // Receivers are the routers that do not read the engine themselves.
-            let owners = self.feeds.owners_of(engine, &live);
-            if owners.first() == Some(&self.me) {
-                for (n, m) in &self.peers {
-                    if !owners.contains(n) {
-                        self.direct
-                            .entry(m.addr)
-                            .or_default()
-                            .0
-                            .push(Delta::Feed(b.clone()));
-                    }
-                }
+            // The engine's first owner sends its batches with everything else (one envelope
+            // per member and flush); the other owners follow their own feeds and ignore it.
+            if self.feeds.owners_of(engine, &live).first() == Some(&self.me) {
+                self.outbox.push(Delta::Feed(b));
             }
         }
         self.out
@@ -589,6 +614,11 @@ impl MeshCore {
                     }
                 }
             }
+            Delta::LoadBatch(b) => {
+                for l in b.deltas() {
+                    self.merge(Delta::Load(l), now_us);
+                }
+            }
             Delta::Load(l) => {
                 if self.st.load.merge(&l) {
                     self.counters.deltas_applied += 1;
@@ -649,23 +679,48 @@ impl MeshCore {
                 let mut differs = false;
                 if digest.load != mine.load {
                     differs = true;
-                    let theirs: BTreeMap<NodeId, u64> = load_nodes.into_iter().collect();
-                    for (n, h) in self.st.load.node_digests() {
-                        if theirs.get(&n) != Some(&h) {
-                            parts.extend(self.st.load.deltas_of(n).into_iter().map(Delta::Load));
+                    // Per router: what is newer than the peer's newest (it is behind: in
+                    // flight, or lost), or everything when the newest agree but not the rest.
+                    let theirs: BTreeMap<NodeId, (u64, kvmesh_state::Version)> = load_nodes
+                        .into_iter()
+                        .map(|(n, h, v)| (n, (h, v)))
+                        .collect();
+                    for (n, h, v) in self.st.load.node_digests() {
+                        let send = match theirs.get(&n) {
+                            None => self.st.load.deltas_of(n),
+                            Some(&(th, _)) if th == h => continue,
+                            Some(&(_, tv)) if v > tv => self.st.load.deltas_of_since(n, tv),
+                            Some(&(_, tv)) if v == tv => self.st.load.deltas_of(n),
+                            Some(_) => continue,
+                        };
+                        if !send.is_empty() {
                             self.counters.repairs += 1;
+                            parts.extend(send.into_iter().map(Delta::Load));
                         }
                     }
                 }
                 if digest.marks != mine.marks {
                     differs = true;
+                    // Buckets where marks made in the last moments land are left out: their
+                    // deltas are in flight, not lost.
                     let theirs: BTreeMap<u64, u64> = mark_buckets.into_iter().collect();
+                    let settle = self.cfg.flush_us.saturating_mul(10).max(1_000_000);
+                    let young = |b: u64| {
+                        let (lo, hi) = (
+                            b * kvmesh_state::marks::MARK_BUCKET_US,
+                            (b + 1) * kvmesh_state::marks::MARK_BUCKET_US,
+                        );
+                        self.cfg.mark_ttls_us.iter().any(|&ttl| {
+                            let newest = now_us.saturating_add(ttl);
+                            hi > newest.saturating_sub(settle) && lo <= newest
+                        })
+                    };
                     let want: BTreeSet<u64> = self
                         .st
                         .marks
                         .buckets()
                         .into_iter()
-                        .filter(|(b, h)| theirs.get(b) != Some(h))
+                        .filter(|(b, h)| theirs.get(b) != Some(h) && !young(*b))
                         .map(|(b, _)| b)
                         .collect();
                     if !want.is_empty() {
@@ -687,6 +742,7 @@ impl MeshCore {
                     self.send_to(from, parts, ctl, false, now_us);
                 }
             }
+            Control::WholeState { .. } => {}
             Control::WantState => {
                 if self.warm {
                     let all = self.whole_state(now_us);
@@ -845,8 +901,8 @@ impl MeshCore {
         }
     }
 
-    /// Deltas as envelopes of bounded size; the control goes with the last, and only the
-    /// last of a whole state is marked as one (it warms the receiver).
+    /// Deltas as envelopes of bounded size; the control goes with the last. Every envelope
+    /// of a whole state is marked as such, and the last says how many there are.
     fn encode_chunks(
         &self,
         deltas: Vec<Delta>,
@@ -854,6 +910,14 @@ impl MeshCore {
         snapshot: bool,
         now_us: u64,
     ) -> Vec<Bytes> {
+        // In-flight counts travel grouped by router (its id and incarnation once).
+        let (loads, rest): (Vec<Delta>, Vec<Delta>) =
+            deltas.into_iter().partition(|d| matches!(d, Delta::Load(_)));
+        let loads = kvmesh_state::LoadBatch::compact(loads.into_iter().filter_map(|d| match d {
+            Delta::Load(l) => Some(l),
+            _ => None,
+        }));
+        let deltas = loads.into_iter().map(Delta::LoadBatch).chain(rest);
         let mut chunks: Vec<Vec<Delta>> = Vec::new();
         let mut cur = Vec::new();
         let mut weight = 0usize;
@@ -863,6 +927,7 @@ impl MeshCore {
                 Delta::FeedSnapshot(s) => 1 + s.blocks.len() / 8,
                 Delta::Feed(b) => 1 + b.ops.len() / 8,
                 Delta::Mark(m) => 1 + m.keys.len() / 8,
+                Delta::LoadBatch(b) => 1 + b.items.len() / 4,
                 _ => 1,
             };
             cur.push(d);
@@ -876,12 +941,17 @@ impl MeshCore {
         }
         let last = chunks.len() - 1;
         let mut control = Some(control);
+        if snapshot && let Some(c) = control.as_mut() {
+            c.push(Control::WholeState {
+                chunks: chunks.len() as u32,
+            });
+        }
         let mut out = Vec::with_capacity(chunks.len());
         for (i, chunk) in chunks.into_iter().enumerate() {
             let env = Envelope::V1(EnvelopeV1 {
                 cluster_id: self.cfg.cluster_id,
                 from: self.me,
-                snapshot: snapshot && i == last,
+                snapshot,
                 sent_us: now_us,
                 deltas: chunk,
                 control: if i == last {

@@ -1,0 +1,179 @@
+//! The mesh at scale, in virtual time (the sans-IO nodes of `kvmesh_mesh::core` over the
+//! seeded simulated network of `core::sim`): R routers (default 128) and E engines with KV
+//! events (default 4,096, ingest replicas 2), a cluster-wide request rate (default 10,000/s:
+//! each request an in-flight change at its router for one second, and — precise routing —
+//! one KV-event batch of its engine read by the engine's owners, or — approximate routing,
+//! `KVMESH_SCALE_MODE=approximate` — its decision's mark: a shared group prefix of 64 blocks
+//! plus 8 of its own).
+//!
+//! Reports (not asserted): state bytes received per router per second under steady load, and
+//! the time from the heal of a partition into halves until every router agrees (membership,
+//! digests, every engine's blocks in every index, ownership covered), p50/p99 over seeds.
+//!
+//!   cargo bench -p kvmesh-mesh --bench mesh_scale
+//!   KVMESH_SCALE_MODE=approximate cargo bench -p kvmesh-mesh --bench mesh_scale
+//!   KVMESH_SCALE_ROUTERS=32 KVMESH_SCALE_ENGINES=1024 KVMESH_SCALE_RATE=2000 \
+//!     KVMESH_SCALE_SEEDS=3 cargo bench -p kvmesh-mesh --bench mesh_scale
+
+use kvmesh_mesh::core::CoreConfig;
+use kvmesh_mesh::core::sim::{NetConfig, Sim};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Requests: (due to end, router, engine); in-flight per (router, engine).
+struct Load {
+    /// Precise routing: engines publish KV events (their owners' feeds travel); speculative
+    /// marks stay local (the router does not gossip marks shorter than the approximate TTL).
+    /// Approximate: no events; every decision's mark travels.
+    precise: bool,
+    rate: u64,
+    groups: u64,
+    ending: VecDeque<(u64, usize, u64)>,
+    in_flight: std::collections::HashMap<(usize, u64), u32>,
+    busy: bool,
+}
+
+impl Load {
+    fn tick(&mut self, s: &mut Sim) {
+        let now = s.now;
+        let engines: Vec<u64> = s.engines.keys().copied().collect();
+        let alive = s.alive();
+        // Requests that end.
+        while let Some(&(due, r, e)) = self.ending.front() {
+            if due > now {
+                break;
+            }
+            self.ending.pop_front();
+            let c = self.in_flight.entry((r, e)).or_default();
+            *c = c.saturating_sub(1);
+            let v = *c;
+            if let Some(n) = s.nodes[r].as_mut() {
+                n.core.local_load(e, v);
+            }
+        }
+        if !self.busy || alive.is_empty() {
+            return;
+        }
+        // This 10 ms's new requests.
+        for _ in 0..self.rate / 100 {
+            let g = s.rng.below(self.groups);
+            let e = engines[(g.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) as usize % engines.len()];
+            let r = alive[s.rng.below(alive.len() as u64) as usize];
+            let mut keys: Vec<u64> = (0..64u64).map(|j| (g << 8 | j) * 2 + 1).collect();
+            keys.extend((0..8).map(|_| s.rng.next_u64() | 1));
+            let c = self.in_flight.entry((r, e)).or_default();
+            *c += 1;
+            let v = *c;
+            if let Some(n) = s.nodes[r].as_mut() {
+                if !self.precise {
+                    n.core.local_mark(e, keys, now + 120_000_000);
+                }
+                n.core.local_load(e, v);
+            }
+            self.ending.push_back((now + 1_000_000, r, e));
+            if self.precise {
+                s.engine_event(e);
+            }
+        }
+    }
+}
+
+fn main() {
+    let routers = env("KVMESH_SCALE_ROUTERS", 128) as usize;
+    let engines = env("KVMESH_SCALE_ENGINES", 4_096);
+    let rate = env("KVMESH_SCALE_RATE", 10_000);
+    let seeds = env("KVMESH_SCALE_SEEDS", 3);
+    let steady_s = env("KVMESH_SCALE_STEADY_S", 5);
+    let precise = std::env::var("KVMESH_SCALE_MODE").map_or(true, |m| m != "approximate");
+    println!(
+        "mesh scale (virtual time): {routers} routers, {engines} engines (ingest replicas 2), {rate} requests/s cluster-wide, {} routing, {seeds} seeds",
+        if precise { "precise (KV events: owners' feeds travel)" } else { "approximate (no events: decisions' marks travel)" }
+    );
+    let mut heals = Vec::new();
+    for seed in 1..=seeds {
+        let wall = Instant::now();
+        let cfg = CoreConfig {
+            cluster_id: 1,
+            flush_us: 20_000,
+            anti_entropy_us: 1_000_000,
+            ingest_replicas: 2,
+            mark_capacity: 131_072,
+            feed_capacity: 131_072,
+            mark_ttls_us: vec![120_000_000],
+            expected_size: routers as u32,
+            warm_bound_us: 5_000_000,
+            first: false,
+        };
+        let net = NetConfig {
+            datagram_loss: 1,
+            envelope_loss: 0,
+            delay_us: 200,
+            jitter_us: 1_000,
+            dup_per_mille: 1,
+        };
+        let mut s = Sim::new(routers, engines, cfg, net, seed);
+        s.start(0, None);
+        for i in 1..routers {
+            s.start(i, Some(0));
+        }
+        let formed = s.until(300_000_000, |s| s.membership_converged());
+        let mut load = Load {
+            precise,
+            rate,
+            groups: 2_000,
+            ending: VecDeque::new(),
+            in_flight: Default::default(),
+            busy: true,
+        };
+        // Warm-up, then the steady window whose received bytes are counted.
+        s.run(2_000_000, |s| load.tick(s));
+        let before: Vec<u64> = s.bytes_in.clone();
+        s.run(steady_s * 1_000_000, |s| load.tick(s));
+        let per_router: Vec<f64> = s
+            .bytes_in
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| (a - b) as f64 / steady_s as f64)
+            .collect();
+        let mean = per_router.iter().sum::<f64>() / per_router.len() as f64;
+        let max = per_router.iter().cloned().fold(0.0, f64::max);
+        // Partition into halves under load, heal, quiet: time to agreement.
+        for i in 0..routers {
+            s.group[i] = u8::from(i >= routers / 2);
+        }
+        s.run(10_000_000, |s| load.tick(s));
+        for g in &mut s.group {
+            *g = 0;
+        }
+        load.busy = false;
+        let healed = s.until(120_000_000, |s| s.converged());
+        println!(
+            "seed {seed}: formed {:?} s; steady state: {:.0} KB/s received per router (mean), {:.0} KB/s (max); converged {} after the heal (virtual); wall {:.1} s",
+            formed.map(|t| t as f64 / 1e6),
+            mean / 1e3,
+            max / 1e3,
+            healed.map_or("NOT within 120 s".into(), |t| format!("{:.1} s", t as f64 / 1e6)),
+            wall.elapsed().as_secs_f64()
+        );
+        if let Some(t) = healed {
+            heals.push(t as f64 / 1e6);
+        }
+    }
+    heals.sort_by(|a, b| a.total_cmp(b));
+    if !heals.is_empty() {
+        let p = |q: f64| heals[((heals.len() as f64 - 1.0) * q).round() as usize];
+        println!(
+            "convergence after heal: p50 {:.1} s, p99 {:.1} s over {} seeds (virtual)",
+            p(0.5),
+            p(0.99),
+            heals.len()
+        );
+    }
+}
