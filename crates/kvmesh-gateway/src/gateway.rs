@@ -6,7 +6,7 @@ use crate::clock::Clock;
 use crate::metrics::GatewayMetrics;
 use crate::registry::Registry;
 use crate::tasks::Tasks;
-use crate::upstream::{HyperUpstream, Upstream};
+use crate::upstream::{PoolConfig, PoolUpstream, Upstream};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
@@ -41,7 +41,7 @@ pub struct Gateway {
     pub registry: Registry,
     /// HTTP client of the probes (health checks, discovery, scrapes).
     pub client: Client<HttpConnector, Full<Bytes>>,
-    /// Where requests are forwarded (hyper's pooled client, or a mock in tests).
+    /// Where requests are forwarded (the in-task connection pool, or a mock in tests).
     pub upstream: Arc<dyn Upstream>,
     /// Metrics.
     pub metrics: GatewayMetrics,
@@ -60,7 +60,7 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A router's shared state, forwarding through `upstream` (hyper's client when `None`).
+    /// A router's shared state, forwarding through `upstream` ([`PoolUpstream`] when `None`).
     /// No task is started: [`start`] does that.
     pub fn new(cfg: ServeConfig, upstream: Option<Arc<dyn Upstream>>) -> Gateway {
         let clock = Clock::default();
@@ -84,7 +84,12 @@ impl Gateway {
             registry: Registry::new(cfg.clone(), clock),
             ejection: EjectionGuard::new(&cfg.routing.health.ejection),
             retry_budget: AtomicRetryBudget::new(&cfg.routing.retry_budget, clock.now_us()),
-            upstream: upstream.unwrap_or_else(|| Arc::new(HyperUpstream(client.clone()))),
+            upstream: upstream.unwrap_or_else(|| {
+                Arc::new(PoolUpstream::new(PoolConfig {
+                    connect_timeout: Duration::from_millis(cfg.timeouts.connect_ms),
+                    ..PoolConfig::default()
+                }))
+            }),
             client,
             metrics: GatewayMetrics::default(),
             clock,
