@@ -55,6 +55,8 @@ pub struct Gateway {
     pub mesh: std::sync::OnceLock<Arc<dyn MeshHook>>,
     /// Bounds retries to a fraction of requests (lock-free).
     pub retry_budget: AtomicRetryBudget,
+    /// `cfg.request_id_header` parsed once (`None` when it is not a valid header name).
+    pub request_id_name: Option<http::HeaderName>,
     seed: AtomicU64,
     pub(crate) started_unix: u64,
 }
@@ -95,6 +97,7 @@ impl Gateway {
             clock,
             tasks: Tasks::default(),
             mesh: std::sync::OnceLock::new(),
+            request_id_name: http::HeaderName::from_bytes(cfg.request_id_header.as_bytes()).ok(),
             seed: AtomicU64::new(seed),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

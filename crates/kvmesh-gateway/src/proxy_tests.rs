@@ -53,7 +53,7 @@ async fn send_chat(gw: &Arc<Gateway>, body: Bytes) -> Response<Body> {
         .body(())
         .expect("request")
         .into_parts();
-    handle(gw, &parts, body, "rid").await
+    handle(gw, &parts, body, &HeaderValue::from_static("rid")).await
 }
 
 /// Sends one chat request and reads the whole answer.

@@ -133,7 +133,10 @@ pub const COALESCE_MAX: usize = 64 * 1024;
 pub struct TrackedBody {
     inner: UpstreamBody,
     attempt: Option<Attempt>,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// When the total timeout ends the attempt; its timer is made at the first `Pending`
+    /// (a body that is there at once never registers one).
+    deadline_at: tokio::time::Instant,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     held: Option<Held>,
     /// The upstream body returned its end (it is never polled again).
     ended: bool,
@@ -152,7 +155,8 @@ impl TrackedBody {
         TrackedBody {
             inner,
             attempt: Some(attempt),
-            deadline: Box::pin(tokio::time::sleep(left)),
+            deadline_at: tokio::time::Instant::now() + left,
+            deadline: None,
             held: None,
             ended: false,
         }
@@ -247,7 +251,15 @@ impl HttpBody for TrackedBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.attempt.is_some() && this.deadline.as_mut().poll(cx).is_ready() {
+                let at = this.deadline_at;
+                if this.attempt.is_some()
+                    && this
+                        .deadline
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
+                        .as_mut()
+                        .poll(cx)
+                        .is_ready()
+                {
                     this.end(StreamEnd::TotalTimeout);
                     return Poll::Ready(Some(Err("the request exceeded the total timeout".into())));
                 }
