@@ -243,10 +243,7 @@ fn request_id(gw: &Gateway, req: &Request<Incoming>) -> http::HeaderValue {
 async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     // The hot path first, before anything is copied out of the request.
     if req.method() == Method::POST
-        && matches!(
-            req.uri().path(),
-            "/v1/chat/completions" | "/v1/completions"
-        )
+        && matches!(req.uri().path(), "/v1/chat/completions" | "/v1/completions")
     {
         let rid = request_id(&gw, &req);
         return proxy::inference(gw, req, rid).await;

@@ -483,7 +483,11 @@ async fn coalescing_never_holds_back_a_lone_frame() {
     let mock = MockUpstream::new();
     mock.set_default(
         A,
-        stream_reply(&[(0, "data: 1\n\n"), (1_000, "data: 2\n\n"), (0, "data: [DONE]\n\n")]),
+        stream_reply(&[
+            (0, "data: 1\n\n"),
+            (1_000, "data: 2\n\n"),
+            (0, "data: [DONE]\n\n"),
+        ]),
     );
     let gw = gateway(cfg(), &mock, &[A]);
     let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
@@ -496,19 +500,24 @@ async fn coalescing_never_holds_back_a_lone_frame() {
         .now_or_never()
         .expect("the lone frame is delivered at the first poll");
     assert_eq!(data(first), "data: 1\n\n");
-    assert_eq!(engine(&gw, A).metrics.ttft.count(), 1, "TTFT at the first frame");
+    assert_eq!(
+        engine(&gw, A).metrics.ttft.count(),
+        1,
+        "TTFT at the first frame"
+    );
     assert!(
         body.frame().now_or_never().is_none(),
         "nothing else is available yet: the body is pending"
     );
     // The next frame and the closing one become available together: one write.
-    assert_eq!(
-        data(body.frame().await),
-        "data: 2\n\ndata: [DONE]\n\n"
-    );
+    assert_eq!(data(body.frame().await), "data: 2\n\ndata: [DONE]\n\n");
     assert!(body.frame().await.is_none());
     assert_eq!(in_flight(&gw), 0);
-    assert_eq!(engine(&gw, A).metrics.e2e.count(), 1, "accounted as a success");
+    assert_eq!(
+        engine(&gw, A).metrics.e2e.count(),
+        1,
+        "accounted as a success"
+    );
     assert_eq!(engine(&gw, A).metrics.ttft.count(), 1);
 }
 
@@ -524,7 +533,11 @@ async fn frames_already_available_are_merged_into_one_up_to_the_bound() {
     let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
         .await
         .into_body();
-    assert_eq!(data(body.frame().await), frames.concat(), "one frame for the burst");
+    assert_eq!(
+        data(body.frame().await),
+        frames.concat(),
+        "one frame for the burst"
+    );
     assert!(body.frame().await.is_none());
     assert_eq!(in_flight(&gw), 0);
     assert_eq!(engine(&gw, A).metrics.e2e.count(), 1);

@@ -99,7 +99,9 @@ async fn server(then: Then) -> Server {
 fn request(addr: std::net::SocketAddr) -> Request<Full<Bytes>> {
     let mut r = Request::new(Full::new(Bytes::from_static(b"{}")));
     *r.method_mut() = http::Method::POST;
-    *r.uri_mut() = format!("http://{addr}/v1/completions").parse().expect("uri");
+    *r.uri_mut() = format!("http://{addr}/v1/completions")
+        .parse()
+        .expect("uri");
     r
 }
 
@@ -136,7 +138,11 @@ async fn connections_are_reused_and_one_closed_while_idle_is_replaced() {
         .await
         .expect("a closed idle connection is not an error");
     assert_eq!(body_of(r).await, "ok");
-    assert_eq!(pool.connects(), 2, "a new connection replaced the closed one");
+    assert_eq!(
+        pool.connects(),
+        2,
+        "a new connection replaced the closed one"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
