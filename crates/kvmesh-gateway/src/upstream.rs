@@ -164,11 +164,18 @@ struct Idle {
     since: std::time::Instant,
 }
 
+struct IdleSet {
+    /// Per `host:port`: idle connections, the most recently used last.
+    hosts: HashMap<Box<str>, VecDeque<Idle>>,
+    /// Last sweep of every host's expired connections (those of an engine no longer used
+    /// would stay open otherwise).
+    swept: std::time::Instant,
+}
+
 struct Pool {
     cfg: PoolConfig,
     builder: http1::Builder,
-    /// Per `host:port`: idle connections, the most recently used last.
-    idle: Mutex<HashMap<Box<str>, VecDeque<Idle>>>,
+    idle: Mutex<IdleSet>,
     connects: std::sync::atomic::AtomicU64,
 }
 
@@ -184,7 +191,10 @@ impl PoolUpstream {
         PoolUpstream(Arc::new(Pool {
             cfg,
             builder: http1::Builder::new(),
-            idle: Mutex::new(HashMap::new()),
+            idle: Mutex::new(IdleSet {
+                hosts: HashMap::new(),
+                swept: std::time::Instant::now(),
+            }),
             connects: std::sync::atomic::AtomicU64::new(0),
         }))
     }
@@ -196,7 +206,10 @@ impl PoolUpstream {
 
     /// Idle connections kept for `authority` (`host:port`).
     pub fn idle(&self, authority: &str) -> usize {
-        lock(&self.0.idle).get(authority).map_or(0, VecDeque::len)
+        lock(&self.0.idle)
+            .hosts
+            .get(authority)
+            .map_or(0, VecDeque::len)
     }
 }
 
@@ -314,7 +327,7 @@ impl Pool {
         let mut stale = Vec::new();
         let found = {
             let mut idle = lock(&self.idle);
-            let list = idle.get_mut(authority)?;
+            let list = idle.hosts.get_mut(authority)?;
             let mut found = None;
             while let Some(mut i) = list.pop_back() {
                 // Polling notices an engine that closed it meanwhile.
@@ -342,19 +355,27 @@ impl Pool {
         let now = std::time::Instant::now();
         let mut evicted = Vec::new();
         {
+            let expired = |i: &Idle| now.duration_since(i.since) >= self.cfg.idle_timeout;
             let mut idle = lock(&self.idle);
-            let list = match idle.get_mut(authority.as_str()) {
+            let list = match idle.hosts.get_mut(authority.as_str()) {
                 Some(l) => l,
-                None => idle.entry(authority.as_str().into()).or_default(),
+                None => idle.hosts.entry(authority.as_str().into()).or_default(),
             };
-            while list
-                .front()
-                .is_some_and(|i| now.duration_since(i.since) >= self.cfg.idle_timeout)
+            while list.front().is_some_and(expired)
                 || list.len() >= self.cfg.max_idle_per_host.max(1)
             {
                 evicted.extend(list.pop_front());
             }
             list.push_back(Idle { c, since: now });
+            if now.duration_since(idle.swept) >= self.cfg.idle_timeout / 2 {
+                idle.swept = now;
+                idle.hosts.retain(|_, l| {
+                    while l.front().is_some_and(expired) {
+                        evicted.extend(l.pop_front());
+                    }
+                    !l.is_empty()
+                });
+            }
         }
         drop(evicted);
     }

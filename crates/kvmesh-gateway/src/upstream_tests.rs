@@ -1,6 +1,7 @@
 //! [`PoolUpstream`] against a scripted HTTP/1.1 server on loopback: connections are reused,
-//! one the server closed while idle is replaced without failing the request, and a body
-//! dropped mid-stream closes its connection (the engine sees the client leave).
+//! one the server closed while idle is replaced without failing the request, a body dropped
+//! mid-stream closes its connection (the engine sees the client leave), and the expired idle
+//! connections of an engine no longer used are closed.
 
 use super::*;
 use http_body_util::BodyExt;
@@ -162,4 +163,23 @@ async fn a_body_dropped_mid_stream_closes_its_connection() {
         .await
         .expect("the server sees the connection close");
     assert_eq!(pool.idle(&s.addr.to_string()), 0, "never kept");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_of_an_engine_no_longer_used_expire() {
+    let a = server(Then::KeepAlive).await;
+    let b = server(Then::KeepAlive).await;
+    let pool = PoolUpstream::new(PoolConfig {
+        idle_timeout: Duration::from_millis(100),
+        ..PoolConfig::default()
+    });
+    let r = pool.send(request(a.addr)).await.expect("response");
+    assert_eq!(body_of(r).await, "ok");
+    assert_eq!(pool.idle(&a.addr.to_string()), 1);
+    // Past the idle timeout, traffic to another engine sweeps the first one's connection.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let r = pool.send(request(b.addr)).await.expect("response");
+    assert_eq!(body_of(r).await, "ok");
+    assert_eq!(pool.idle(&a.addr.to_string()), 0, "expired and closed");
+    assert_eq!(pool.idle(&b.addr.to_string()), 1);
 }
