@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Router overhead: requests/s and added p50/p99 latency of `kvmesh serve` against the engine
-# directly and against nginx `proxy_pass` in front of the same engine.
+# Router overhead: requests/s, added p50/p99 latency, CPU and write calls per request of
+# `kvmesh serve` (round_robin, and precise cache-aware routing) against the engine directly,
+# nginx `proxy_pass` and SGLang's gateway `smg` (when installed) in front of the same engine.
 #
-#   scripts/overhead.sh              # quick: 3 rounds x 10 s per target and variant (~4 min + build)
-#   scripts/overhead.sh --full       # 5 rounds x 30 s (~16 min + build)
+#   scripts/overhead.sh              # quick: 3 rounds x 10 s per target and variant (~6 min + build)
+#   scripts/overhead.sh --full       # 5 rounds x 30 s (~26 min + build)
 #   scripts/overhead.sh --help       # every flag
 #
 # What it does, all on 127.0.0.1:
 #   1. installs wrk and nginx (nginx-light, else nginx) from Debian's packages when missing;
 #   2. builds `kvmesh` in release (cargo build --release -p kvmesh) unless --bin/--no-build;
-#   3. starts one `kvmesh sim --profile instant --time-scale 1` (zero model time: what is
-#      measured is HTTP overhead), `kvmesh serve --engine <sim> --policy round_robin` in front
-#      of it, and nginx (generated config in a temp dir, upstream keepalive, unbuffered) in
-#      front of the same sim;
+#   3. starts one `kvmesh sim --profile instant --time-scale 1 --kv-events ...` (zero model
+#      time: what is measured is HTTP overhead), and in front of it: `kvmesh serve --policy
+#      round_robin` ("kvmesh"), `kvmesh serve --policy precise` reading the sim's KV events
+#      ("kvmesh-precise"), nginx (generated config in a temp dir, upstream keepalive,
+#      unbuffered) and, when the `smg` command is found (pip install smg; or --smg PATH),
+#      `smg launch --policy round_robin` ("smg");
 #   4. for each round, for each variant (non-streaming, streaming), runs the same closed-loop wrk
 #      load (fixed connections, threads, duration; scripts/wrk-completion.lua POSTs a tiny
-#      /v1/completions) against direct, nginx and kvmesh, in an order rotated every round;
+#      /v1/completions with a text prompt) against every target, in an order rotated every round;
 #   5. writes report.md, report.json, the raw wrk outputs, logs and both /metrics snapshots to
 #      the output folder (default bench-results/overhead-<UTC date-time>/, gitignored).
 # Everything it starts is stopped on exit. Numbers are reported, never asserted.
@@ -38,6 +41,9 @@ BIN=""
 OUT=""
 PORT_BASE=18100
 POLICY=round_robin
+PRECISE=1
+SMG=""
+SMG_WANTED=auto
 DURATION_SET=0
 ROUNDS_SET=0
 
@@ -53,7 +59,10 @@ usage: scripts/overhead.sh [flags]
   --warmup S              unmeasured load per target before round 1 (default ${WARMUP})
   --no-stream             skip the streaming variant
   --stream-max-tokens N   max_tokens of the streaming variant (default ${STREAM_MAX_TOKENS})
-  --policy NAME           kvmesh routing policy (default ${POLICY})
+  --policy NAME           routing policy of the "kvmesh" target (default ${POLICY})
+  --no-precise            skip the "kvmesh-precise" target (kvmesh serve --policy precise)
+  --smg PATH              SGLang's gateway command for the "smg" target (default: smg on PATH)
+  --no-smg                skip the "smg" target even when smg is installed
   --bin PATH              use this kvmesh binary (no build)
   --no-build              use target/release/kvmesh as it is
   --port-base N           first port tried for sim, nginx, kvmesh (default ${PORT_BASE})
@@ -77,6 +86,9 @@ while [[ $# -gt 0 ]]; do
     --no-stream) STREAM=0 ;;
     --stream-max-tokens) STREAM_MAX_TOKENS="${2:?}"; shift ;;
     --policy) POLICY="${2:?}"; shift ;;
+    --no-precise) PRECISE=0 ;;
+    --smg) SMG="${2:?}"; SMG_WANTED=yes; shift ;;
+    --no-smg) SMG_WANTED=no ;;
     --bin) BIN="${2:?}"; BUILD=0; shift ;;
     --no-build) BUILD=0 ;;
     --port-base) PORT_BASE="${2:?}"; shift ;;
@@ -131,6 +143,12 @@ if [[ -z "$NGINX" ]]; then
   NGINX="$(find_nginx)"
 fi
 [[ -n "$NGINX" ]] || die "nginx is not installable here"
+case "$SMG_WANTED" in
+  auto) SMG="$(command -v smg 2>/dev/null || true)" ;;
+  yes) [[ -x "$SMG" ]] || SMG="$(command -v "$SMG" 2>/dev/null || true)"
+       [[ -n "$SMG" ]] || die "--smg: no such command" ;;
+  no) SMG="" ;;
+esac
 
 # ---------------------------------------------------------------- kvmesh binary
 if [[ -z "$BIN" ]]; then
@@ -195,6 +213,10 @@ pick_port() {
 SIM_PORT="$(pick_port)"; TAKEN+="$SIM_PORT "
 NGINX_PORT="$(pick_port)"; TAKEN+="$NGINX_PORT "
 KVMESH_PORT="$(pick_port)"; TAKEN+="$KVMESH_PORT "
+EVENTS_PORT="$(pick_port)"; TAKEN+="$EVENTS_PORT "
+PRECISE_PORT="$(pick_port)"; TAKEN+="$PRECISE_PORT "
+SMG_PORT="$(pick_port)"; TAKEN+="$SMG_PORT "
+SMG_PROM_PORT="$(pick_port)"; TAKEN+="$SMG_PROM_PORT "
 
 wait_http() { # wait_http NAME PID URL [GREP]: bounded wait until URL answers 200 (and matches)
   local name=$1 pid=$2 url=$3 pat=${4:-} body
@@ -208,10 +230,10 @@ wait_http() { # wait_http NAME PID URL [GREP]: bounded wait until URL answers 20
   die "$name did not answer $url within 30 s (see $OUT/logs)"
 }
 
-# ---------------------------------------------------------------- start the three servers
-log "kvmesh sim on 127.0.0.1:$SIM_PORT (profile instant)"
+# ---------------------------------------------------------------- start the servers
+log "kvmesh sim on 127.0.0.1:$SIM_PORT (profile instant, KV events on tcp://127.0.0.1:$EVENTS_PORT)"
 "$BIN" sim --listen "127.0.0.1:$SIM_PORT" --profile instant --time-scale 1 \
-  >"$OUT/logs/sim.log" 2>&1 &
+  --kv-events "tcp://127.0.0.1:$EVENTS_PORT" >"$OUT/logs/sim.log" 2>&1 &
 SIM_PID=$!; PIDS+=("$SIM_PID")
 wait_http sim "$SIM_PID" "http://127.0.0.1:$SIM_PORT/health"
 
@@ -220,6 +242,26 @@ log "kvmesh serve on 127.0.0.1:$KVMESH_PORT (policy $POLICY)"
   --policy "$POLICY" >"$OUT/logs/kvmesh.log" 2>&1 &
 KVMESH_PID=$!; PIDS+=("$KVMESH_PID")
 wait_http kvmesh "$KVMESH_PID" "http://127.0.0.1:$KVMESH_PORT/v1/models" "$MODEL"
+
+PRECISE_PID=""
+if [[ $PRECISE == 1 ]]; then
+  log "kvmesh serve on 127.0.0.1:$PRECISE_PORT (policy precise, reading the sim's KV events)"
+  "$BIN" serve --listen "127.0.0.1:$PRECISE_PORT" \
+    --engine "url=http://127.0.0.1:$SIM_PORT,kv_events=tcp://127.0.0.1:$EVENTS_PORT" \
+    --policy precise >"$OUT/logs/kvmesh-precise.log" 2>&1 &
+  PRECISE_PID=$!; PIDS+=("$PRECISE_PID")
+  wait_http kvmesh-precise "$PRECISE_PID" "http://127.0.0.1:$PRECISE_PORT/v1/models" "$MODEL"
+fi
+
+SMG_PID=""
+if [[ -n "$SMG" ]]; then
+  log "smg on 127.0.0.1:$SMG_PORT ($("$SMG" --version 2>/dev/null | head -1 || echo smg), policy round_robin)"
+  "$SMG" launch --host 127.0.0.1 --port "$SMG_PORT" --prometheus-host 127.0.0.1 \
+    --prometheus-port "$SMG_PROM_PORT" --worker-urls "http://127.0.0.1:$SIM_PORT" \
+    --policy round_robin --log-level warn >"$OUT/logs/smg.log" 2>&1 &
+  SMG_PID=$!; PIDS+=("$SMG_PID")
+  wait_http smg "$SMG_PID" "http://127.0.0.1:$SMG_PORT/v1/models" "$MODEL"
+fi
 
 NGINX_USER=""
 if [[ $EUID -eq 0 ]]; then
@@ -276,9 +318,14 @@ declare -A URL=(
   [direct]="http://127.0.0.1:$SIM_PORT"
   [nginx]="http://127.0.0.1:$NGINX_PORT"
   [kvmesh]="http://127.0.0.1:$KVMESH_PORT"
+  [kvmesh-precise]="http://127.0.0.1:$PRECISE_PORT"
+  [smg]="http://127.0.0.1:$SMG_PORT"
 )
-declare -A PROXY_PID=([direct]="" [nginx]="$NGINX_PID" [kvmesh]="$KVMESH_PID")
+declare -A PROXY_PID=([direct]="" [nginx]="$NGINX_PID" [kvmesh]="$KVMESH_PID"
+  [kvmesh-precise]="$PRECISE_PID" [smg]="$SMG_PID")
 TARGETS=(direct nginx kvmesh)
+[[ -z "$PRECISE_PID" ]] || TARGETS+=(kvmesh-precise)
+[[ -z "$SMG_PID" ]] || TARGETS+=(smg)
 
 declare -A BODY=(
   [completion]="{\"model\":\"$MODEL\",\"prompt\":\"hi\",\"max_tokens\":1}"
@@ -299,8 +346,8 @@ for v in "${VARIANTS[@]}"; do
     else
       grep -q '"choices"' <<<"$resp" || die "$t ($v): no choices: $resp"
     fi
-    if [[ $t == kvmesh ]]; then
-      grep -qi '^x-kvmesh-engine:' "$TMP/h" || die "kvmesh ($v): no x-kvmesh-engine header"
+    if [[ $t == kvmesh* ]]; then
+      grep -qi '^x-kvmesh-engine:' "$TMP/h" || die "$t ($v): no x-kvmesh-engine header"
     fi
   done
 done
@@ -384,8 +431,11 @@ done
 kill -0 "$SIM_PID" 2>/dev/null || die "the sim died during the load"
 
 # ---------------------------------------------------------------- report
+SMG_VERSION=""
+[[ -z "$SMG" ]] || SMG_VERSION="$( ("$SMG" --version 2>&1 || true) | head -1)"
+TARGET_LIST="${TARGETS[*]}"
 export OUT COMMAND MODE DURATION ROUNDS CONNECTIONS THREADS WARMUP STREAM_MAX_TOKENS POLICY \
-  LOAD_BEFORE LOAD_AFTER BIN_SRC MODEL
+  LOAD_BEFORE LOAD_AFTER BIN_SRC MODEL SMG_VERSION TARGET_LIST
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l | tr -d ' ')" || DIRTY=0
 NPROC="$(nproc)"
@@ -404,7 +454,7 @@ import json, os, re, statistics
 E = os.environ
 out = E["OUT"]
 runs = [json.loads(l) for l in open(os.path.join(out, "runs.jsonl")) if l.strip()]
-targets = ["direct", "nginx", "kvmesh"]
+targets = E["TARGET_LIST"].split()
 variants = [v for v in ["completion", "stream"] if any(r["variant"] == v for r in runs)]
 
 def rps(r): return r["wrk"]["requests"] * 1e6 / r["wrk"]["duration_us"]
@@ -491,13 +541,16 @@ L.append(f"- machine: {E['NPROC']} cores, {E['CPU_MODEL']}, {E['MEM']}, kernel {
 L.append(f"- load: wrk ({E['WRK_VERSION']}) {E['THREADS']} threads, {E['CONNECTIONS']} connections, "
          f"{E['DURATION']} s per run, {E['ROUNDS']} rounds, targets interleaved (order rotated each "
          f"round), {E['WARMUP']} s warm-up per target; closed loop, keep-alive")
-L.append(f"- engine: `kvmesh sim --profile instant --time-scale 1` (zero model time); "
-         f"router: `kvmesh serve --policy {E['POLICY']}`; nginx {E['NGINX_VERSION']} `proxy_pass` "
-         f"(upstream keepalive, `proxy_buffering off`, config in nginx.conf); all on 127.0.0.1, "
+smg = f"; smg: `{E['SMG_VERSION'] or 'smg'} launch --policy round_robin`" if "smg" in targets else ""
+precise = ("; kvmesh-precise: `kvmesh serve --policy precise` reading the sim's KV events"
+           if "kvmesh-precise" in targets else "")
+L.append(f"- engine: `kvmesh sim --profile instant --time-scale 1 --kv-events ...` (zero model time); "
+         f"kvmesh: `kvmesh serve --policy {E['POLICY']}`{precise}; nginx {E['NGINX_VERSION']} `proxy_pass` "
+         f"(upstream keepalive, `proxy_buffering off`, config in nginx.conf){smg}; all on 127.0.0.1, "
          f"sharing the cores with the load generator")
 L.append("")
 L.append("Cells: median (min – max) over rounds. \"added\" = target minus direct in the same round. "
-         "Proxy CPU = the proxy's CPU time during the run (all threads; nginx master and workers) "
+         "Proxy CPU = the proxy's CPU time during the run (all threads and child processes; nginx master and workers) "
          "/ requests; proxy writes = its write/writev system calls (/proc/PID/io syscw) / requests.")
 titles = {"completion": f"Non-streaming `/v1/completions`, `max_tokens` 1",
           "stream": f"Streaming `/v1/completions` (`\"stream\": true`), `max_tokens` {E['STREAM_MAX_TOKENS']}"}

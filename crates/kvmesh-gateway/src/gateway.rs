@@ -6,7 +6,7 @@ use crate::clock::Clock;
 use crate::metrics::GatewayMetrics;
 use crate::registry::Registry;
 use crate::tasks::Tasks;
-use crate::upstream::{HyperUpstream, Upstream};
+use crate::upstream::{PoolConfig, PoolUpstream, Upstream};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
@@ -41,7 +41,7 @@ pub struct Gateway {
     pub registry: Registry,
     /// HTTP client of the probes (health checks, discovery, scrapes).
     pub client: Client<HttpConnector, Full<Bytes>>,
-    /// Where requests are forwarded (hyper's pooled client, or a mock in tests).
+    /// Where requests are forwarded (the in-task connection pool, or a mock in tests).
     pub upstream: Arc<dyn Upstream>,
     /// Metrics.
     pub metrics: GatewayMetrics,
@@ -55,12 +55,14 @@ pub struct Gateway {
     pub mesh: std::sync::OnceLock<Arc<dyn MeshHook>>,
     /// Bounds retries to a fraction of requests (lock-free).
     pub retry_budget: AtomicRetryBudget,
+    /// `cfg.request_id_header` parsed once (`None` when it is not a valid header name).
+    pub request_id_name: Option<http::HeaderName>,
     seed: AtomicU64,
     pub(crate) started_unix: u64,
 }
 
 impl Gateway {
-    /// A router's shared state, forwarding through `upstream` (hyper's client when `None`).
+    /// A router's shared state, forwarding through `upstream` ([`PoolUpstream`] when `None`).
     /// No task is started: [`start`] does that.
     pub fn new(cfg: ServeConfig, upstream: Option<Arc<dyn Upstream>>) -> Gateway {
         let clock = Clock::default();
@@ -84,12 +86,18 @@ impl Gateway {
             registry: Registry::new(cfg.clone(), clock),
             ejection: EjectionGuard::new(&cfg.routing.health.ejection),
             retry_budget: AtomicRetryBudget::new(&cfg.routing.retry_budget, clock.now_us()),
-            upstream: upstream.unwrap_or_else(|| Arc::new(HyperUpstream(client.clone()))),
+            upstream: upstream.unwrap_or_else(|| {
+                Arc::new(PoolUpstream::new(PoolConfig {
+                    connect_timeout: Duration::from_millis(cfg.timeouts.connect_ms),
+                    ..PoolConfig::default()
+                }))
+            }),
             client,
             metrics: GatewayMetrics::default(),
             clock,
             tasks: Tasks::default(),
             mesh: std::sync::OnceLock::new(),
+            request_id_name: http::HeaderName::from_bytes(cfg.request_id_header.as_bytes()).ok(),
             seed: AtomicU64::new(seed),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -219,23 +219,38 @@ where
     }
 }
 
-fn request_id(gw: &Gateway, req: &Request<Incoming>) -> String {
-    req.headers()
-        .get(gw.cfg.request_id_header.as_str())
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("kvm-{:016x}", gw.next_seed()))
+/// The client's request id when it sent a usable one (shared with the request's buffer, no
+/// copy), else a new one.
+fn request_id(gw: &Gateway, req: &Request<Incoming>) -> http::HeaderValue {
+    if let Some(v) = gw
+        .request_id_name
+        .as_ref()
+        .and_then(|n| req.headers().get(n))
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.to_str().is_ok())
+    {
+        return v.clone();
+    }
+    // "kvm-" and 16 hex digits, formatted without an intermediate String.
+    let mut id = [0u8; 20];
+    id[..4].copy_from_slice(b"kvm-");
+    let seed = gw.next_seed();
+    for (i, b) in id[4..].iter_mut().enumerate() {
+        *b = b"0123456789abcdef"[((seed >> (60 - 4 * i)) & 0xf) as usize];
+    }
+    http::HeaderValue::from_bytes(&id).unwrap_or_else(|_| http::HeaderValue::from_static("kvm"))
 }
 
 async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    // The hot path first, before anything is copied out of the request.
+    if req.method() == Method::POST
+        && matches!(req.uri().path(), "/v1/chat/completions" | "/v1/completions")
+    {
+        let rid = request_id(&gw, &req);
+        return proxy::inference(gw, req, rid).await;
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     match (&method, path.as_str()) {
-        (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
-            let rid = request_id(&gw, &req);
-            proxy::inference(gw, req, rid).await
-        }
         (&Method::GET, "/v1/models") => models(&gw),
         (&Method::GET, "/health") => {
             if gw.registry.models().is_empty() {

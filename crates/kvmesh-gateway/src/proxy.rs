@@ -44,7 +44,7 @@ struct Peek {
 pub async fn inference(
     gw: Arc<Gateway>,
     req: Request<Incoming>,
-    request_id: String,
+    request_id: HeaderValue,
 ) -> Response<Body> {
     gw.metrics.requests.inc();
     let (parts, body) = req.into_parts();
@@ -56,7 +56,9 @@ pub async fn inference(
             error(&e)
         }
     };
-    set_request_id(&mut resp, &gw.cfg.request_id_header, &request_id);
+    if let Some(n) = &gw.request_id_name {
+        resp.headers_mut().insert(n.clone(), request_id);
+    }
     resp
 }
 
@@ -65,7 +67,7 @@ pub async fn handle(
     gw: &Arc<Gateway>,
     parts: &http::request::Parts,
     body: Bytes,
-    request_id: &str,
+    request_id: &HeaderValue,
 ) -> Response<Body> {
     let endpoint = if parts.uri.path() == "/v1/chat/completions" {
         Endpoint::Chat
@@ -344,7 +346,7 @@ async fn attempt_step(
     decision: &Decision,
     mut reservation: Option<Reservation>,
     lookup: Option<Lookup>,
-    request_id: &str,
+    request_id: &HeaderValue,
 ) -> Response<Body> {
     let mut attempts = Attempts::new(decision, &gw.cfg.retry);
     let mut budget = &gw.retry_budget;
@@ -411,7 +413,7 @@ async fn attempt_step(
                 return r;
             }
             Sent::Failed(f, attempt) => {
-                tracing::debug!(request_id, engine = %engine.url, kind = f.kind.as_str(), detail = %f.detail, "attempt failed");
+                tracing::debug!(request_id = ?request_id, engine = %engine.url, kind = f.kind.as_str(), detail = %f.detail, "attempt failed");
                 match attempts.on_head(Verdict::Failed(f.kind)) {
                     Action::TryNext { account } => attempt.account(account, Some(f.kind)),
                     Action::Deliver => unreachable!("a failed attempt is never delivered"),
@@ -511,7 +513,7 @@ async fn send(
     engine: &Engine,
     parts: &http::request::Parts,
     body: Bytes,
-    request_id: &str,
+    request_id: &HeaderValue,
     attempt: Attempt,
     retry_429: bool,
 ) -> Sent {
@@ -519,11 +521,8 @@ async fn send(
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
-    if let (Ok(n), Ok(v)) = (
-        http::HeaderName::from_bytes(gw.cfg.request_id_header.as_bytes()),
-        HeaderValue::from_str(request_id),
-    ) {
-        headers.insert(n, v);
+    if let Some(n) = &gw.request_id_name {
+        headers.insert(n.clone(), request_id.clone());
     }
     let pq = parts
         .uri
@@ -590,15 +589,6 @@ async fn send(
     let total = Duration::from_millis(gw.cfg.timeouts.total_ms);
     let tracked = TrackedBody::new(b, attempt, total);
     Sent::Answer(Response::from_parts(p, tracked.boxed_unsync()))
-}
-
-fn set_request_id(r: &mut Response<Body>, name: &str, id: &str) {
-    if let (Ok(n), Ok(v)) = (
-        http::HeaderName::from_bytes(name.as_bytes()),
-        HeaderValue::from_str(id),
-    ) {
-        r.headers_mut().insert(n, v);
-    }
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ async fn send_chat(gw: &Arc<Gateway>, body: Bytes) -> Response<Body> {
         .body(())
         .expect("request")
         .into_parts();
-    handle(gw, &parts, body, "rid").await
+    handle(gw, &parts, body, &HeaderValue::from_static("rid")).await
 }
 
 /// Sends one chat request and reads the whole answer.
@@ -451,4 +451,133 @@ async fn every_mark_of_a_cache_aware_decision_reaches_the_delta_sink() {
     // The first decision found no holder (exclusive path), the next two a match.
     let text = gw.metrics.render(&gw.registry, gw.clock.now_us());
     assert!(text.contains("reason=\"prefix_match\"} 2"), "{text}");
+}
+
+/// A streamed reply: each chunk after its delay (ms).
+fn stream_reply(chunks: &[(u64, &str)]) -> MockReply {
+    MockReply::Respond {
+        head_after: Duration::ZERO,
+        status: 200,
+        chunks: chunks
+            .iter()
+            .map(|(ms, s)| {
+                (
+                    Duration::from_millis(*ms),
+                    Ok(Bytes::copy_from_slice(s.as_bytes())),
+                )
+            })
+            .collect(),
+    }
+}
+
+fn data(f: Option<Result<hyper::body::Frame<Bytes>, crate::upstream::BoxError>>) -> Bytes {
+    f.expect("a frame")
+        .expect("no error")
+        .into_data()
+        .expect("a data frame")
+}
+
+#[tokio::test(start_paused = true)]
+async fn coalescing_never_holds_back_a_lone_frame() {
+    use futures::FutureExt;
+    let mock = MockUpstream::new();
+    mock.set_default(
+        A,
+        stream_reply(&[
+            (0, "data: 1\n\n"),
+            (1_000, "data: 2\n\n"),
+            (0, "data: [DONE]\n\n"),
+        ]),
+    );
+    let gw = gateway(cfg(), &mock, &[A]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    // Polled once, without waiting for anything (no timer runs, the clock does not move):
+    // the frame in hand is delivered while the upstream still holds the next one back.
+    let first = body
+        .frame()
+        .now_or_never()
+        .expect("the lone frame is delivered at the first poll");
+    assert_eq!(data(first), "data: 1\n\n");
+    assert_eq!(
+        engine(&gw, A).metrics.ttft.count(),
+        1,
+        "TTFT at the first frame"
+    );
+    assert!(
+        body.frame().now_or_never().is_none(),
+        "nothing else is available yet: the body is pending"
+    );
+    // The next frame and the closing one become available together: one write.
+    assert_eq!(data(body.frame().await), "data: 2\n\ndata: [DONE]\n\n");
+    assert!(body.frame().await.is_none());
+    assert_eq!(in_flight(&gw), 0);
+    assert_eq!(
+        engine(&gw, A).metrics.e2e.count(),
+        1,
+        "accounted as a success"
+    );
+    assert_eq!(engine(&gw, A).metrics.ttft.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn frames_already_available_are_merged_into_one_up_to_the_bound() {
+    let mock = MockUpstream::new();
+    let frames: Vec<String> = (0..16).map(|i| format!("data: {i}\n\n")).collect();
+    let script: Vec<(u64, &str)> = frames.iter().map(|f| (0, f.as_str())).collect();
+    mock.set_default(A, stream_reply(&script));
+    let big = "x".repeat(40 * 1024);
+    mock.set_default(B, stream_reply(&[(0, &big), (0, &big), (0, &big)]));
+    let gw = gateway(cfg(), &mock, &[A]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(
+        data(body.frame().await),
+        frames.concat(),
+        "one frame for the burst"
+    );
+    assert!(body.frame().await.is_none());
+    assert_eq!(in_flight(&gw), 0);
+    assert_eq!(engine(&gw, A).metrics.e2e.count(), 1);
+
+    // Past the bound (64 KiB), the rest goes in the next write.
+    let gw = gateway(cfg(), &mock, &[B]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(data(body.frame().await).len(), 80 * 1024);
+    assert_eq!(data(body.frame().await).len(), 40 * 1024);
+    assert!(body.frame().await.is_none());
+    assert_eq!(engine(&gw, B).metrics.e2e.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_met_while_coalescing_follows_the_data_and_is_a_failure() {
+    let mock = MockUpstream::new();
+    mock.set_default(
+        A,
+        MockReply::Respond {
+            head_after: Duration::ZERO,
+            status: 200,
+            chunks: vec![
+                (Duration::ZERO, Ok(Bytes::from_static(b"data: 1\n\n"))),
+                (Duration::ZERO, Ok(Bytes::from_static(b"data: 2\n\n"))),
+                (Duration::ZERO, Err("reset".into())),
+            ],
+        },
+    );
+    let gw = gateway(cfg(), &mock, &[A]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(data(body.frame().await), "data: 1\n\ndata: 2\n\n");
+    assert!(
+        !hyper::body::Body::is_end_stream(&body),
+        "never an end while the error waits"
+    );
+    assert!(matches!(body.frame().await, Some(Err(_))), "then the break");
+    assert_eq!(errors(&gw, A, FailKind::Stream), 1);
+    assert_eq!(in_flight(&gw), 0);
 }

@@ -5,7 +5,7 @@
 use crate::engine::Engine;
 use crate::gateway::Gateway;
 use crate::upstream::{BoxError, UpstreamBody};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use kvmesh_policy::{BreakerEvent, Permit};
 use kvmesh_route::{Accounting, FailKind, StreamEnd, stream_end};
@@ -117,13 +117,35 @@ impl Drop for Attempt {
     }
 }
 
-/// The engine's response body passed through frame by frame (never buffered), reporting the
-/// first data frame and the end to the attempt. Dropping it (client disconnect) drops the
-/// upstream body, which closes the upstream connection: the engine aborts the request.
+/// Upper bound of one coalesced write to the client.
+pub const COALESCE_MAX: usize = 64 * 1024;
+
+/// The engine's response body passed through as it arrives (never waiting to fill a buffer),
+/// reporting the first data frame and the end to the attempt. Dropping it (client disconnect)
+/// drops the upstream body, which closes the upstream connection: the engine aborts the request.
+///
+/// Coalescing: after a data frame, the frames the upstream body has *already* available
+/// (`Ready` when polled again) are appended to it, up to [`COALESCE_MAX`] bytes, so that a
+/// burst of SSE frames leaves in one write to the client. The first `Pending` ends the batch:
+/// what is in hand is returned at once, so a lone frame is never held back. An error or trailers
+/// met while coalescing are kept and returned on the next poll, after the data (the verdict is
+/// taken when they are met).
 pub struct TrackedBody {
     inner: UpstreamBody,
     attempt: Option<Attempt>,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// When the total timeout ends the attempt; its timer is made at the first `Pending`
+    /// (a body that is there at once never registers one).
+    deadline_at: tokio::time::Instant,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    held: Option<Held>,
+    /// The upstream body returned its end (it is never polled again).
+    ended: bool,
+}
+
+/// What the coalescing loop met after data: returned on the next poll.
+enum Held {
+    Frame(Frame<Bytes>),
+    Error(BoxError),
 }
 
 impl TrackedBody {
@@ -133,7 +155,59 @@ impl TrackedBody {
         TrackedBody {
             inner,
             attempt: Some(attempt),
-            deadline: Box::pin(tokio::time::sleep(left)),
+            deadline_at: tokio::time::Instant::now() + left,
+            deadline: None,
+            held: None,
+            ended: false,
+        }
+    }
+
+    fn end(&mut self, end: StreamEnd) {
+        if let Some(a) = self.attempt.take() {
+            a.end(end);
+        }
+    }
+
+    /// Appends to `first` what the upstream body has ready now (never waits).
+    fn coalesce(&mut self, first: Bytes, cx: &mut Context<'_>) -> Bytes {
+        let mut buf: Option<BytesMut> = None;
+        let mut len = first.len();
+        while len < COALESCE_MAX {
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(d) => {
+                        if d.is_empty() {
+                            continue;
+                        }
+                        let b = buf.get_or_insert_with(|| {
+                            let mut b = BytesMut::with_capacity((len + d.len()).max(4096));
+                            b.extend_from_slice(&first);
+                            b
+                        });
+                        b.extend_from_slice(&d);
+                        len = b.len();
+                    }
+                    Err(frame) => {
+                        self.held = Some(Held::Frame(frame));
+                        break;
+                    }
+                },
+                Poll::Ready(Some(Err(e))) => {
+                    self.end(StreamEnd::BodyError);
+                    self.held = Some(Held::Error(e));
+                    break;
+                }
+                Poll::Ready(None) => {
+                    self.ended = true;
+                    self.end(StreamEnd::Complete);
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        match buf {
+            Some(b) => b.freeze(),
+            None => first,
         }
     }
 }
@@ -147,32 +221,46 @@ impl HttpBody for TrackedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
+        match this.held.take() {
+            Some(Held::Frame(f)) => return Poll::Ready(Some(Ok(f))),
+            Some(Held::Error(e)) => return Poll::Ready(Some(Err(e))),
+            None => {}
+        }
+        if this.ended {
+            // Ended while coalescing (verdict taken): never poll a finished body again.
+            return Poll::Ready(None);
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if frame.is_data()
-                    && let Some(a) = this.attempt.as_mut()
-                {
-                    a.first_byte();
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => {
+                    if let Some(a) = this.attempt.as_mut() {
+                        a.first_byte();
+                    }
+                    let data = this.coalesce(data, cx);
+                    Poll::Ready(Some(Ok(Frame::data(data))))
                 }
-                Poll::Ready(Some(Ok(frame)))
-            }
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
             Poll::Ready(Some(Err(e))) => {
-                if let Some(a) = this.attempt.take() {
-                    a.end(StreamEnd::BodyError);
-                }
+                this.end(StreamEnd::BodyError);
                 Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
-                if let Some(a) = this.attempt.take() {
-                    a.end(StreamEnd::Complete);
-                }
+                this.ended = true;
+                this.end(StreamEnd::Complete);
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                if this.attempt.is_some() && this.deadline.as_mut().poll(cx).is_ready() {
-                    if let Some(a) = this.attempt.take() {
-                        a.end(StreamEnd::TotalTimeout);
-                    }
+                let at = this.deadline_at;
+                if this.attempt.is_some()
+                    && this
+                        .deadline
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
+                        .as_mut()
+                        .poll(cx)
+                        .is_ready()
+                {
+                    this.end(StreamEnd::TotalTimeout);
                     return Poll::Ready(Some(Err("the request exceeded the total timeout".into())));
                 }
                 Poll::Pending
@@ -181,8 +269,9 @@ impl HttpBody for TrackedBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        // Never claim the end before the inner body said so: the verdict is taken there.
-        self.attempt.is_none() && self.inner.is_end_stream()
+        // Never claim the end before the inner body said so (the verdict is taken there), nor
+        // while an error or trailers wait to be returned.
+        self.held.is_none() && self.attempt.is_none() && (self.ended || self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
