@@ -1,6 +1,8 @@
 //! The `kvmesh` command.
 
 #![forbid(unsafe_code)]
+mod bench_cmd;
+mod fleet;
 mod serve_cmd;
 mod sim_cmd;
 mod up_cmd;
@@ -25,6 +27,9 @@ enum Cmd {
     Sim(sim_cmd::SimArgs),
     /// Run a local cluster on loopback and serve a demo workload through it.
     Up(up_cmd::UpArgs),
+    /// Benchmark policies side by side on a local simulated fleet (or given targets): JSON,
+    /// markdown and SVG reports, with the virtual-time evaluator and its oracle.
+    Bench(bench_cmd::BenchArgs),
     /// Configuration helpers.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -100,6 +105,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(up_cmd::run(args))),
+        Cmd::Bench(args) => runtime().and_then(|rt| rt.block_on(bench_cmd::run(args))),
         Cmd::Cert { out, nodes } => kvmesh_mesh::certs::generate(&nodes)
             .and_then(|c| kvmesh_mesh::certs::write_dir(&out, &c))
             .map(|()| {
