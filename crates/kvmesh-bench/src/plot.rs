@@ -90,7 +90,14 @@ fn ttft_cdf(r: &Report, path: &Path) -> Result<(), String> {
 }
 
 /// One bar per label.
-fn bars(path: &Path, title: &str, ydesc: &str, items: &[(String, f64)], ymax: f64) -> Result<(), String> {
+fn bars(
+    path: &Path,
+    title: &str,
+    ydesc: &str,
+    items: &[(String, f64)],
+    ymax: f64,
+    percent: bool,
+) -> Result<(), String> {
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let n = items.len().max(1);
@@ -124,7 +131,7 @@ fn bars(path: &Path, title: &str, ydesc: &str, items: &[(String, f64)], ymax: f6
         .map_err(err)?;
     chart
         .draw_series(items.iter().enumerate().map(|(i, (_, v))| {
-            let txt = if ymax <= 1.0 { format!("{:.1}%", v * 100.0) } else { format!("{v:.0}") };
+            let txt = if percent { format!("{:.1}%", v * 100.0) } else { format!("{v:.0}") };
             Text::new(txt, (i as f64 + 0.3, *v + ymax * 0.02), ("sans-serif", 15))
         }))
         .map_err(err)?;
@@ -139,7 +146,7 @@ fn throughput(r: &Report, path: &Path) -> Result<(), String> {
         .map(|c| (c.name.clone(), c.output_tokens_per_s))
         .collect();
     let ymax = items.iter().fold(1.0f64, |a, (_, v)| a.max(*v)) * 1.15;
-    bars(path, "Output tokens per second (wall, median)", "output tokens / s", &items, ymax)
+    bars(path, "Output tokens per second (wall, median)", "output tokens / s", &items, ymax, false)
 }
 
 /// Engine-reported hit rate by contender, with the evaluator's oracle as the ceiling.
@@ -152,7 +159,7 @@ fn hit_rate(r: &Report, path: &Path) -> Result<(), String> {
     if let Some(o) = r.evaluator.iter().find(|e| e.name == "oracle") {
         items.push(("oracle (virtual)".into(), o.hit_rate));
     }
-    bars(path, "Engine-reported prefix-cache hit rate", "hits / queries", &items, 1.1)
+    bars(path, "Engine-reported prefix-cache hit rate", "hits / queries", &items, 1.1, true)
 }
 
 /// Client-side hit rate over the run (tenths of the run) per contender.
@@ -215,7 +222,10 @@ fn load_spread(r: &Report, path: &Path) -> Result<(), String> {
         .map(|c| format!("{} (spread {:.2})", c.name, c.load_spread))
         .collect();
     let mut chart = ChartBuilder::on(&root)
-        .caption("Requests per engine, by contender", ("sans-serif", 22))
+        .caption(
+            "Requests per engine by contender (bars: engine 0, 1, ... left to right)",
+            ("sans-serif", 20),
+        )
         .margin(20)
         .x_label_area_size(45)
         .y_label_area_size(60)

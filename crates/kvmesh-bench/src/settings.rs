@@ -11,7 +11,8 @@ pub struct BenchSettings {
     /// Simulated engines started by the bench.
     pub engines: u32,
     /// KV-cache blocks (16 tokens) per engine: small enough that the shared-prefix workload's
-    /// system prompts do not all fit on every engine (what makes routing matter).
+    /// system prompts do not all fit on every engine (what makes routing matter: 600 blocks =
+    /// 9,600 tokens against 16–32 groups × 2,000-token system prompts).
     pub kv_blocks: u32,
     /// Engines' time scale (0.1 = ten times faster than real time).
     pub time_scale: f64,
@@ -51,13 +52,13 @@ impl BenchSettings {
     pub fn quick() -> BenchSettings {
         BenchSettings {
             engines: 4,
-            kv_blocks: 1_200,
-            time_scale: 0.1,
+            kv_blocks: 600,
+            time_scale: 0.5,
             routers: 1,
             repeats: 1,
             seed: 1,
             shared_prefix: SharedPrefixWorkload {
-                groups: 8,
+                groups: 16,
                 users: 3,
                 turns: 3,
                 system_words: 2_000,
@@ -65,7 +66,7 @@ impl BenchSettings {
                 max_tokens: 24,
                 seed: 1,
             },
-            concurrency: 12,
+            concurrency: 32,
             trace_kv_blocks: 8_000,
             trace_requests: 120,
             trace_speedup: 20.0,
@@ -81,18 +82,12 @@ impl BenchSettings {
     /// Full mode: the committed report's size.
     pub fn full() -> BenchSettings {
         BenchSettings {
+            time_scale: 1.0,
             repeats: 3,
             shared_prefix: SharedPrefixWorkload {
-                groups: 16,
-                users: 6,
-                turns: 4,
-                system_words: 3_000,
-                question_words: 80,
-                max_tokens: 48,
-                seed: 1,
+                groups: 32,
+                ..BenchSettings::quick().shared_prefix
             },
-            kv_blocks: 2_400,
-            concurrency: 32,
             trace_requests: 600,
             trace_speedup: 10.0,
             trace_max_in_flight: 128,
