@@ -68,7 +68,7 @@ impl BenchSettings {
             },
             concurrency: 32,
             trace_kv_blocks: 8_000,
-            trace_requests: 120,
+            trace_requests: 100,
             trace_speedup: 20.0,
             trace_max_in_flight: 64,
             overhead_requests: 400,

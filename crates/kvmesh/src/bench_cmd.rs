@@ -196,6 +196,8 @@ fn engine_spec(p: &Plan) -> fleet::EngineSpec {
         time_scale: p.s.time_scale,
         kv_blocks: Some(p.kv_blocks),
         max_model_len: Some(u32::MAX),
+        // The overhead workload measures the router: engines answer at once.
+        profile: (p.set.name == "overhead").then(|| "instant".to_string()),
         kv_events: true,
         log: false,
     }
@@ -364,9 +366,17 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
     } else {
         let engines = fleet::start_engines(&engine_spec(&p)).await?;
         let urls = engines.urls();
+        // Contenders: (policy, routers); the overhead workload adds the engines directly.
+        let mut plan_runs: Vec<(PolicyKind, u32)> =
+            p.policies.iter().map(|&k| (k, p.s.routers)).collect();
+        if p.s.routers == 0 {
+            plan_runs.truncate(1); // every policy is the same without routers
+        } else if p.set.name == "overhead" {
+            plan_runs.push((PolicyKind::RoundRobin, 0));
+        }
         let result = async {
             for rep in 0..p.s.repeats {
-                for &policy in &p.policies {
+                for &(policy, routers) in &plan_runs {
                     reset_caches(&urls).await?;
                     let reads_events = matches!(policy, PolicyKind::Precise | PolicyKind::Scored);
                     let entries: Vec<EngineEntry> = engines
@@ -381,24 +391,22 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                             e
                         })
                         .collect();
-                    let name = contender_name(policy, p.s.routers, mesh);
-                    let routers = fleet::start_routers(&entries, p.s.routers, mesh, policy, p.s.seed, false).await?;
+                    let name = contender_name(policy, routers, mesh);
+                    let n_routers = routers;
+                    let routers = fleet::start_routers(&entries, routers, mesh, policy, p.s.seed, false).await?;
                     let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls).await;
                     fleet::shutdown_routers(routers).await;
                     let mut row = row?;
                     row.name = name;
-                    row.policy = if p.s.routers == 0 { "direct".into() } else { policy.as_str().into() };
-                    row.routers = p.s.routers;
-                    row.mesh = mesh && p.s.routers > 1;
+                    row.policy = if n_routers == 0 { "direct".into() } else { policy.as_str().into() };
+                    row.routers = n_routers;
+                    row.mesh = mesh && n_routers > 1;
                     row.repeat = Some(rep);
                     eprintln!(
                         "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, {} errors",
                         row.name, row.output_tokens_per_s, row.hit_rate * 100.0, row.ttft_p99_ms, row.errors
                     );
                     runs.push(row);
-                    if p.s.routers == 0 {
-                        break; // every policy is the same without routers
-                    }
                 }
             }
             Ok::<(), String>(())

@@ -22,6 +22,8 @@ pub struct EngineSpec {
     /// Longest prompt + completion (capped at the cache's size in tokens); `None`: the sim's
     /// default.
     pub max_model_len: Option<u32>,
+    /// Timing profile (`None`: the sim's default).
+    pub profile: Option<String>,
     /// Publish KV events (what `precise` and `scored` read).
     pub kv_events: bool,
     /// Print each engine's URL.
@@ -38,6 +40,9 @@ impl EngineSpec {
         };
         if let Some(m) = self.max_model_len {
             cfg.max_model_len = m;
+        }
+        if let Some(p) = &self.profile {
+            cfg.engine.profile = p.clone();
         }
         if let Some(b) = self.kv_blocks {
             cfg.engine.num_blocks = b;

@@ -117,6 +117,7 @@ impl Cluster {
             time_scale: a.time_scale,
             kv_blocks: a.kv_blocks,
             max_model_len: None,
+            profile: None,
             kv_events: matches!(policy, PolicyKind::Precise | PolicyKind::Scored),
             log: true,
         };
