@@ -31,7 +31,9 @@ pub struct BenchSettings {
     pub trace_kv_blocks: u32,
     /// Trace: lines replayed (from the start of the trace).
     pub trace_requests: usize,
-    /// Trace: time speed-up (trace ms ÷ this).
+    /// Trace: time speed-up (wall = trace time ÷ this; in simulated time the trace runs at
+    /// `trace_speedup × time_scale` its speed: 0.4 in both modes, since the synthetic trace
+    /// at its own speed asks 4 engines for more prefill than they have).
     pub trace_speedup: f64,
     /// Trace: requests in flight at most.
     pub trace_max_in_flight: usize,
@@ -68,8 +70,8 @@ impl BenchSettings {
             },
             concurrency: 32,
             trace_kv_blocks: 8_000,
-            trace_requests: 100,
-            trace_speedup: 20.0,
+            trace_requests: 60,
+            trace_speedup: 0.8,
             trace_max_in_flight: 64,
             overhead_requests: 400,
             overhead_concurrency: 16,
@@ -88,8 +90,9 @@ impl BenchSettings {
                 groups: 32,
                 ..BenchSettings::quick().shared_prefix
             },
-            trace_requests: 600,
-            trace_speedup: 10.0,
+            concurrency: 40,
+            trace_requests: 200,
+            trace_speedup: 0.4,
             trace_max_in_flight: 128,
             overhead_requests: 3_000,
             overhead_concurrency: 32,

@@ -333,6 +333,8 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let mut p = plan(&a)?;
+    // Read before the run: the tree may change while it goes on.
+    let commit = commit();
     std::fs::create_dir_all(&a.out).map_err(|e| format!("--out {}: {e}", a.out.display()))?;
     eprintln!(
         "workload {}: {} requests, {} prompt tokens{}",
@@ -431,7 +433,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
     let baseline = names.first().cloned().unwrap_or_default();
     let report = Report {
         machine: machine(),
-        commit: commit(),
+        commit,
         seed: p.s.seed,
         command: std::env::args().collect::<Vec<_>>().join(" "),
         started_unix,
