@@ -78,13 +78,13 @@ pub fn median(v: &[f64]) -> f64 {
 }
 
 impl ContenderRow {
-    /// The row of one run: `records` from the client, `engines` the engines' counter deltas,
-    /// `engine_names` every engine (so idle ones count in the spread).
+    /// The row of one run: `records` from the client, `engines` each engine's counter deltas
+    /// with its name (requests per engine come from them: `vllm:request_success_total`); with
+    /// no engines known (external targets), from the endpoint that served each request.
     pub fn from_records(
         records: &[Record],
         elapsed_s: f64,
-        engines: EngineCounters,
-        engine_names: &[String],
+        engines: &[(String, EngineCounters)],
     ) -> ContenderRow {
         let ok: Vec<&Record> = records.iter().filter(|r| r.error.is_none()).collect();
         let mut ttfts: Vec<f64> = ok.iter().map(|r| r.ttft_s * 1e3).collect();
@@ -105,13 +105,21 @@ impl ContenderRow {
             let t: u64 = with_pred.iter().map(|r| r.prompt_tokens).sum();
             if t == 0 { 0.0 } else { p as f64 / t as f64 }
         });
-        let mut per: Vec<(String, u64)> = engine_names.iter().map(|n| (n.clone(), 0)).collect();
-        for r in &ok {
-            match per.iter_mut().find(|(n, _)| *n == r.served_by) {
-                Some(e) => e.1 += 1,
-                None => per.push((r.served_by.clone(), 1)),
+        let mut per: Vec<(String, u64)> = engines
+            .iter()
+            .map(|(n, c)| (n.clone(), c.requests.max(0.0) as u64))
+            .collect();
+        if engines.is_empty() {
+            for r in &ok {
+                match per.iter_mut().find(|(n, _)| *n == r.served_by) {
+                    Some(e) => e.1 += 1,
+                    None => per.push((r.served_by.clone(), 1)),
+                }
             }
         }
+        let total = engines
+            .iter()
+            .fold(EngineCounters::default(), |a, (_, c)| a + *c);
         let counts: Vec<u64> = per.iter().map(|(_, c)| *c).collect();
         let secs = elapsed_s.max(1e-9);
         ContenderRow {
@@ -124,12 +132,12 @@ impl ContenderRow {
             ttft_p99_ms: pct(&ttfts, 99.0),
             itl_p50_ms: pct(&itl, 50.0),
             e2e_p99_ms: pct(&e2e, 99.0),
-            hit_rate: engines.hit_rate(),
+            hit_rate: total.hit_rate(),
             client_hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
             predicted_hit_rate,
             load_spread: spread(&counts),
             per_engine: per,
-            preemptions: engines.preemptions,
+            preemptions: total.preemptions,
             elapsed_s,
             timeline: timeline(&ok, elapsed_s),
             ttfts_ms: ttfts,
@@ -423,10 +431,15 @@ mod tests {
 
     #[test]
     fn rows_medians_and_ratios() {
-        let names = vec!["a".to_string(), "b".to_string()];
         let recs = vec![rec(0, "a", 0.1, 0), rec(1, "a", 0.2, 50), rec(2, "a", 0.3, 100)];
-        let c = EngineCounters { hits: 150.0, queries: 300.0, preemptions: 0.0 };
-        let mut r = ContenderRow::from_records(&recs, 2.0, c, &names);
+        let c = |hits, queries, requests| EngineCounters {
+            hits,
+            queries,
+            requests,
+            preemptions: 0.0,
+        };
+        let engines = [("a".to_string(), c(150.0, 200.0, 3.0)), ("b".to_string(), c(0.0, 100.0, 0.0))];
+        let mut r = ContenderRow::from_records(&recs, 2.0, &engines);
         assert_eq!((r.requests, r.errors), (3, 0));
         assert_eq!(r.output_tokens_per_s, 15.0);
         assert_eq!(r.hit_rate, 0.5);
@@ -435,6 +448,9 @@ mod tests {
         assert!((r.ttft_p50_ms - 200.0).abs() < 1e-9);
         r.name = "x".into();
         r.repeat = Some(0);
+        // Without engine counters: requests per serving endpoint.
+        let ext = ContenderRow::from_records(&recs, 2.0, &[]);
+        assert_eq!(ext.per_engine, vec![("a".to_string(), 3)]);
         let mut base = r.clone();
         base.name = "rr".into();
         base.output_tokens_per_s = 5.0;

@@ -292,24 +292,30 @@ async fn measure(
     name: &str,
     targets: Targets,
     engine_urls: &[String],
+    prompts: PromptMode,
 ) -> Result<ContenderRow, String> {
-    let before = if engine_urls.is_empty() {
-        EngineCounters::default()
-    } else {
-        fleet::counters(engine_urls).await?
+    let each = |urls: &[String]| {
+        let urls = urls.to_vec();
+        async move { kvmesh_bench::engine_counters_each(&urls, Duration::from_secs(10)).await }
     };
+    let before = each(engine_urls).await?;
     let bar = ProgressBar::new(p.set.jobs.len() as u64);
     bar.set_style(style("real time"));
     bar.set_message(name.to_string());
     let b = bar.clone();
-    let (records, elapsed) = replay(&p.set, targets, &replay_opts(p), Arc::new(move || b.inc(1))).await;
-    bar.finish_and_clear();
-    let after = if engine_urls.is_empty() {
-        EngineCounters::default()
-    } else {
-        fleet::counters(engine_urls).await?
+    let opts = ReplayOptions {
+        prompts,
+        ..replay_opts(p)
     };
-    let mut row = ContenderRow::from_records(&records, elapsed.as_secs_f64(), after.since(&before), engine_urls);
+    let (records, elapsed) = replay(&p.set, targets, &opts, Arc::new(move || b.inc(1))).await;
+    bar.finish_and_clear();
+    let after = each(engine_urls).await?;
+    let deltas: Vec<(String, EngineCounters)> = engine_urls
+        .iter()
+        .zip(after.iter().zip(&before))
+        .map(|(u, (a, b))| (u.clone(), a.since(b)))
+        .collect();
+    let mut row = ContenderRow::from_records(&records, elapsed.as_secs_f64(), &deltas);
     if engine_urls.is_empty() {
         row.hit_rate = row.client_hit_rate;
     }
@@ -343,8 +349,15 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
         p.set.prompt_tokens(),
         if p.set.skipped > 0 { format!(", {} skipped", p.set.skipped) } else { String::new() }
     );
+    let smg_bin = if a.smg { crate::smg::find() } else { None };
     if a.smg {
-        p.notes.push("--smg: SMG contenders are not implemented yet; none were run".into());
+        p.notes.push(match &smg_bin {
+            Some(b) => format!(
+                "SMG contender: `{} launch --policy cache_aware` in front of the same engines, sent text prompts (SMG tokenizes text; for a like-for-like comparison run every contender with --prompts text)",
+                b.display()
+            ),
+            None => "--smg: `smg` is not on PATH (pip install smg): no SMG contender was run".into(),
+        });
     }
     let closed_concurrency = if p.set.name == "overhead" { p.s.overhead_concurrency } else { p.s.concurrency };
     let evaluator = if a.targets.is_empty() {
@@ -359,7 +372,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
         p.notes.push("--eval-only: no real-time runs".into());
     } else if !a.targets.is_empty() {
         for rep in 0..p.s.repeats {
-            let mut row = measure(&p, "target", Targets::RoundRobin(a.targets.clone()), &[]).await?;
+            let mut row = measure(&p, "target", Targets::RoundRobin(a.targets.clone()), &[], p.prompts).await?;
             row.name = "target".into();
             row.policy = "external".into();
             row.repeat = Some(rep);
@@ -396,13 +409,32 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     let name = contender_name(policy, routers, mesh);
                     let n_routers = routers;
                     let routers = fleet::start_routers(&entries, routers, mesh, policy, p.s.seed, false).await?;
-                    let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls).await;
+                    let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls, p.prompts).await;
                     fleet::shutdown_routers(routers).await;
                     let mut row = row?;
                     row.name = name;
                     row.policy = if n_routers == 0 { "direct".into() } else { policy.as_str().into() };
                     row.routers = n_routers;
                     row.mesh = mesh && n_routers > 1;
+                    row.repeat = Some(rep);
+                    eprintln!(
+                        "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, {} errors",
+                        row.name, row.output_tokens_per_s, row.hit_rate * 100.0, row.ttft_p99_ms, row.errors
+                    );
+                    runs.push(row);
+                }
+                if let Some(bin) = &smg_bin
+                    && !a.eval_only
+                {
+                    reset_caches(&urls).await?;
+                    let name = "smg cache_aware".to_string();
+                    let smg = crate::smg::start(bin, &urls, "cache_aware").await?;
+                    let row = measure(&p, &name, Targets::Single(smg.url.clone()), &urls, PromptMode::Text).await;
+                    drop(smg);
+                    let mut row = row?;
+                    row.name = name;
+                    row.policy = "smg_cache_aware".into();
+                    row.routers = 1;
                     row.repeat = Some(rep);
                     eprintln!(
                         "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, {} errors",

@@ -5,6 +5,7 @@ mod bench_cmd;
 mod fleet;
 mod serve_cmd;
 mod sim_cmd;
+mod smg;
 mod up_cmd;
 
 use clap::{Parser, Subcommand};
