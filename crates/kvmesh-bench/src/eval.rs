@@ -23,8 +23,7 @@ use kvmesh_policy::{
     EngineMember, EngineView, Policy, PolicyConfig, PolicyKind, PrefixMatch, RequestCtx, Rng,
 };
 use kvmesh_prefix::{
-    BlockKey, EngineIngest, ExtraKeys, IngestConfig, Match, PrefixIndex, block_keys,
-    max_hit_blocks,
+    BlockKey, EngineIngest, ExtraKeys, IngestConfig, Match, PrefixIndex, block_keys, max_hit_blocks,
 };
 use kvmesh_route::{PrefixPlan, PrefixProbe, TtlPlan, decide};
 use serde::{Deserialize, Serialize};
@@ -304,7 +303,16 @@ pub fn evaluate(set: &JobSet, contender: Contender, cfg: &EvalConfig) -> EvalRes
                 }
                 Err(_) => {
                     res.rejected += 1;
-                    schedule_next(set, &convs, &conv_of, j, now, &mut next_conv, &mut arrivals, &mut order);
+                    schedule_next(
+                        set,
+                        &convs,
+                        &conv_of,
+                        j,
+                        now,
+                        &mut next_conv,
+                        &mut arrivals,
+                        &mut order,
+                    );
                 }
             }
             continue;
@@ -328,14 +336,25 @@ pub fn evaluate(set: &JobSet, contender: Contender, cfg: &EvalConfig) -> EvalRes
             index.apply_all(i as u32, &ops);
         }
         for f in out.finished {
-            let Some(l) = live.remove(&f.id) else { continue };
+            let Some(l) = live.remove(&f.id) else {
+                continue;
+            };
             in_flight[l.engine] -= 1;
             on_engine[l.engine].retain(|&r| r != f.id);
             ttfts.push((f.first_token_at - f.arrival) as f64 / 1e3);
             out_tokens += u64::from(f.output_tokens);
             res.requests += 1;
             end = end.max(f.finished_at);
-            schedule_next(set, &convs, &conv_of, l.job, f.finished_at, &mut next_conv, &mut arrivals, &mut order);
+            schedule_next(
+                set,
+                &convs,
+                &conv_of,
+                l.job,
+                f.finished_at,
+                &mut next_conv,
+                &mut arrivals,
+                &mut order,
+            );
         }
     }
     let (mut hits, mut queries) = (0u64, 0u64);
@@ -345,7 +364,11 @@ pub fn evaluate(set: &JobSet, contender: Contender, cfg: &EvalConfig) -> EvalRes
         queries += s.prefix_cache_queries;
         res.preemptions += s.preemptions;
     }
-    res.hit_rate = if queries > 0 { hits as f64 / queries as f64 } else { 0.0 };
+    res.hit_rate = if queries > 0 {
+        hits as f64 / queries as f64
+    } else {
+        0.0
+    };
     res.predicted_hit_rate = if prompt_tokens > 0 {
         predicted_tokens as f64 / prompt_tokens as f64
     } else {

@@ -285,7 +285,11 @@ mod tests {
         assert_eq!(&s.jobs[1].prompt[..512], &s.jobs[0].prompt[..512]);
         assert_eq!(s.jobs[1].max_tokens, 1);
         assert_eq!((s.jobs[0].at_us, s.jobs[1].at_us), (0, 150_000));
-        assert!(parse_trace("{\"timestamp\": 1}").unwrap_err().contains("line 1"));
+        assert!(
+            parse_trace("{\"timestamp\": 1}")
+                .unwrap_err()
+                .contains("line 1")
+        );
     }
 
     #[test]

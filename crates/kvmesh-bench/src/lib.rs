@@ -14,7 +14,7 @@ pub mod workload;
 
 pub use load::{
     CompareRow, EngineCounters, Imbalance, InFlightSampler, InFlightSamples, LoadOptions,
-    LoadReport, Sample, Targets, engine_counters, engine_counters_each, fetch_text, format_compare_table,
-    run_shared_prefix,
+    LoadReport, Sample, Targets, engine_counters, engine_counters_each, fetch_text,
+    format_compare_table, run_shared_prefix,
 };
 pub use workload::{Conversation, SharedPrefixWorkload, word, words};

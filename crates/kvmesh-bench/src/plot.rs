@@ -29,7 +29,10 @@ fn err<E: std::fmt::Display>(e: E) -> String {
 pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     for (name, f) in [
-        ("ttft_cdf.svg", ttft_cdf as fn(&Report, &Path) -> Result<(), String>),
+        (
+            "ttft_cdf.svg",
+            ttft_cdf as fn(&Report, &Path) -> Result<(), String>,
+        ),
         ("throughput.svg", throughput),
         ("hit_rate.svg", hit_rate),
         ("hit_rate_over_time.svg", hit_rate_over_time),
@@ -52,7 +55,10 @@ fn ttft_cdf(r: &Report, path: &Path) -> Result<(), String> {
         .fold(1.0f64, |a, &b| a.max(b))
         * 1.05;
     let mut chart = ChartBuilder::on(&root)
-        .caption("TTFT distribution per contender (wall ms)", ("sans-serif", 22))
+        .caption(
+            "TTFT distribution per contender (wall ms)",
+            ("sans-serif", 22),
+        )
         .margin(20)
         .x_label_area_size(45)
         .y_label_area_size(60)
@@ -126,12 +132,19 @@ fn bars(
         .map_err(err)?;
     chart
         .draw_series(items.iter().enumerate().map(|(i, (_, v))| {
-            Rectangle::new([(i as f64 + 0.15, 0.0), (i as f64 + 0.85, *v)], color(i).filled())
+            Rectangle::new(
+                [(i as f64 + 0.15, 0.0), (i as f64 + 0.85, *v)],
+                color(i).filled(),
+            )
         }))
         .map_err(err)?;
     chart
         .draw_series(items.iter().enumerate().map(|(i, (_, v))| {
-            let txt = if percent { format!("{:.1}%", v * 100.0) } else { format!("{v:.0}") };
+            let txt = if percent {
+                format!("{:.1}%", v * 100.0)
+            } else {
+                format!("{v:.0}")
+            };
             Text::new(txt, (i as f64 + 0.3, *v + ymax * 0.02), ("sans-serif", 15))
         }))
         .map_err(err)?;
@@ -146,7 +159,14 @@ fn throughput(r: &Report, path: &Path) -> Result<(), String> {
         .map(|c| (c.name.clone(), c.output_tokens_per_s))
         .collect();
     let ymax = items.iter().fold(1.0f64, |a, (_, v)| a.max(*v)) * 1.15;
-    bars(path, "Output tokens per second (wall, median)", "output tokens / s", &items, ymax, false)
+    bars(
+        path,
+        "Output tokens per second (wall, median)",
+        "output tokens / s",
+        &items,
+        ymax,
+        false,
+    )
 }
 
 /// Engine-reported hit rate by contender, with the evaluator's oracle as the ceiling.
@@ -159,7 +179,14 @@ fn hit_rate(r: &Report, path: &Path) -> Result<(), String> {
     if let Some(o) = r.evaluator.iter().find(|e| e.name == "oracle") {
         items.push(("oracle (virtual)".into(), o.hit_rate));
     }
-    bars(path, "Engine-reported prefix-cache hit rate", "hits / queries", &items, 1.1, true)
+    bars(
+        path,
+        "Engine-reported prefix-cache hit rate",
+        "hits / queries",
+        &items,
+        1.1,
+        true,
+    )
 }
 
 /// Client-side hit rate over the run (tenths of the run) per contender.
@@ -172,7 +199,10 @@ fn hit_rate_over_time(r: &Report, path: &Path) -> Result<(), String> {
         .map(|c| c.elapsed_s)
         .fold(1e-3f64, f64::max);
     let mut chart = ChartBuilder::on(&root)
-        .caption("Hit rate over the run (cached / prompt tokens by send time)", ("sans-serif", 22))
+        .caption(
+            "Hit rate over the run (cached / prompt tokens by send time)",
+            ("sans-serif", 22),
+        )
         .margin(20)
         .x_label_area_size(45)
         .y_label_area_size(60)

@@ -128,7 +128,11 @@ pub async fn replay(
         }
         Arrival::Open => {
             let gate = Arc::new(tokio::sync::Semaphore::new(opts.max_in_flight.max(1)));
-            let speed = if opts.speedup > 0.0 { opts.speedup } else { 1.0 };
+            let speed = if opts.speedup > 0.0 {
+                opts.speedup
+            } else {
+                1.0
+            };
             for j in 0..jobs.len() {
                 let due = Duration::from_secs_f64(jobs[j].at_us as f64 / 1e6 / speed);
                 if due > opts.deadline {
@@ -211,15 +215,17 @@ async fn send(
         "stream_options": {"include_usage": true},
         "user": format!("c{}", job.conv),
     });
-    let mut r = match tokio::time::timeout(opts.request_timeout, stream(client, base, body)).await
-    {
+    let mut r = match tokio::time::timeout(opts.request_timeout, stream(client, base, body)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => Record {
             error: Some(e),
             ..Record::default()
         },
         Err(_) => Record {
-            error: Some(format!("timeout after {:?} on {base}", opts.request_timeout)),
+            error: Some(format!(
+                "timeout after {:?} on {base}",
+                opts.request_timeout
+            )),
             ..Record::default()
         },
     };
@@ -228,7 +234,11 @@ async fn send(
     r
 }
 
-async fn stream(client: &HttpClient, base: &str, body: serde_json::Value) -> Result<Record, String> {
+async fn stream(
+    client: &HttpClient,
+    base: &str,
+    body: serde_json::Value,
+) -> Result<Record, String> {
     if base.is_empty() {
         return Err("no targets".into());
     }
@@ -261,7 +271,10 @@ async fn stream(client: &HttpClient, base: &str, body: serde_json::Value) -> Res
             .map(|c| c.to_bytes())
             .unwrap_or_default();
         let text = String::from_utf8_lossy(&b);
-        return Err(format!("{base}: {status}: {}", &text[..text.len().min(300)]));
+        return Err(format!(
+            "{base}: {status}: {}",
+            &text[..text.len().min(300)]
+        ));
     }
     let (mut first, mut last, mut chunks) = (None, None, 0u32);
     let mut buf = Vec::new();

@@ -101,7 +101,10 @@ impl ContenderRow {
             .filter(|r| r.predicted_cached_tokens.is_some())
             .collect();
         let predicted_hit_rate = (!with_pred.is_empty()).then(|| {
-            let p: u64 = with_pred.iter().filter_map(|r| r.predicted_cached_tokens).sum();
+            let p: u64 = with_pred
+                .iter()
+                .filter_map(|r| r.predicted_cached_tokens)
+                .sum();
             let t: u64 = with_pred.iter().map(|r| r.prompt_tokens).sum();
             if t == 0 { 0.0 } else { p as f64 / t as f64 }
         });
@@ -133,7 +136,11 @@ impl ContenderRow {
             itl_p50_ms: pct(&itl, 50.0),
             e2e_p99_ms: pct(&e2e, 99.0),
             hit_rate: total.hit_rate(),
-            client_hit_rate: if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
+            client_hit_rate: if prompt == 0 {
+                0.0
+            } else {
+                cached as f64 / prompt as f64
+            },
             predicted_hit_rate,
             load_spread: spread(&counts),
             per_engine: per,
@@ -308,7 +315,11 @@ impl Report {
     /// The markdown report.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "# kvmesh bench: {}\n", self.workload["name"].as_str().unwrap_or("?"));
+        let _ = writeln!(
+            s,
+            "# kvmesh bench: {}\n",
+            self.workload["name"].as_str().unwrap_or("?")
+        );
         let _ = writeln!(s, "- command: `{}`", self.command);
         let _ = writeln!(s, "- commit: `{}`", self.commit);
         let _ = writeln!(s, "- machine: {}", self.machine);
@@ -351,10 +362,15 @@ impl Report {
                 self.contenders.first().map_or("", |c| c.name.as_str()),
                 self.repeats
             );
-            let _ = writeln!(s, "| contender | out tok/s ratio | TTFT p99 ratio | hit rate gain (points) |");
+            let _ = writeln!(
+                s,
+                "| contender | out tok/s ratio | TTFT p99 ratio | hit rate gain (points) |"
+            );
             let _ = writeln!(s, "|---|---|---|---|");
             for r in &self.ratios {
-                let f = |x: Spread3, k: f64| format!("{:.2} / {:.2} / {:.2}", x.min * k, x.median * k, x.max * k);
+                let f = |x: Spread3, k: f64| {
+                    format!("{:.2} / {:.2} / {:.2}", x.min * k, x.median * k, x.max * k)
+                };
                 let _ = writeln!(
                     s,
                     "| {} | {} | {} | {} |",
@@ -372,7 +388,10 @@ impl Report {
                  jobs; times in simulated ms). The oracle knows every engine's cache and queue \
                  exactly: the ceiling of the hit rate.\n"
             );
-            let _ = writeln!(s, "| policy | requests | hit | pred | TTFT p50 | TTFT p99 | out tok/s | spread | preempt |");
+            let _ = writeln!(
+                s,
+                "| policy | requests | hit | pred | TTFT p50 | TTFT p99 | out tok/s | spread | preempt |"
+            );
             let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
             for e in &self.evaluator {
                 let _ = writeln!(
@@ -404,7 +423,10 @@ impl Report {
                 }
             }
         }
-        let _ = writeln!(s, "\nPlots: `ttft_cdf.svg`, `throughput.svg`, `hit_rate.svg`, `hit_rate_over_time.svg`, `load_spread.svg`.");
+        let _ = writeln!(
+            s,
+            "\nPlots: `ttft_cdf.svg`, `throughput.svg`, `hit_rate.svg`, `hit_rate_over_time.svg`, `load_spread.svg`."
+        );
         for n in &self.notes {
             let _ = writeln!(s, "\n> {n}");
         }
@@ -431,14 +453,21 @@ mod tests {
 
     #[test]
     fn rows_medians_and_ratios() {
-        let recs = vec![rec(0, "a", 0.1, 0), rec(1, "a", 0.2, 50), rec(2, "a", 0.3, 100)];
+        let recs = vec![
+            rec(0, "a", 0.1, 0),
+            rec(1, "a", 0.2, 50),
+            rec(2, "a", 0.3, 100),
+        ];
         let c = |hits, queries, requests| EngineCounters {
             hits,
             queries,
             requests,
             preemptions: 0.0,
         };
-        let engines = [("a".to_string(), c(150.0, 200.0, 3.0)), ("b".to_string(), c(0.0, 100.0, 0.0))];
+        let engines = [
+            ("a".to_string(), c(150.0, 200.0, 3.0)),
+            ("b".to_string(), c(0.0, 100.0, 0.0)),
+        ];
         let mut r = ContenderRow::from_records(&recs, 2.0, &engines);
         assert_eq!((r.requests, r.errors), (3, 0));
         assert_eq!(r.output_tokens_per_s, 15.0);
@@ -458,6 +487,13 @@ mod tests {
         assert_eq!(rat[1].output_tokens_per_s.median, 3.0);
         let m = ContenderRow::median_of(&[r.clone(), r]);
         assert_eq!(m.output_tokens_per_s, 15.0);
-        assert_eq!(Spread3::of(&[3.0, 1.0, 2.0]), Spread3 { min: 1.0, median: 2.0, max: 3.0 });
+        assert_eq!(
+            Spread3::of(&[3.0, 1.0, 2.0]),
+            Spread3 {
+                min: 1.0,
+                median: 2.0,
+                max: 3.0
+            }
+        );
     }
 }

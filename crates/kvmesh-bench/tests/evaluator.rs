@@ -77,8 +77,16 @@ fn the_oracle_bounds_every_policy_on_the_trace_excerpt() {
     let oracle = evaluate(&set, Contender::Oracle, &cfg);
     for p in REAL {
         let r = evaluate(&set, Contender::Policy(p), &cfg);
-        println!("trace {:14} hit {:.3} (oracle {:.3})", r.name, r.hit_rate, oracle.hit_rate);
-        assert!(oracle.hit_rate >= r.hit_rate, "{p:?}: {} > {}", r.hit_rate, oracle.hit_rate);
+        println!(
+            "trace {:14} hit {:.3} (oracle {:.3})",
+            r.name, r.hit_rate, oracle.hit_rate
+        );
+        assert!(
+            oracle.hit_rate >= r.hit_rate,
+            "{p:?}: {} > {}",
+            r.hit_rate,
+            oracle.hit_rate
+        );
     }
 }
 

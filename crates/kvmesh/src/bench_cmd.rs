@@ -254,7 +254,12 @@ async fn reset_caches(urls: &[String]) -> Result<(), String> {
         let mut last = String::new();
         let mut ok = false;
         for _ in 0..50 {
-            match kvmesh_bench::replay::post_empty(&format!("{u}/reset_prefix_cache"), Duration::from_secs(5)).await {
+            match kvmesh_bench::replay::post_empty(
+                &format!("{u}/reset_prefix_cache"),
+                Duration::from_secs(5),
+            )
+            .await
+            {
                 Ok(()) => {
                     ok = true;
                     break;
@@ -277,7 +282,11 @@ fn replay_opts(p: &Plan) -> ReplayOptions {
     ReplayOptions {
         model: SimConfig::default().model,
         prompts: p.prompts,
-        concurrency: if overhead { p.s.overhead_concurrency } else { p.s.concurrency },
+        concurrency: if overhead {
+            p.s.overhead_concurrency
+        } else {
+            p.s.concurrency
+        },
         max_in_flight: p.s.trace_max_in_flight,
         speedup: p.s.trace_speedup,
         request_timeout: Duration::from_secs(p.s.request_timeout_s),
@@ -329,7 +338,11 @@ fn contender_name(policy: PolicyKind, routers: u32, mesh: bool) -> String {
     match routers {
         0 => "direct (no router)".into(),
         1 => policy.as_str().to_string(),
-        n => format!("{} x{n} {}", policy.as_str(), if mesh { "mesh" } else { "no-mesh" }),
+        n => format!(
+            "{} x{n} {}",
+            policy.as_str(),
+            if mesh { "mesh" } else { "no-mesh" }
+        ),
     }
 }
 
@@ -347,7 +360,11 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
         p.set.name,
         p.set.jobs.len(),
         p.set.prompt_tokens(),
-        if p.set.skipped > 0 { format!(", {} skipped", p.set.skipped) } else { String::new() }
+        if p.set.skipped > 0 {
+            format!(", {} skipped", p.set.skipped)
+        } else {
+            String::new()
+        }
     );
     let smg_bin = if a.smg { crate::smg::find() } else { None };
     if a.smg {
@@ -359,7 +376,11 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
             None => "--smg: `smg` is not on PATH (pip install smg): no SMG contender was run".into(),
         });
     }
-    let closed_concurrency = if p.set.name == "overhead" { p.s.overhead_concurrency } else { p.s.concurrency };
+    let closed_concurrency = if p.set.name == "overhead" {
+        p.s.overhead_concurrency
+    } else {
+        p.s.concurrency
+    };
     let evaluator = if a.targets.is_empty() {
         run_evaluator(&p, closed_concurrency).await?
     } else {
@@ -372,7 +393,14 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
         p.notes.push("--eval-only: no real-time runs".into());
     } else if !a.targets.is_empty() {
         for rep in 0..p.s.repeats {
-            let mut row = measure(&p, "target", Targets::RoundRobin(a.targets.clone()), &[], p.prompts).await?;
+            let mut row = measure(
+                &p,
+                "target",
+                Targets::RoundRobin(a.targets.clone()),
+                &[],
+                p.prompts,
+            )
+            .await?;
             row.name = "target".into();
             row.policy = "external".into();
             row.repeat = Some(rep);
@@ -503,14 +531,19 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
     };
     let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     let write = |name: &str, body: &str| {
-        std::fs::write(a.out.join(name), body).map_err(|e| format!("{}: {e}", a.out.join(name).display()))
+        std::fs::write(a.out.join(name), body)
+            .map_err(|e| format!("{}: {e}", a.out.join(name).display()))
     };
     write("report.json", &json)?;
     let md = report.markdown();
     write("report.md", &md)?;
     let plots = kvmesh_bench::plot::write_all(&report, &a.out)?;
     println!("{md}");
-    eprintln!("wrote {}: report.json, report.md, {}", a.out.display(), plots.join(", "));
+    eprintln!(
+        "wrote {}: report.json, report.md, {}",
+        a.out.display(),
+        plots.join(", ")
+    );
     let errors: u64 = report.contenders.iter().map(|c| c.errors).sum();
     if errors > 0 {
         eprintln!("{errors} requests failed (see report.json)");

@@ -82,10 +82,16 @@ pub async fn wait_for_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The bench starts routers per contender: their start-up lines would bury its progress.
+    let default_filter = if matches!(cli.cmd, Cmd::Bench(_)) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

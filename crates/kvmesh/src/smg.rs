@@ -42,7 +42,12 @@ pub async fn start(bin: &PathBuf, workers: &[String], policy: &str) -> Result<Sm
     let (port, prom) = (free_port()?, free_port()?);
     let mut cmd = Command::new(bin);
     cmd.args(["launch", "--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &prom.to_string()])
+        .args([
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            &prom.to_string(),
+        ])
         .arg("--worker-urls")
         .args(workers)
         .args(["--policy", policy, "--log-level", "warn"])

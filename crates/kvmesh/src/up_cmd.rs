@@ -7,12 +7,12 @@
 //! caches), and prints one row per policy: the engines' own prefix-cache hit rate, the
 //! client-side cached-token rate, TTFT and the worst sampled in-flight imbalance.
 
+use crate::fleet;
 use clap::Args;
 use kvmesh_bench::{
     CompareRow, EngineCounters, InFlightSampler, LoadOptions, LoadReport, SharedPrefixWorkload,
     Targets,
 };
-use crate::fleet;
 use kvmesh_config::{PolicyKind, ServeConfig, SimConfig};
 use kvmesh_gateway::GatewayServer;
 use std::time::Duration;

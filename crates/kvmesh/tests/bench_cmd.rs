@@ -34,7 +34,10 @@ fn run_bench(args: &[&str], out: &std::path::Path) -> String {
             let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
             let mut so = String::new();
             let _ = child.stdout.take().map(|mut e| e.read_to_string(&mut so));
-            assert!(status.success(), "kvmesh bench failed: {status}\n{err}\n{so}");
+            assert!(
+                status.success(),
+                "kvmesh bench failed: {status}\n{err}\n{so}"
+            );
             return so;
         }
         if start.elapsed() > Duration::from_secs(240) {
@@ -74,9 +77,17 @@ fn bench_quick_writes_the_report_and_the_evaluator_agrees_with_real_time() {
     for k in ["machine", "commit", "seed", "command"] {
         assert!(!report[k].is_null(), "{k} missing");
     }
-    assert!(report["command"].as_str().unwrap().contains("bench --quick"));
+    assert!(
+        report["command"]
+            .as_str()
+            .unwrap()
+            .contains("bench --quick")
+    );
     let contenders = report["contenders"].as_array().unwrap();
-    let names: Vec<&str> = contenders.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = contenders
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["round_robin", "precise"]);
     for c in contenders {
         for k in [
@@ -112,7 +123,10 @@ fn bench_quick_writes_the_report_and_the_evaluator_agrees_with_real_time() {
         let body = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
         assert!(body.len() > 200, "{f} missing or empty");
         if f.ends_with(".svg") {
-            assert!(body.contains("<svg") && body.contains("<text"), "{f}: no SVG text");
+            assert!(
+                body.contains("<svg") && body.contains("<text"),
+                "{f}: no SVG text"
+            );
         }
     }
     // The evaluator: every policy and the oracle, the oracle the highest hit rate.
