@@ -377,9 +377,11 @@ pub fn evaluate(set: &JobSet, contender: Contender, cfg: &EvalConfig) -> EvalRes
     res.ttft_p50_ms = percentile(&mut ttfts, 50.0);
     res.ttft_p99_ms = percentile(&mut ttfts, 99.0);
     res.virtual_s = end as f64 / 1e6;
-    let secs = res.virtual_s.max(1e-9);
-    res.output_tokens_per_s = out_tokens as f64 / secs;
-    res.requests_per_s = res.requests as f64 / secs;
+    // Rates are undefined when no virtual time passed (instant engines): left at 0.
+    if res.virtual_s > 0.0 {
+        res.output_tokens_per_s = out_tokens as f64 / res.virtual_s;
+        res.requests_per_s = res.requests as f64 / res.virtual_s;
+    }
     res.load_spread = spread(&res.per_engine);
     res
 }

@@ -381,7 +381,10 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
     } else {
         p.s.concurrency
     };
-    let evaluator = if a.targets.is_empty() {
+    let evaluator = if p.set.name == "overhead" {
+        p.notes.push("overhead workload: no evaluator rows (it measures the router's own cost, which the virtual-time evaluator does not model)".into());
+        Vec::new()
+    } else if a.targets.is_empty() {
         run_evaluator(&p, closed_concurrency).await?
     } else {
         p.notes.push("external targets: no evaluator rows (the fleet behind them is unknown); hit rate is client-side (usage cached tokens / prompt tokens)".into());
