@@ -276,7 +276,7 @@ async fn stream(
             &text[..text.len().min(300)]
         ));
     }
-    let (mut first, mut last, mut chunks) = (None, None, 0u32);
+    let (mut first, mut last, mut chunks, mut any) = (None, None, 0u32, None);
     let mut buf = Vec::new();
     let mut usage = None;
     while let Some(frame) = body.frame().await {
@@ -299,11 +299,17 @@ async fn stream(
             if v.get("error").is_some() {
                 return Err(format!("{base}: error in stream: {payload}"));
             }
-            if v["choices"][0]["text"].is_string() {
+            // Chunks with text: the first one is the TTFT, the gaps between them the ITL (the
+            // closing chunk with empty text counts only if nothing came before it).
+            if let Some(t) = v["choices"][0]["text"].as_str() {
                 let now = t0.elapsed();
-                first.get_or_insert(now);
-                last = Some(now);
-                chunks += 1;
+                if !t.is_empty() {
+                    first.get_or_insert(now);
+                    last = Some(now);
+                    chunks += 1;
+                } else {
+                    any.get_or_insert(now);
+                }
             }
             if v["usage"].is_object() {
                 usage = Some(v["usage"].clone());
@@ -318,7 +324,7 @@ async fn stream(
     };
     Ok(Record {
         served_by,
-        ttft_s: first.unwrap_or(e2e).as_secs_f64(),
+        ttft_s: first.or(any).unwrap_or(e2e).as_secs_f64(),
         e2e_s: e2e.as_secs_f64(),
         itl_s,
         prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
