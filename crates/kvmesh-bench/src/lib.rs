@@ -1,13 +1,20 @@
-//! The benchmark harness's building blocks: deterministic workloads and a bounded load client.
-//! (Trace replay, the virtual-time evaluator and reports grow here.)
+//! The benchmark harness: deterministic workloads (shared-prefix groups, Mooncake trace
+//! replay, tiny overhead requests), a bounded load client, the virtual-time policy evaluator
+//! with the oracle, and the reports of `kvmesh bench` (JSON, markdown, SVG plots).
 
 #![forbid(unsafe_code)]
+pub mod eval;
+pub mod jobs;
 pub mod load;
+pub mod plot;
+pub mod replay;
+pub mod report;
+pub mod settings;
 pub mod workload;
 
 pub use load::{
     CompareRow, EngineCounters, Imbalance, InFlightSampler, InFlightSamples, LoadOptions,
-    LoadReport, Sample, Targets, engine_counters, fetch_text, format_compare_table,
-    run_shared_prefix,
+    LoadReport, Sample, Targets, engine_counters, engine_counters_each, fetch_text,
+    format_compare_table, run_shared_prefix,
 };
-pub use workload::{Conversation, SharedPrefixWorkload, words};
+pub use workload::{Conversation, SharedPrefixWorkload, word, words};

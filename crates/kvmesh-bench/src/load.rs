@@ -332,6 +332,8 @@ pub struct EngineCounters {
     pub queries: f64,
     /// Requests preempted (KV cache full).
     pub preemptions: f64,
+    /// Requests finished (`vllm:request_success_total`).
+    pub requests: f64,
 }
 
 impl EngineCounters {
@@ -341,6 +343,7 @@ impl EngineCounters {
             hits: metric_sum(page, "vllm:prefix_cache_hits_total"),
             queries: metric_sum(page, "vllm:prefix_cache_queries_total"),
             preemptions: metric_sum(page, "vllm:num_preemptions_total"),
+            requests: metric_sum(page, "vllm:request_success_total"),
         }
     }
 
@@ -359,6 +362,7 @@ impl EngineCounters {
             hits: self.hits - before.hits,
             queries: self.queries - before.queries,
             preemptions: self.preemptions - before.preemptions,
+            requests: self.requests - before.requests,
         }
     }
 }
@@ -370,6 +374,7 @@ impl std::ops::Add for EngineCounters {
             hits: self.hits + o.hits,
             queries: self.queries + o.queries,
             preemptions: self.preemptions + o.preemptions,
+            requests: self.requests + o.requests,
         }
     }
 }
@@ -417,12 +422,23 @@ pub async fn engine_counters(
     bases: &[String],
     timeout: Duration,
 ) -> Result<EngineCounters, String> {
-    let mut sum = EngineCounters::default();
+    Ok(engine_counters_each(bases, timeout)
+        .await?
+        .into_iter()
+        .fold(EngineCounters::default(), |a, b| a + b))
+}
+
+/// Every engine's counters (same order as `bases`).
+pub async fn engine_counters_each(
+    bases: &[String],
+    timeout: Duration,
+) -> Result<Vec<EngineCounters>, String> {
+    let mut out = Vec::with_capacity(bases.len());
     for base in bases {
         let page = fetch_text(&format!("{base}/metrics"), timeout).await?;
-        sum = sum + EngineCounters::parse(&page);
+        out.push(EngineCounters::parse(&page));
     }
-    Ok(sum)
+    Ok(out)
 }
 
 /// Samples per-engine in-flight counts at a fixed interval while a run goes on.

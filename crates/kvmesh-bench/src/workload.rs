@@ -86,6 +86,11 @@ const WORDS: &[&str] = &[
     "window",
 ];
 
+/// The word standing for token id `t` in text prompts.
+pub fn word(t: u64) -> &'static str {
+    WORDS[(t % WORDS.len() as u64) as usize]
+}
+
 /// Deterministic text of `n` words; `salt` selects the text.
 pub fn words(salt: u64, n: u32) -> String {
     let mut x = salt

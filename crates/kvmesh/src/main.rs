@@ -1,8 +1,11 @@
 //! The `kvmesh` command.
 
 #![forbid(unsafe_code)]
+mod bench_cmd;
+mod fleet;
 mod serve_cmd;
 mod sim_cmd;
+mod smg;
 mod up_cmd;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +28,9 @@ enum Cmd {
     Sim(sim_cmd::SimArgs),
     /// Run a local cluster on loopback and serve a demo workload through it.
     Up(up_cmd::UpArgs),
+    /// Benchmark policies side by side on a local simulated fleet (or given targets): JSON,
+    /// markdown and SVG reports, with the virtual-time evaluator and its oracle.
+    Bench(bench_cmd::BenchArgs),
     /// Configuration helpers.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -76,10 +82,16 @@ pub async fn wait_for_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The bench starts routers per contender: their start-up lines would bury its progress.
+    let default_filter = if matches!(cli.cmd, Cmd::Bench(_)) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -100,6 +112,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(up_cmd::run(args))),
+        Cmd::Bench(args) => runtime().and_then(|rt| rt.block_on(bench_cmd::run(args))),
         Cmd::Cert { out, nodes } => kvmesh_mesh::certs::generate(&nodes)
             .and_then(|c| kvmesh_mesh::certs::write_dir(&out, &c))
             .map(|()| {

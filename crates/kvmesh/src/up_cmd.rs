@@ -7,6 +7,7 @@
 //! caches), and prints one row per policy: the engines' own prefix-cache hit rate, the
 //! client-side cached-token rate, TTFT and the worst sampled in-flight imbalance.
 
+use crate::fleet;
 use clap::Args;
 use kvmesh_bench::{
     CompareRow, EngineCounters, InFlightSampler, LoadOptions, LoadReport, SharedPrefixWorkload,
@@ -14,9 +15,6 @@ use kvmesh_bench::{
 };
 use kvmesh_config::{PolicyKind, ServeConfig, SimConfig};
 use kvmesh_gateway::GatewayServer;
-use kvmesh_sim::SimServer;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 fn w() -> SharedPrefixWorkload {
@@ -92,7 +90,7 @@ pub struct UpArgs {
     pub serve: bool,
 }
 
-fn parse_policy(s: &str) -> Result<PolicyKind, String> {
+pub(crate) fn parse_policy(s: &str) -> Result<PolicyKind, String> {
     PolicyKind::ALL
         .iter()
         .copied()
@@ -103,9 +101,9 @@ fn parse_policy(s: &str) -> Result<PolicyKind, String> {
         })
 }
 
-/// Engines and routers on loopback.
+/// Engines and routers on loopback (see [`crate::fleet`]).
 struct Cluster {
-    sims: Vec<SimServer>,
+    sims: kvmesh_sim::LocalFleet,
     routers: Vec<GatewayServer>,
     engine_urls: Vec<String>,
 }
@@ -114,90 +112,26 @@ impl Cluster {
     /// Starts `a.engines` fresh engines (publishing KV events when `policy` reads them) and
     /// `a.routers` routers with `policy` in front of all of them.
     async fn start(a: &UpArgs, policy: PolicyKind) -> Result<Cluster, String> {
-        let events = matches!(policy, PolicyKind::Precise | PolicyKind::Scored);
-        let fleet = kvmesh_sim::start_fleet(a.engines as usize, events, |i| {
-            let mut cfg = SimConfig {
-                time_scale: a.time_scale,
-                seed: i as u64,
-                ..SimConfig::default()
-            };
-            if let Some(b) = a.kv_blocks {
-                cfg.engine.num_blocks = b;
-                // The cache must hold one max-length sequence.
-                cfg.max_model_len = cfg
-                    .max_model_len
-                    .min(b.saturating_mul(cfg.engine.block_size));
-            }
-            cfg
-        })
-        .await
-        .map_err(|e| e.to_string())?;
-        for (i, url) in fleet.urls().iter().enumerate() {
-            eprintln!("engine {i}: {url}");
-        }
-        let entries = fleet.entries.clone();
-        let sims = fleet.sims;
-        let mesh = a.routers > 1 && !a.no_mesh;
-        let names: Vec<String> = (0..a.routers).map(|i| format!("router-{i}")).collect();
-        let tls_dir = std::env::temp_dir().join(format!("kvmesh-up-{}", std::process::id()));
-        if mesh {
-            let certs = kvmesh_mesh::certs::generate(&names).map_err(|e| e.to_string())?;
-            kvmesh_mesh::certs::write_dir(&tls_dir, &certs).map_err(|e| e.to_string())?;
-        }
-        let mut routers: Vec<GatewayServer> = Vec::new();
-        for i in 0..a.routers {
-            let mut cfg = ServeConfig {
-                listen: "127.0.0.1:0".into(),
-                engines: entries.clone(),
-                seed: 1 + i as u64,
-                ..ServeConfig::default()
-            };
-            cfg.routing.policy.policy = policy;
-            if mesh {
-                cfg.mesh.enabled = true;
-                cfg.mesh.node_id = names[i as usize].clone();
-                cfg.mesh.listen = "127.0.0.1:0".into();
-                cfg.mesh.tls_dir = tls_dir.display().to_string();
-                cfg.mesh.expected_routers = a.routers;
-                if let Some(seed) = routers
-                    .first()
-                    .and_then(|r| r.cluster.as_ref())
-                    .and_then(|c| c.addr())
-                {
-                    cfg.mesh.seeds = vec![seed.to_string()];
-                }
-            }
-            let r = kvmesh_gateway::start(cfg)
-                .await
-                .map_err(|e| e.to_string())?;
-            let at = r
-                .cluster
-                .as_ref()
-                .and_then(|c| c.addr())
-                .map(|m| format!(" (mesh {m})"))
-                .unwrap_or_default();
-            eprintln!("router {i}: {}{at}", r.base_url());
-            routers.push(r);
-        }
-        if mesh {
-            // The demo starts once every router sees the others.
-            let want = routers.len() - 1;
-            let formed = async {
-                while !routers.iter().all(|r| {
-                    r.cluster
-                        .as_ref()
-                        .is_some_and(|c| c.members().len() == want)
-                }) {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+        let spec = fleet::EngineSpec {
+            engines: a.engines,
+            time_scale: a.time_scale,
+            kv_blocks: a.kv_blocks,
+            max_model_len: None,
+            profile: None,
+            kv_events: matches!(policy, PolicyKind::Precise | PolicyKind::Scored),
+            log: true,
+        };
+        let sims = fleet::start_engines(&spec).await?;
+        let routers =
+            match fleet::start_routers(&sims.entries, a.routers, !a.no_mesh, policy, 1, true).await
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    sims.shutdown(Duration::from_secs(5)).await;
+                    return Err(e);
                 }
             };
-            tokio::time::timeout(Duration::from_secs(30), formed)
-                .await
-                .map_err(|_| "the routers did not form a mesh within 30 s".to_string())?;
-            let _ = std::fs::remove_dir_all(&tls_dir);
-            eprintln!("mesh formed: {} routers", routers.len());
-        }
-        let engine_urls = sims.iter().map(|s| s.base_url()).collect();
+        let engine_urls = sims.urls();
         Ok(Cluster {
             sims,
             routers,
@@ -206,45 +140,22 @@ impl Cluster {
     }
 
     fn targets(&self) -> Targets {
-        if self.routers.is_empty() {
-            Targets::RoundRobin(self.engine_urls.clone())
-        } else {
-            Targets::RoundRobin(self.routers.iter().map(|r| r.base_url()).collect())
-        }
+        fleet::targets(&self.routers, &self.engine_urls)
     }
 
     /// Samples the routers' in-flight count per engine (summed over routers), or `None`
     /// without routers.
     fn sampler(&self, every: Duration) -> Option<InFlightSampler> {
-        if self.routers.is_empty() {
-            return None;
-        }
-        let gws: Vec<_> = self.routers.iter().map(|r| r.gateway.clone()).collect();
-        let urls = Arc::new(self.engine_urls.clone());
-        Some(InFlightSampler::start(every, move || {
-            let mut v = vec![0u32; urls.len()];
-            for g in &gws {
-                for e in g.registry.members() {
-                    if let Some(i) = urls.iter().position(|u| *u == e.url) {
-                        v[i] += e.in_flight.load(Ordering::Relaxed);
-                    }
-                }
-            }
-            v
-        }))
+        fleet::in_flight_sampler(&self.routers, &self.engine_urls, every)
     }
 
     async fn counters(&self) -> Result<EngineCounters, String> {
-        kvmesh_bench::engine_counters(&self.engine_urls, Duration::from_secs(10)).await
+        fleet::counters(&self.engine_urls).await
     }
 
     async fn shutdown(self) {
-        for r in self.routers {
-            r.shutdown().await;
-        }
-        for s in self.sims {
-            s.shutdown(Duration::from_secs(5)).await;
-        }
+        fleet::shutdown_routers(self.routers).await;
+        self.sims.shutdown(Duration::from_secs(5)).await;
     }
 }
 

@@ -1,0 +1,289 @@
+//! SVG plots of a [`Report`] with `plotters` (SVG backend only: text is written as SVG `<text>`
+//! and laid out by plotters' estimate, so no font library or fontconfig is needed).
+
+use crate::report::Report;
+use plotters::prelude::*;
+use std::path::Path;
+
+const SIZE: (u32, u32) = (900, 520);
+
+fn color(i: usize) -> RGBColor {
+    const C: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+    ];
+    C[i % C.len()]
+}
+
+fn err<E: std::fmt::Display>(e: E) -> String {
+    format!("plot: {e}")
+}
+
+/// Writes every plot into `dir`; returns the file names.
+pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for (name, f) in [
+        (
+            "ttft_cdf.svg",
+            ttft_cdf as fn(&Report, &Path) -> Result<(), String>,
+        ),
+        ("throughput.svg", throughput),
+        ("hit_rate.svg", hit_rate),
+        ("hit_rate_over_time.svg", hit_rate_over_time),
+        ("load_spread.svg", load_spread),
+    ] {
+        f(report, &dir.join(name))?;
+        out.push(name.to_string());
+    }
+    Ok(out)
+}
+
+/// TTFT CDF per contender (median run).
+fn ttft_cdf(r: &Report, path: &Path) -> Result<(), String> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let xmax = r
+        .contenders
+        .iter()
+        .flat_map(|c| c.ttfts_ms.last())
+        .fold(1.0f64, |a, &b| a.max(b))
+        * 1.05;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "TTFT distribution per contender (wall ms)",
+            ("sans-serif", 22),
+        )
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..xmax, 0f64..1.0)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("TTFT (ms)")
+        .y_desc("fraction of requests")
+        .draw()
+        .map_err(err)?;
+    for (i, c) in r.contenders.iter().enumerate() {
+        let n = c.ttfts_ms.len().max(1) as f64;
+        let pts: Vec<(f64, f64)> = c
+            .ttfts_ms
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| (t, (k + 1) as f64 / n))
+            .collect();
+        let col = color(i);
+        chart
+            .draw_series(LineSeries::new(pts, col.stroke_width(2)))
+            .map_err(err)?
+            .label(c.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+/// One bar per label.
+fn bars(
+    path: &Path,
+    title: &str,
+    ydesc: &str,
+    items: &[(String, f64)],
+    ymax: f64,
+    percent: bool,
+) -> Result<(), String> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let n = items.len().max(1);
+    let labels: Vec<String> = items.iter().map(|(l, _)| l.clone()).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..n as f64, 0f64..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n * 2 + 1)
+        .x_label_formatter(&|x| {
+            let f = x.fract();
+            if (f - 0.5).abs() < 0.01 {
+                labels.get(*x as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc(ydesc)
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(items.iter().enumerate().map(|(i, (_, v))| {
+            Rectangle::new(
+                [(i as f64 + 0.15, 0.0), (i as f64 + 0.85, *v)],
+                color(i).filled(),
+            )
+        }))
+        .map_err(err)?;
+    chart
+        .draw_series(items.iter().enumerate().map(|(i, (_, v))| {
+            let txt = if percent {
+                format!("{:.1}%", v * 100.0)
+            } else {
+                format!("{v:.0}")
+            };
+            Text::new(txt, (i as f64 + 0.3, *v + ymax * 0.02), ("sans-serif", 15))
+        }))
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+/// Output tokens/s by contender (median over repeats).
+fn throughput(r: &Report, path: &Path) -> Result<(), String> {
+    let items: Vec<(String, f64)> = r
+        .contenders
+        .iter()
+        .map(|c| (c.name.clone(), c.output_tokens_per_s))
+        .collect();
+    let ymax = items.iter().fold(1.0f64, |a, (_, v)| a.max(*v)) * 1.15;
+    bars(
+        path,
+        "Output tokens per second (wall, median)",
+        "output tokens / s",
+        &items,
+        ymax,
+        false,
+    )
+}
+
+/// Engine-reported hit rate by contender, with the evaluator's oracle as the ceiling.
+fn hit_rate(r: &Report, path: &Path) -> Result<(), String> {
+    let mut items: Vec<(String, f64)> = r
+        .contenders
+        .iter()
+        .map(|c| (c.name.clone(), c.hit_rate))
+        .collect();
+    if let Some(o) = r.evaluator.iter().find(|e| e.name == "oracle") {
+        items.push(("oracle (virtual)".into(), o.hit_rate));
+    }
+    bars(
+        path,
+        "Engine-reported prefix-cache hit rate",
+        "hits / queries",
+        &items,
+        1.1,
+        true,
+    )
+}
+
+/// Client-side hit rate over the run (tenths of the run) per contender.
+fn hit_rate_over_time(r: &Report, path: &Path) -> Result<(), String> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let xmax = r
+        .contenders
+        .iter()
+        .map(|c| c.elapsed_s)
+        .fold(1e-3f64, f64::max);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Hit rate over the run (cached / prompt tokens by send time)",
+            ("sans-serif", 22),
+        )
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..xmax, 0f64..1.05)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since start (wall)")
+        .y_desc("hit rate")
+        .draw()
+        .map_err(err)?;
+    for (i, c) in r.contenders.iter().enumerate() {
+        let col = color(i);
+        chart
+            .draw_series(LineSeries::new(c.timeline.clone(), col.stroke_width(2)))
+            .map_err(err)?
+            .label(c.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], col.stroke_width(2)));
+        chart
+            .draw_series(c.timeline.iter().map(|&p| Circle::new(p, 3, col.filled())))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+/// Requests per engine, grouped by contender.
+fn load_spread(r: &Report, path: &Path) -> Result<(), String> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let n = r.contenders.len().max(1);
+    let ymax = r
+        .contenders
+        .iter()
+        .flat_map(|c| c.per_engine.iter().map(|(_, v)| *v as f64))
+        .fold(1.0f64, f64::max)
+        * 1.2;
+    let labels: Vec<String> = r
+        .contenders
+        .iter()
+        .map(|c| format!("{} (spread {:.2})", c.name, c.load_spread))
+        .collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Requests per engine by contender (bars: engine 0, 1, ... left to right)",
+            ("sans-serif", 20),
+        )
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..n as f64, 0f64..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n * 2 + 1)
+        .x_label_formatter(&|x| {
+            if (x.fract() - 0.5).abs() < 0.01 {
+                labels.get(*x as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("requests")
+        .draw()
+        .map_err(err)?;
+    for (i, c) in r.contenders.iter().enumerate() {
+        let k = c.per_engine.len().max(1) as f64;
+        let w = 0.8 / k;
+        chart
+            .draw_series(c.per_engine.iter().enumerate().map(|(e, (_, v))| {
+                let x0 = i as f64 + 0.1 + e as f64 * w;
+                Rectangle::new([(x0, 0.0), (x0 + w * 0.9, *v as f64)], color(e).filled())
+            }))
+            .map_err(err)?;
+    }
+    root.present().map_err(err)
+}

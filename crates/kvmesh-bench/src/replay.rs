@@ -1,0 +1,363 @@
+//! The job client: replays a [`JobSet`] against OpenAI-compatible endpoints as streaming
+//! `/v1/completions` (token-id prompts, or text with a word per token), closed loop (at most
+//! `concurrency` conversations at once) or open loop (each job at its arrival ÷ speed-up, at most
+//! `max_in_flight` at once). Every request has a timeout and the run a deadline.
+
+use crate::jobs::{Arrival, Job, JobSet, prompt_text};
+use crate::load::Targets;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+/// How prompts are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptMode {
+    /// Token ids (`"prompt": [ids]`): the engine sees exactly the job's tokens.
+    #[default]
+    Tokens,
+    /// Text, one word per token id (for routers that need text, e.g. SMG).
+    Text,
+}
+
+/// Options of a replay.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    /// Model name to send.
+    pub model: String,
+    /// Prompts as token ids or text.
+    pub prompts: PromptMode,
+    /// Closed loop: conversations at once.
+    pub concurrency: usize,
+    /// Open loop: requests in flight at most (later arrivals wait).
+    pub max_in_flight: usize,
+    /// Open loop: trace time ÷ this.
+    pub speedup: f64,
+    /// Timeout of one request.
+    pub request_timeout: Duration,
+    /// Deadline of the whole run: jobs not started by then are counted as errors.
+    pub deadline: Duration,
+}
+
+/// The outcome of one request.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Record {
+    /// The job.
+    pub job: u64,
+    /// When it was sent, seconds since the run's start.
+    pub sent_s: f64,
+    /// Which endpoint served it (the router's `x-kvmesh-engine`, else the base URL).
+    pub served_by: String,
+    /// Time to the first streamed choice, seconds.
+    pub ttft_s: f64,
+    /// Time to the end of the stream, seconds.
+    pub e2e_s: f64,
+    /// Mean gap between streamed chunks after the first, seconds (None with < 2 chunks).
+    pub itl_s: Option<f64>,
+    /// Prompt tokens (usage).
+    pub prompt_tokens: u64,
+    /// Prompt tokens the engine served from cache (usage).
+    pub cached_tokens: u64,
+    /// Completion tokens (usage).
+    pub completion_tokens: u64,
+    /// The router's predicted cached tokens (`x-kvmesh-predicted-cached-tokens`).
+    pub predicted_cached_tokens: Option<u64>,
+    /// The error, for a failed request.
+    pub error: Option<String>,
+}
+
+/// Replays `set` against `targets`; `progress` is called once per finished job.
+pub async fn replay(
+    set: &JobSet,
+    targets: Targets,
+    opts: &ReplayOptions,
+    progress: Arc<dyn Fn() + Send + Sync>,
+) -> (Vec<Record>, Duration) {
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build_http();
+    let start = Instant::now();
+    let jobs = Arc::new(set.jobs.clone());
+    let rr = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    match set.arrival {
+        Arrival::Closed => {
+            let convs = Arc::new(set.conversations());
+            let next = Arc::new(AtomicUsize::new(0));
+            for _ in 0..opts.concurrency.max(1) {
+                let (convs, next, jobs, rr, client, targets, opts, progress) = (
+                    convs.clone(),
+                    next.clone(),
+                    jobs.clone(),
+                    rr.clone(),
+                    client.clone(),
+                    targets.clone(),
+                    opts.clone(),
+                    progress.clone(),
+                );
+                tasks.push(tokio::spawn(async move {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(conv) = convs.get(i) else { break };
+                        let mut failed = false;
+                        for &j in conv {
+                            let job = &jobs[j];
+                            let r = if failed || start.elapsed() > opts.deadline {
+                                Record::failed(job, "not sent: deadline or earlier turn failed")
+                            } else {
+                                let base = pick(&targets, &rr);
+                                send(&client, &base, job, &opts, start).await
+                            };
+                            failed |= r.error.is_some();
+                            progress();
+                            out.push(r);
+                        }
+                    }
+                    out
+                }));
+            }
+        }
+        Arrival::Open => {
+            let gate = Arc::new(tokio::sync::Semaphore::new(opts.max_in_flight.max(1)));
+            let speed = if opts.speedup > 0.0 {
+                opts.speedup
+            } else {
+                1.0
+            };
+            for j in 0..jobs.len() {
+                let due = Duration::from_secs_f64(jobs[j].at_us as f64 / 1e6 / speed);
+                if due > opts.deadline {
+                    tasks.push(tokio::spawn({
+                        let (jobs, progress) = (jobs.clone(), progress.clone());
+                        async move {
+                            progress();
+                            vec![Record::failed(&jobs[j], "not sent: beyond the deadline")]
+                        }
+                    }));
+                    continue;
+                }
+                tokio::time::sleep_until((start + due).into()).await;
+                let permit = gate.clone().acquire_owned().await;
+                let (jobs, rr, client, targets, opts, progress) = (
+                    jobs.clone(),
+                    rr.clone(),
+                    client.clone(),
+                    targets.clone(),
+                    opts.clone(),
+                    progress.clone(),
+                );
+                tasks.push(tokio::spawn(async move {
+                    let _permit = permit;
+                    let base = pick(&targets, &rr);
+                    let r = send(&client, &base, &jobs[j], &opts, start).await;
+                    progress();
+                    vec![r]
+                }));
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(set.jobs.len());
+    for t in tasks {
+        if let Ok(r) = t.await {
+            out.extend(r);
+        }
+    }
+    out.sort_by_key(|r| r.job);
+    (out, start.elapsed())
+}
+
+impl Record {
+    fn failed(job: &Job, e: &str) -> Record {
+        Record {
+            job: job.id,
+            error: Some(e.to_string()),
+            ..Record::default()
+        }
+    }
+}
+
+fn pick(targets: &Targets, rr: &AtomicUsize) -> String {
+    match targets {
+        Targets::RoundRobin(v) if !v.is_empty() => {
+            v[rr.fetch_add(1, Ordering::Relaxed) % v.len()].clone()
+        }
+        Targets::Single(u) => u.clone(),
+        Targets::RoundRobin(_) => String::new(),
+    }
+}
+
+async fn send(
+    client: &HttpClient,
+    base: &str,
+    job: &Job,
+    opts: &ReplayOptions,
+    start: Instant,
+) -> Record {
+    let sent_s = start.elapsed().as_secs_f64();
+    let prompt = match opts.prompts {
+        PromptMode::Tokens => json!(job.prompt),
+        PromptMode::Text => json!(prompt_text(&job.prompt)),
+    };
+    let body = json!({
+        "model": opts.model,
+        "prompt": prompt,
+        "max_tokens": job.max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "user": format!("c{}", job.conv),
+    });
+    let mut r = match tokio::time::timeout(opts.request_timeout, stream(client, base, body)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Record {
+            error: Some(e),
+            ..Record::default()
+        },
+        Err(_) => Record {
+            error: Some(format!(
+                "timeout after {:?} on {base}",
+                opts.request_timeout
+            )),
+            ..Record::default()
+        },
+    };
+    r.job = job.id;
+    r.sent_s = sent_s;
+    r
+}
+
+async fn stream(
+    client: &HttpClient,
+    base: &str,
+    body: serde_json::Value,
+) -> Result<Record, String> {
+    if base.is_empty() {
+        return Err("no targets".into());
+    }
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("{base}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    let resp = client
+        .request(req)
+        .await
+        .map_err(|e| format!("{base}: {e}"))?;
+    let status = resp.status();
+    let header = |n: &str| {
+        resp.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let served_by = header("x-kvmesh-engine").unwrap_or_else(|| base.to_string());
+    let predicted_cached_tokens =
+        header("x-kvmesh-predicted-cached-tokens").and_then(|v| v.parse().ok());
+    let mut body = resp.into_body();
+    if !status.is_success() {
+        let b = body
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        let text = String::from_utf8_lossy(&b);
+        return Err(format!(
+            "{base}: {status}: {}",
+            &text[..text.len().min(300)]
+        ));
+    }
+    let (mut first, mut last, mut chunks, mut any) = (None, None, 0u32, None);
+    let mut buf = Vec::new();
+    let mut usage = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("{base}: stream: {e}"))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..pos + 2).collect();
+            let line = String::from_utf8_lossy(&event);
+            let Some(payload) = line.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            if payload == "[DONE]" {
+                continue;
+            }
+            let v: serde_json::Value =
+                serde_json::from_str(payload).map_err(|e| format!("{base}: bad chunk: {e}"))?;
+            if v.get("error").is_some() {
+                return Err(format!("{base}: error in stream: {payload}"));
+            }
+            // Chunks with text: the first one is the TTFT, the gaps between them the ITL (the
+            // closing chunk with empty text counts only if nothing came before it).
+            if let Some(t) = v["choices"][0]["text"].as_str() {
+                let now = t0.elapsed();
+                if !t.is_empty() {
+                    first.get_or_insert(now);
+                    last = Some(now);
+                    chunks += 1;
+                } else {
+                    any.get_or_insert(now);
+                }
+            }
+            if v["usage"].is_object() {
+                usage = Some(v["usage"].clone());
+            }
+        }
+    }
+    let usage = usage.ok_or_else(|| format!("{base}: stream ended without usage"))?;
+    let e2e = t0.elapsed();
+    let itl_s = match (first, last) {
+        (Some(f), Some(l)) if chunks >= 2 => Some((l - f).as_secs_f64() / f64::from(chunks - 1)),
+        _ => None,
+    };
+    Ok(Record {
+        served_by,
+        ttft_s: first.or(any).unwrap_or(e2e).as_secs_f64(),
+        e2e_s: e2e.as_secs_f64(),
+        itl_s,
+        prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
+        cached_tokens: usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+        completion_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
+        predicted_cached_tokens,
+        ..Record::default()
+    })
+}
+
+/// POSTs an empty body to `url` (bounded by `timeout`; non-2xx is an error).
+pub async fn post_empty(url: &str, timeout: Duration) -> Result<(), String> {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(url)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| format!("{url}: {e}"))?;
+    tokio::time::timeout(timeout, async {
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        let _ = resp.into_body().collect().await;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("{url}: {status}"))
+        }
+    })
+    .await
+    .map_err(|_| format!("{url}: timeout after {timeout:?}"))?
+}

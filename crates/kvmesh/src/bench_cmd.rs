@@ -1,0 +1,583 @@
+//! `kvmesh bench`: contenders side by side on one local simulated fleet (or on `--target`
+//! URLs), interleaved, same workload and seed, engine caches reset between runs; the
+//! virtual-time evaluator over the same jobs (every policy and the oracle); a report as
+//! `report.json`, `report.md` and SVG plots under `--out`.
+
+use crate::fleet;
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use kvmesh_bench::eval::{Contender, EvalConfig, EvalResult, evaluate};
+use kvmesh_bench::jobs::{self, JobSet};
+use kvmesh_bench::replay::{PromptMode, ReplayOptions, replay};
+use kvmesh_bench::report::{ContenderRow, Report, ratios};
+use kvmesh_bench::settings::BenchSettings;
+use kvmesh_bench::{EngineCounters, Targets};
+use kvmesh_config::{EngineEntry, PolicyKind, ServeConfig, SimConfig};
+use kvmesh_engine::EngineParams;
+use kvmesh_route::TtlPlan;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadKind {
+    /// Groups sharing a long system prompt, multi-turn conversations (closed loop).
+    SharedPrefix,
+    /// Mooncake-format trace replay (open loop, timestamps ÷ the speed-up).
+    Trace,
+    /// Tiny prompts, one output token: what the router costs.
+    Overhead,
+}
+
+/// Prompt encodings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Prompts {
+    /// Token-id prompts to `/v1/completions`.
+    Tokens,
+    /// Text prompts, a word per token.
+    Text,
+}
+
+fn q() -> BenchSettings {
+    BenchSettings::quick()
+}
+fn f() -> BenchSettings {
+    BenchSettings::full()
+}
+
+/// Flags of `kvmesh bench`. Unset flags take the mode's value (kvmesh_bench::settings).
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Quick mode (≤ 2 minutes on a shared 2-core VM; CI smoke); default is full mode.
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory for report.json, report.md and the SVG plots.
+    #[arg(long, default_value = "bench-report")]
+    pub out: PathBuf,
+    /// Workload.
+    #[arg(long, value_enum, default_value_t = WorkloadKind::SharedPrefix)]
+    pub workload: WorkloadKind,
+    /// Mooncake JSONL trace for `--workload trace` [default: the bundled 600-line excerpt].
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Prompts as token ids or as text (a word per token).
+    #[arg(long, value_enum, default_value_t = Prompts::Tokens)]
+    pub prompts: Prompts,
+    #[arg(long = "policy", value_name = "NAME", help = format!(
+        "Contender policy, repeatable (round_robin is always run first as the baseline; \
+         `oracle` is always reported, from the virtual-time evaluator) [default: {}; full: {}]",
+        q().policies.join(","), f().policies.join(",")))]
+    pub policies: Vec<String>,
+    #[arg(long, help = format!("Routers per contender (meshed unless --no-mesh; 0 = clients straight to the engines) [default: {}]", q().routers))]
+    pub routers: Option<u32>,
+    /// Run several routers as independent replicas (no shared state).
+    #[arg(long)]
+    pub no_mesh: bool,
+    /// Add SMG contenders (`smg` on PATH).
+    #[arg(long)]
+    pub smg: bool,
+    /// Measure these OpenAI-compatible endpoints instead of a local fleet (repeatable; clients
+    /// spread requests over them round robin, as DNS would).
+    #[arg(long = "target", value_name = "URL")]
+    pub targets: Vec<String>,
+    #[arg(long, help = format!("Simulated engines [default: {}]", q().engines))]
+    pub engines: Option<u32>,
+    #[arg(long, help = format!("KV-cache blocks (16 tokens) per engine [default: {} quick, {} full; trace {}]", q().kv_blocks, f().kv_blocks, q().trace_kv_blocks))]
+    pub kv_blocks: Option<u32>,
+    #[arg(long, help = format!("Seed of the workload and the routers [default: {}]", q().seed))]
+    pub seed: Option<u64>,
+    #[arg(long, help = format!("Repeats of every contender [default: {} quick, {} full]", q().repeats, f().repeats))]
+    pub repeats: Option<u32>,
+    #[arg(long, help = format!("Closed loop: conversations at once [default: {} quick, {} full]", q().concurrency, f().concurrency))]
+    pub concurrency: Option<usize>,
+    #[arg(long, help = format!("Engines' time scale [default: {}]", q().time_scale))]
+    pub time_scale: Option<f64>,
+    #[arg(long, help = format!("Trace lines / overhead requests [default: {}/{} quick, {}/{} full]", q().trace_requests, q().overhead_requests, f().trace_requests, f().overhead_requests))]
+    pub requests: Option<usize>,
+    #[arg(long, help = format!("Shared-prefix groups [default: {} quick, {} full]", q().shared_prefix.groups, f().shared_prefix.groups))]
+    pub groups: Option<u32>,
+    #[arg(long, help = format!("Trace speed-up (wall = trace time ÷ this) [default: {} quick, {} full]", q().trace_speedup, f().trace_speedup))]
+    pub speedup: Option<f64>,
+    /// Only the virtual-time evaluator (no fleet, no real requests).
+    #[arg(long)]
+    pub eval_only: bool,
+}
+
+struct Plan {
+    s: BenchSettings,
+    set: JobSet,
+    kv_blocks: u32,
+    policies: Vec<PolicyKind>,
+    prompts: PromptMode,
+    notes: Vec<String>,
+}
+
+fn plan(a: &BenchArgs) -> Result<Plan, String> {
+    let mut s = if a.quick { q() } else { f() };
+    let mut notes = Vec::new();
+    s.engines = a.engines.unwrap_or(s.engines).max(1);
+    s.routers = a.routers.unwrap_or(s.routers);
+    s.repeats = a.repeats.unwrap_or(s.repeats).max(1);
+    s.seed = a.seed.unwrap_or(s.seed);
+    s.concurrency = a.concurrency.unwrap_or(s.concurrency).max(1);
+    s.time_scale = a.time_scale.unwrap_or(s.time_scale);
+    s.trace_speedup = a.speedup.unwrap_or(s.trace_speedup);
+    s.shared_prefix.seed = s.seed;
+    if let Some(g) = a.groups {
+        s.shared_prefix.groups = g.max(1);
+    }
+    if let Some(n) = a.requests {
+        s.trace_requests = n;
+        s.overhead_requests = n;
+    }
+    if !(s.time_scale > 0.0 && s.time_scale <= 10.0) {
+        return Err("--time-scale must be in (0, 10]".into());
+    }
+    let kv_blocks = a.kv_blocks.unwrap_or(match a.workload {
+        WorkloadKind::Trace => s.trace_kv_blocks,
+        _ => s.kv_blocks,
+    });
+    let max_model_len = kv_blocks.saturating_mul(SimConfig::default().engine.block_size);
+    let set = match a.workload {
+        WorkloadKind::SharedPrefix => jobs::shared_prefix_jobs(&s.shared_prefix),
+        WorkloadKind::Overhead => jobs::overhead_jobs(s.overhead_requests, s.seed),
+        WorkloadKind::Trace => {
+            let text = match &a.trace {
+                Some(p) => std::fs::read_to_string(p)
+                    .map_err(|e| format!("--trace {}: {e}", p.display()))?,
+                None => jobs::BUNDLED_TRACE.to_string(),
+            };
+            let lines = jobs::parse_trace(&text)?;
+            let set = jobs::trace_jobs(&lines, s.trace_requests, max_model_len);
+            if set.skipped > 0 {
+                notes.push(format!(
+                    "{} trace lines skipped: prompt + completion above {max_model_len} tokens (the engines' KV cache)",
+                    set.skipped
+                ));
+            }
+            set
+        }
+    };
+    let names = if a.policies.is_empty() {
+        s.policies.clone()
+    } else {
+        a.policies.clone()
+    };
+    let mut policies = Vec::new();
+    for n in names {
+        if n.trim() == "oracle" {
+            continue; // always in the evaluator's rows
+        }
+        let p = crate::up_cmd::parse_policy(&n)?;
+        if !policies.contains(&p) {
+            policies.push(p);
+        }
+    }
+    policies.retain(|p| *p != PolicyKind::RoundRobin);
+    policies.insert(0, PolicyKind::RoundRobin);
+    let prompts = match a.prompts {
+        Prompts::Tokens => PromptMode::Tokens,
+        Prompts::Text => PromptMode::Text,
+    };
+    Ok(Plan {
+        s,
+        set,
+        kv_blocks,
+        policies,
+        prompts,
+        notes,
+    })
+}
+
+fn engine_spec(p: &Plan) -> fleet::EngineSpec {
+    fleet::EngineSpec {
+        engines: p.s.engines,
+        time_scale: p.s.time_scale,
+        kv_blocks: Some(p.kv_blocks),
+        max_model_len: Some(u32::MAX),
+        // The overhead workload measures the router: engines answer at once.
+        profile: (p.set.name == "overhead").then(|| "instant".to_string()),
+        kv_events: true,
+        log: false,
+    }
+}
+
+/// Runs the evaluator for every policy and the oracle (in a blocking thread).
+async fn run_evaluator(p: &Plan, closed_concurrency: usize) -> Result<Vec<EvalResult>, String> {
+    let sim = engine_spec(p).config(0);
+    let params = EngineParams::from_config(&sim.engine, sim.max_model_len, 0)?;
+    let serve = ServeConfig::default();
+    let cfg = EvalConfig {
+        engines: p.s.engines as usize,
+        params,
+        routing: serve.routing.policy.clone(),
+        ttl: TtlPlan {
+            speculative_us: serve.prefix.speculative_ttl_ms * 1_000,
+            approximate_us: serve.prefix.approximate_ttl_ms * 1_000,
+        },
+        concurrency: closed_concurrency,
+        // Arrivals in simulated time: trace time ÷ (speed-up × time scale).
+        speedup: p.s.trace_speedup * p.s.time_scale,
+        seed: p.s.seed,
+    };
+    let mut contenders: Vec<Contender> = p.policies.iter().map(|&k| Contender::Policy(k)).collect();
+    contenders.push(Contender::Oracle);
+    let set = Arc::new(p.set.clone());
+    let bar = ProgressBar::new(contenders.len() as u64);
+    bar.set_style(style("evaluator (virtual time)"));
+    let mut out = Vec::new();
+    for c in contenders {
+        bar.set_message(c.name());
+        let (set, cfg) = (set.clone(), cfg.clone());
+        let r = tokio::task::spawn_blocking(move || evaluate(&set, c, &cfg))
+            .await
+            .map_err(|e| format!("evaluator: {e}"))?;
+        out.push(r);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+fn style(prefix: &str) -> ProgressStyle {
+    ProgressStyle::with_template(&format!(
+        "{prefix} {{msg:>24}} [{{bar:30}}] {{pos}}/{{len}} {{elapsed}}"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ")
+}
+
+/// POST `{url}/reset_prefix_cache` on every engine (retried while requests drain, bounded).
+async fn reset_caches(urls: &[String]) -> Result<(), String> {
+    for u in urls {
+        let mut last = String::new();
+        let mut ok = false;
+        for _ in 0..50 {
+            match kvmesh_bench::replay::post_empty(
+                &format!("{u}/reset_prefix_cache"),
+                Duration::from_secs(5),
+            )
+            .await
+            {
+                Ok(()) => {
+                    ok = true;
+                    break;
+                }
+                Err(e) => {
+                    last = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        if !ok {
+            return Err(format!("cannot reset the prefix cache of {u}: {last}"));
+        }
+    }
+    Ok(())
+}
+
+fn replay_opts(p: &Plan) -> ReplayOptions {
+    let overhead = p.set.name == "overhead";
+    ReplayOptions {
+        model: SimConfig::default().model,
+        prompts: p.prompts,
+        concurrency: if overhead {
+            p.s.overhead_concurrency
+        } else {
+            p.s.concurrency
+        },
+        max_in_flight: p.s.trace_max_in_flight,
+        speedup: p.s.trace_speedup,
+        request_timeout: Duration::from_secs(p.s.request_timeout_s),
+        deadline: Duration::from_secs(p.s.run_deadline_s),
+    }
+}
+
+/// One contender's run against `targets`; `engine_urls` are read for the counters (empty with
+/// external targets: the hit rate is then the client-side one).
+async fn measure(
+    p: &Plan,
+    name: &str,
+    targets: Targets,
+    engine_urls: &[String],
+    prompts: PromptMode,
+) -> Result<ContenderRow, String> {
+    let each = |urls: &[String]| {
+        let urls = urls.to_vec();
+        async move { kvmesh_bench::engine_counters_each(&urls, Duration::from_secs(10)).await }
+    };
+    let before = each(engine_urls).await?;
+    let bar = ProgressBar::new(p.set.jobs.len() as u64);
+    bar.set_style(style("real time"));
+    bar.set_message(name.to_string());
+    let b = bar.clone();
+    let opts = ReplayOptions {
+        prompts,
+        ..replay_opts(p)
+    };
+    let (records, elapsed) = replay(&p.set, targets, &opts, Arc::new(move || b.inc(1))).await;
+    bar.finish_and_clear();
+    let after = each(engine_urls).await?;
+    let deltas: Vec<(String, EngineCounters)> = engine_urls
+        .iter()
+        .zip(after.iter().zip(&before))
+        .map(|(u, (a, b))| (u.clone(), a.since(b)))
+        .collect();
+    let mut row = ContenderRow::from_records(&records, elapsed.as_secs_f64(), &deltas);
+    if engine_urls.is_empty() {
+        row.hit_rate = row.client_hit_rate;
+    }
+    if let Some(e) = records.iter().find_map(|r| r.error.as_ref()) {
+        eprintln!("{name}: {} errors, first: {e}", row.errors);
+    }
+    Ok(row)
+}
+
+fn contender_name(policy: PolicyKind, routers: u32, mesh: bool) -> String {
+    match routers {
+        0 => "direct (no router)".into(),
+        1 => policy.as_str().to_string(),
+        n => format!(
+            "{} x{n} {}",
+            policy.as_str(),
+            if mesh { "mesh" } else { "no-mesh" }
+        ),
+    }
+}
+
+/// Runs `kvmesh bench`.
+pub async fn run(a: BenchArgs) -> Result<(), String> {
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut p = plan(&a)?;
+    // Read before the run: the tree may change while it goes on.
+    let commit = commit();
+    std::fs::create_dir_all(&a.out).map_err(|e| format!("--out {}: {e}", a.out.display()))?;
+    eprintln!(
+        "workload {}: {} requests, {} prompt tokens{}",
+        p.set.name,
+        p.set.jobs.len(),
+        p.set.prompt_tokens(),
+        if p.set.skipped > 0 {
+            format!(", {} skipped", p.set.skipped)
+        } else {
+            String::new()
+        }
+    );
+    let smg_bin = if a.smg { crate::smg::find() } else { None };
+    if a.smg {
+        p.notes.push(match &smg_bin {
+            Some(b) => format!(
+                "SMG contender: `{} launch --policy cache_aware` in front of the same engines, sent text prompts (SMG tokenizes text; for a like-for-like comparison run every contender with --prompts text)",
+                b.display()
+            ),
+            None => "--smg: `smg` is not on PATH (pip install smg): no SMG contender was run".into(),
+        });
+    }
+    let closed_concurrency = if p.set.name == "overhead" {
+        p.s.overhead_concurrency
+    } else {
+        p.s.concurrency
+    };
+    let evaluator = if p.set.name == "overhead" {
+        p.notes.push("overhead workload: no evaluator rows (it measures the router's own cost, which the virtual-time evaluator does not model)".into());
+        Vec::new()
+    } else if a.targets.is_empty() {
+        run_evaluator(&p, closed_concurrency).await?
+    } else {
+        p.notes.push("external targets: no evaluator rows (the fleet behind them is unknown); hit rate is client-side (usage cached tokens / prompt tokens)".into());
+        Vec::new()
+    };
+    let mut runs: Vec<ContenderRow> = Vec::new();
+    let mesh = !a.no_mesh;
+    if a.eval_only {
+        p.notes.push("--eval-only: no real-time runs".into());
+    } else if !a.targets.is_empty() {
+        for rep in 0..p.s.repeats {
+            let mut row = measure(
+                &p,
+                "target",
+                Targets::RoundRobin(a.targets.clone()),
+                &[],
+                p.prompts,
+            )
+            .await?;
+            row.name = "target".into();
+            row.policy = "external".into();
+            row.repeat = Some(rep);
+            runs.push(row);
+        }
+    } else {
+        let engines = fleet::start_engines(&engine_spec(&p)).await?;
+        let urls = engines.urls();
+        // Contenders: (policy, routers); the overhead workload adds the engines directly.
+        let mut plan_runs: Vec<(PolicyKind, u32)> =
+            p.policies.iter().map(|&k| (k, p.s.routers)).collect();
+        if p.s.routers == 0 {
+            plan_runs.truncate(1); // every policy is the same without routers
+        } else if p.set.name == "overhead" {
+            plan_runs.push((PolicyKind::RoundRobin, 0));
+        }
+        let result = async {
+            for rep in 0..p.s.repeats {
+                for &(policy, routers) in &plan_runs {
+                    reset_caches(&urls).await?;
+                    let reads_events = matches!(policy, PolicyKind::Precise | PolicyKind::Scored);
+                    let entries: Vec<EngineEntry> = engines
+                        .entries
+                        .iter()
+                        .map(|e| {
+                            let mut e = e.clone();
+                            if !reads_events {
+                                e.kv_events.clear();
+                                e.kv_replay.clear();
+                            }
+                            e
+                        })
+                        .collect();
+                    let name = contender_name(policy, routers, mesh);
+                    let n_routers = routers;
+                    let routers = fleet::start_routers(&entries, routers, mesh, policy, p.s.seed, false).await?;
+                    let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls, p.prompts).await;
+                    fleet::shutdown_routers(routers).await;
+                    let mut row = row?;
+                    row.name = name;
+                    row.policy = if n_routers == 0 { "direct".into() } else { policy.as_str().into() };
+                    row.routers = n_routers;
+                    row.mesh = mesh && n_routers > 1;
+                    row.repeat = Some(rep);
+                    eprintln!(
+                        "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, {} errors",
+                        row.name, row.output_tokens_per_s, row.hit_rate * 100.0, row.ttft_p99_ms, row.errors
+                    );
+                    runs.push(row);
+                }
+                if let Some(bin) = &smg_bin
+                    && !a.eval_only
+                {
+                    reset_caches(&urls).await?;
+                    let name = "smg cache_aware".to_string();
+                    let smg = crate::smg::start(bin, &urls, "cache_aware").await?;
+                    let row = measure(&p, &name, Targets::Single(smg.url.clone()), &urls, PromptMode::Text).await;
+                    drop(smg);
+                    let mut row = row?;
+                    row.name = name;
+                    row.policy = "smg_cache_aware".into();
+                    row.routers = 1;
+                    row.repeat = Some(rep);
+                    eprintln!(
+                        "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, {} errors",
+                        row.name, row.output_tokens_per_s, row.hit_rate * 100.0, row.ttft_p99_ms, row.errors
+                    );
+                    runs.push(row);
+                }
+            }
+            Ok::<(), String>(())
+        }
+        .await;
+        engines.shutdown(Duration::from_secs(5)).await;
+        result?;
+    }
+    let mut names: Vec<String> = Vec::new();
+    for r in &runs {
+        if !names.contains(&r.name) {
+            names.push(r.name.clone());
+        }
+    }
+    let contenders: Vec<ContenderRow> = names
+        .iter()
+        .map(|n| {
+            let rs: Vec<ContenderRow> = runs.iter().filter(|r| &r.name == n).cloned().collect();
+            ContenderRow::median_of(&rs)
+        })
+        .collect();
+    let baseline = names.first().cloned().unwrap_or_default();
+    let report = Report {
+        machine: machine(),
+        commit,
+        seed: p.s.seed,
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        started_unix,
+        workload: serde_json::json!({
+            "name": p.set.name,
+            "requests": p.set.jobs.len(),
+            "skipped": p.set.skipped,
+            "prompt_tokens": p.set.prompt_tokens(),
+            "arrival": p.set.arrival,
+            "prompts": p.prompts,
+            "concurrency": closed_concurrency,
+            "shared_prefix": if p.set.name == "shared-prefix" { serde_json::to_value(&p.s.shared_prefix).unwrap_or_default() } else { serde_json::Value::Null },
+            "trace_speedup": if p.set.name == "trace" { serde_json::json!(p.s.trace_speedup) } else { serde_json::Value::Null },
+            "mode": if a.quick { "quick" } else { "full" },
+        }),
+        fleet: if a.targets.is_empty() {
+            serde_json::json!({
+                "engines": p.s.engines,
+                "kv_blocks": p.kv_blocks,
+                "block_size": SimConfig::default().engine.block_size,
+                "time_scale": p.s.time_scale,
+                "profile": SimConfig::default().engine.profile,
+                "routers": p.s.routers,
+                "mesh": mesh && p.s.routers > 1,
+            })
+        } else {
+            serde_json::json!({ "targets": a.targets })
+        },
+        repeats: p.s.repeats,
+        ratios: ratios(&runs, &baseline),
+        contenders,
+        runs,
+        evaluator,
+        notes: p.notes.clone(),
+    };
+    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    let write = |name: &str, body: &str| {
+        std::fs::write(a.out.join(name), body)
+            .map_err(|e| format!("{}: {e}", a.out.join(name).display()))
+    };
+    write("report.json", &json)?;
+    let md = report.markdown();
+    write("report.md", &md)?;
+    let plots = kvmesh_bench::plot::write_all(&report, &a.out)?;
+    println!("{md}");
+    eprintln!(
+        "wrote {}: report.json, report.md, {}",
+        a.out.display(),
+        plots.join(", ")
+    );
+    let errors: u64 = report.contenders.iter().map(|c| c.errors).sum();
+    if errors > 0 {
+        eprintln!("{errors} requests failed (see report.json)");
+    }
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "{} {}, {cores} cores ({cpu})",
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty", "--abbrev=12"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
