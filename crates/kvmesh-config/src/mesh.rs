@@ -28,7 +28,9 @@ pub struct MeshConfig {
     /// routers; they send the engine's index changes to the others (0 = every router reads
     /// every engine: small clusters).
     pub ingest_replicas: u32,
-    /// Local changes (marks, load, registry) are batched and sent at most this often, ms.
+    /// Local changes (marks, in-flight counts, registry, feed batches) are batched and sent at
+    /// most this often, ms — up to 16 routers; beyond, the period grows with the cluster
+    /// (× routers / 16), so that a router's envelope rate stays bounded.
     pub flush_ms: u64,
     /// A router compares digests with a random peer this often and both send what differs;
     /// ingest owners announce their feeds' heads (repairs what was lost), ms.
@@ -48,7 +50,7 @@ impl Default for MeshConfig {
             cluster_id: "kvmesh".into(),
             tls_dir: String::new(),
             ingest_replicas: 2,
-            flush_ms: 20,
+            flush_ms: 5,
             anti_entropy_ms: 1_000,
             expected_routers: 3,
         }

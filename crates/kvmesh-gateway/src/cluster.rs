@@ -65,10 +65,6 @@ fn cluster_id(s: &str) -> u64 {
 struct Outbox {
     input: mpsc::Sender<Input>,
     dropped: Arc<AtomicU64>,
-    /// Marks that live shorter stay local: speculative marks on engines whose KV events are
-    /// read, whose owner's feed brings the real blocks to every router within milliseconds
-    /// (new prompts' siblings meet at their cold rendezvous home meanwhile).
-    min_ttl_us: u64,
 }
 
 impl IndexSink for Outbox {
@@ -76,10 +72,10 @@ impl IndexSink for Outbox {
         true
     }
 
-    fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
-        if expiry_us.saturating_sub(now_us) < self.min_ttl_us {
-            return;
-        }
+    fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, _now_us: u64) {
+        // Speculative marks of engines whose events are read travel too: until the engine has
+        // computed a new prompt (its events come after the prefill), they are how siblings
+        // arriving at other routers find it.
         let m = Input::Mark {
             engine: t.engine.0,
             keys: keys.iter().map(|k| k.0).collect(),
@@ -156,8 +152,6 @@ impl Cluster {
         gw.registry.prefix.set_delta_sink(Some(Box::new(Outbox {
             input: c.input.clone(),
             dropped,
-            min_ttl_us: (gw.cfg.prefix.speculative_ttl_ms * 1_000 + 1)
-                .min(gw.cfg.prefix.approximate_ttl_ms * 1_000),
         })));
         let _ = gw.mesh.set(c.clone());
         tracing::info!(node = %cfg.node_id, addr = %c.addr().map(|a| a.to_string()).unwrap_or_default(), "joined the mesh");

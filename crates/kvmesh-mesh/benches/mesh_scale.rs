@@ -1,10 +1,10 @@
 //! The mesh at scale, in virtual time (the sans-IO nodes of `kvmesh_mesh::core` over the
 //! seeded simulated network of `core::sim`): R routers (default 128) and E engines with KV
 //! events (default 4,096, ingest replicas 2), a cluster-wide request rate (default 10,000/s:
-//! each request an in-flight change at its router for one second, and — precise routing —
-//! one KV-event batch of its engine read by the engine's owners, or — approximate routing,
-//! `KVMESH_SCALE_MODE=approximate` — its decision's mark: a shared group prefix of 64 blocks
-//! plus 8 of its own).
+//! each request an in-flight change at its router for one second and its decision's mark — a
+//! shared group prefix of 64 blocks plus 8 of its own — for 2 s with precise routing, whose
+//! engines publish KV events read by their owners (one batch per request), or for 120 s with
+//! approximate routing, `KVMESH_SCALE_MODE=approximate`, without events).
 //!
 //! Reports (not asserted): state bytes received per router per second under steady load, and
 //! the time from the heal of a partition into halves until every router agrees (membership,
@@ -29,9 +29,8 @@ fn env(name: &str, default: u64) -> u64 {
 
 /// Requests: (due to end, router, engine); in-flight per (router, engine).
 struct Load {
-    /// Precise routing: engines publish KV events (their owners' feeds travel); speculative
-    /// marks stay local (the router does not gossip marks shorter than the approximate TTL).
-    /// Approximate: no events; every decision's mark travels.
+    /// Precise routing: engines publish KV events (their owners' feeds travel) and decisions
+    /// make speculative marks of 2 s. Approximate: no events; decisions' marks live 120 s.
     precise: bool,
     rate: u64,
     groups: u64,
@@ -71,10 +70,9 @@ impl Load {
             let c = self.in_flight.entry((r, e)).or_default();
             *c += 1;
             let v = *c;
+            let ttl = if self.precise { 2_000_000 } else { 120_000_000 };
             if let Some(n) = s.nodes[r].as_mut() {
-                if !self.precise {
-                    n.core.local_mark(e, keys, now + 120_000_000);
-                }
+                n.core.local_mark(e, keys, now + ttl);
                 n.core.local_load(e, v);
             }
             self.ending.push_back((now + 1_000_000, r, e));
@@ -94,7 +92,7 @@ fn main() {
     let precise = std::env::var("KVMESH_SCALE_MODE").map_or(true, |m| m != "approximate");
     println!(
         "mesh scale (virtual time): {routers} routers, {engines} engines (ingest replicas 2), {rate} requests/s cluster-wide, {} routing, {seeds} seeds",
-        if precise { "precise (KV events: owners' feeds travel)" } else { "approximate (no events: decisions' marks travel)" }
+        if precise { "precise (KV events: owners' feeds, 2 s marks)" } else { "approximate (no events, 120 s marks)" }
     );
     let mut heals = Vec::new();
     for seed in 1..=seeds {
@@ -106,7 +104,7 @@ fn main() {
             ingest_replicas: 2,
             mark_capacity: 131_072,
             feed_capacity: 131_072,
-            mark_ttls_us: vec![120_000_000],
+            mark_ttls_us: vec![2_000_000, 120_000_000],
             expected_size: routers as u32,
             warm_bound_us: 5_000_000,
             first: false,

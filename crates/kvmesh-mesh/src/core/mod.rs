@@ -34,7 +34,7 @@ pub const DELTAS_PER_ENVELOPE: usize = 2_048;
 pub struct CoreConfig {
     /// The cluster's id on the wire.
     pub cluster_id: u64,
-    /// Outbox flush period (µs).
+    /// Outbox flush period (µs) up to 16 routers (see [`MeshCore::flush_period`]).
     pub flush_us: u64,
     /// Anti-entropy period (µs).
     pub anti_entropy_us: u64,
@@ -297,6 +297,14 @@ impl MeshCore {
         std::mem::take(&mut self.out)
     }
 
+    /// The outbox's period: `flush_us` up to 16 routers, then growing with the cluster (each
+    /// flush is an envelope to every member: a router sends about 16 / `flush_us` of them
+    /// whatever the size, and the delay grows only past 16 routers).
+    pub fn flush_period(&self) -> u64 {
+        let n = self.peers.len() as u64 + 1;
+        self.cfg.flush_us.saturating_mul(n.div_ceil(16).max(1))
+    }
+
     /// When [`MeshCore::tick`] wants to run next (µs).
     pub fn next_due(&self) -> u64 {
         let mut t = self.next_flush.min(self.next_ae);
@@ -385,7 +393,7 @@ impl MeshCore {
             self.out.push(Output::Apply(Apply::Warm));
         }
         if now_us >= self.next_flush {
-            self.next_flush = now_us + self.cfg.flush_us;
+            self.next_flush = now_us + self.flush_period();
             self.flush(now_us);
         }
         if now_us >= self.next_ae {
