@@ -72,13 +72,14 @@ impl IndexSink for Outbox {
         true
     }
 
-    fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, _now_us: u64) {
+    fn mark(&mut self, t: Target, keys: &[BlockKey], known: usize, expiry_us: u64, _now_us: u64) {
         // Speculative marks of engines whose events are read travel too: until the engine has
         // computed a new prompt (its events come after the prefill), they are how siblings
         // arriving at other routers find it.
         let m = Input::Mark {
             engine: t.engine.0,
             keys: keys.iter().map(|k| k.0).collect(),
+            known: known.min(keys.len()) as u32,
             expiry_us,
         };
         if self.input.try_send(m).is_err() {

@@ -112,10 +112,11 @@ impl PrefixState {
         self.with_sink(|s| s.apply_batch(t, version, ops))
     }
 
-    /// A speculative mark (a brief write lock; lookups are not held up for long).
-    pub fn mark(&self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
+    /// A speculative mark (a brief write lock; lookups are not held up for long); `known`:
+    /// the leading keys the decision found the engine holding.
+    pub fn mark(&self, t: Target, keys: &[BlockKey], known: usize, expiry_us: u64, now_us: u64) {
         if !keys.is_empty() {
-            self.with_sink(|s| s.mark(t, keys, expiry_us, now_us));
+            self.with_sink(|s| s.mark(t, keys, known, expiry_us, now_us));
         }
     }
 
@@ -246,14 +247,14 @@ impl Exclusive<'_> {
         self.index
     }
 
-    /// A speculative mark, through the sink.
-    pub fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
+    /// A speculative mark, through the sink (`known`: see [`PrefixState::mark`]).
+    pub fn mark(&mut self, t: Target, keys: &[BlockKey], known: usize, expiry_us: u64, now_us: u64) {
         if keys.is_empty() {
             return;
         }
-        IndexSink::mark(self.index, t, keys, expiry_us, now_us);
+        IndexSink::mark(self.index, t, keys, known, expiry_us, now_us);
         if let Some(d) = self.delta.as_deref_mut() {
-            d.mark(t, keys, expiry_us, now_us);
+            d.mark(t, keys, known, expiry_us, now_us);
         }
     }
 }

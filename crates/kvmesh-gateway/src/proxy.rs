@@ -259,7 +259,8 @@ fn decide_step(
             let (d, r) = match warm {
                 Some((d, r)) => {
                     if let Some(m) = d.mark {
-                        state.mark(route.engines[m.engine].target(), &s.keys, m.expiry_us, now);
+                        let known = d.predicted_blocks[0] as usize;
+                        state.mark(route.engines[m.engine].target(), &s.keys, known, m.expiry_us, now);
                     }
                     (d, r)
                 }
@@ -273,7 +274,8 @@ fn decide_step(
                         unreachable!("a decision is made when no match is required")
                     };
                     if let Some(m) = d.mark {
-                        x.mark(route.engines[m.engine].target(), &s.keys, m.expiry_us, now);
+                        let known = d.predicted_blocks[0] as usize;
+                        x.mark(route.engines[m.engine].target(), &s.keys, known, m.expiry_us, now);
                     }
                     (d, r)
                 }),

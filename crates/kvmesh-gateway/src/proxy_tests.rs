@@ -393,8 +393,8 @@ impl kvmesh_prefix::IndexSink for Shared {
     ) -> bool {
         self.0.lock().expect("sink").apply_batch(t, v, ops)
     }
-    fn mark(&mut self, t: kvmesh_prefix::Target, k: &[kvmesh_prefix::BlockKey], e: u64, n: u64) {
-        self.0.lock().expect("sink").mark(t, k, e, n)
+    fn mark(&mut self, t: kvmesh_prefix::Target, k: &[kvmesh_prefix::BlockKey], known: usize, e: u64, n: u64) {
+        self.0.lock().expect("sink").mark(t, k, known, e, n)
     }
     fn clear(&mut self, t: kvmesh_prefix::Target) {
         self.0.lock().expect("sink").clear(t)

@@ -434,7 +434,7 @@ mod tests {
         let a = reg.add(&entry(1), Source::Static, false).expect("add a");
         assert_eq!(a.slot, 0);
         let key = [BlockKey(0x10)];
-        reg.prefix.mark(a.target(), &key, 10_000, 1);
+        reg.prefix.mark(a.target(), &key, 0, 10_000, 1);
         // Removed while a request still holds it: its slot stays taken, entries too.
         let held = reg.remove(&a.url).expect("remove a");
         drop(a);

@@ -63,7 +63,7 @@ fn main() {
                     .map(|k| (e << 32 | k).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
                     .collect();
                 a.input
-                    .send(Input::Mark { engine: e + 1, keys, expiry_us: expiry })
+                    .send(Input::Mark { engine: e + 1, keys, known: 0, expiry_us: expiry })
                     .await
                     .expect("input");
             }

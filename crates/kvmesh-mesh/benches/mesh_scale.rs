@@ -36,6 +36,8 @@ struct Load {
     groups: u64,
     ending: VecDeque<(u64, usize, u64)>,
     in_flight: std::collections::HashMap<(usize, u64), u32>,
+    /// Groups whose prefix their engine holds (the decision finds it: `known` = 64 blocks).
+    seen: std::collections::HashSet<u64>,
     busy: bool,
 }
 
@@ -72,7 +74,8 @@ impl Load {
             let v = *c;
             let ttl = if self.precise { 2_000_000 } else { 120_000_000 };
             if let Some(n) = s.nodes[r].as_mut() {
-                n.core.local_mark(e, keys, now + ttl);
+                let known = if self.seen.insert(g) { 0 } else { 64 };
+                n.core.local_mark(e, keys, known, now + ttl);
                 n.core.local_load(e, v);
             }
             self.ending.push_back((now + 1_000_000, r, e));
@@ -128,11 +131,13 @@ fn main() {
             groups: 2_000,
             ending: VecDeque::new(),
             in_flight: Default::default(),
+            seen: Default::default(),
             busy: true,
         };
         // Warm-up, then the steady window whose received bytes are counted.
         s.run(2_000_000, |s| load.tick(s));
         let before: Vec<u64> = s.bytes_in.clone();
+
         s.run(steady_s * 1_000_000, |s| load.tick(s));
         let per_router: Vec<f64> = s
             .bytes_in

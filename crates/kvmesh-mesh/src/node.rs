@@ -35,6 +35,8 @@ pub enum Input {
         engine: u64,
         /// Block keys.
         keys: Vec<u64>,
+        /// Leading keys the decision found the engine holding.
+        known: u32,
         /// Until when (cluster time, µs).
         expiry_us: u64,
     },
@@ -114,8 +116,9 @@ fn feed(core: &mut MeshCore, i: Input, now: u64) {
         Input::Mark {
             engine,
             keys,
+            known,
             expiry_us,
-        } => core.local_mark(engine, keys, expiry_us),
+        } => core.local_mark(engine, keys, known as usize, expiry_us),
         Input::Load { engine, in_flight } => core.local_load(engine, in_flight),
         Input::EngineAdd { engine, record } => core.local_engine_add(engine, record, now),
         Input::EngineRemove { engine } => core.local_engine_remove(engine),

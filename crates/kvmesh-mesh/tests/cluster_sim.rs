@@ -46,7 +46,7 @@ fn activity(s: &mut Sim) {
     if let Some(n) = s.nodes[i].as_mut() {
         n.core.local_load(e, load);
         // Long-lived marks, so that the check after the heal sees them all.
-        n.core.local_mark(e, vec![key | 1, key | 3], now + 600_000_000);
+        n.core.local_mark(e, vec![key | 1, key | 3], 0, now + 600_000_000);
     }
 }
 

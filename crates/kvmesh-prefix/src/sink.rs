@@ -22,7 +22,9 @@ pub trait IndexSink {
     /// A versioned batch of the engine's ops (KV events). True when it was new (applied).
     fn apply_batch(&mut self, t: Target, version: OpVersion, ops: &[IndexOp]) -> bool;
     /// A speculative mark: the engine holds `keys` until `expiry_us` (join = max expiry).
-    fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64);
+    /// `known`: how many leading keys the caller already found the engine holding (what a
+    /// replica of the index elsewhere knows too: only the rest is news for it).
+    fn mark(&mut self, t: Target, keys: &[BlockKey], known: usize, expiry_us: u64, now_us: u64);
     /// Everything known of the engine is void (a restart seen outside its events).
     fn clear(&mut self, t: Target);
 }
@@ -32,8 +34,8 @@ impl<T: IndexSink + ?Sized> IndexSink for &mut T {
         (**self).apply_batch(t, version, ops)
     }
 
-    fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
-        (**self).mark(t, keys, expiry_us, now_us)
+    fn mark(&mut self, t: Target, keys: &[BlockKey], known: usize, expiry_us: u64, now_us: u64) {
+        (**self).mark(t, keys, known, expiry_us, now_us)
     }
 
     fn clear(&mut self, t: Target) {
@@ -46,7 +48,7 @@ impl IndexSink for PrefixIndex {
         PrefixIndex::apply_batch(self, t.slot, version, ops)
     }
 
-    fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
+    fn mark(&mut self, t: Target, keys: &[BlockKey], _known: usize, expiry_us: u64, now_us: u64) {
         self.insert_speculative(t.slot, keys, expiry_us, now_us);
     }
 
@@ -100,7 +102,7 @@ impl IndexSink for RecordingSink {
         true
     }
 
-    fn mark(&mut self, target: Target, keys: &[BlockKey], expiry_us: u64, _now_us: u64) {
+    fn mark(&mut self, target: Target, keys: &[BlockKey], _known: usize, expiry_us: u64, _now_us: u64) {
         self.calls.push(SinkCall::Mark {
             target,
             keys: keys.to_vec(),
@@ -127,9 +129,9 @@ impl<A: IndexSink, B: IndexSink> IndexSink for Tee<A, B> {
         new
     }
 
-    fn mark(&mut self, t: Target, keys: &[BlockKey], expiry_us: u64, now_us: u64) {
-        self.0.mark(t, keys, expiry_us, now_us);
-        self.1.mark(t, keys, expiry_us, now_us);
+    fn mark(&mut self, t: Target, keys: &[BlockKey], known: usize, expiry_us: u64, now_us: u64) {
+        self.0.mark(t, keys, known, expiry_us, now_us);
+        self.1.mark(t, keys, known, expiry_us, now_us);
     }
 
     fn clear(&mut self, t: Target) {

@@ -131,7 +131,7 @@ proptest! {
             let mut idx = fresh(1_000);
             for &(e, k, n, exp) in seq {
                 let keys: Vec<BlockKey> = (k..k + n).map(|x| key(x % KEYS)).collect();
-                IndexSink::mark(&mut idx, target(e), &keys, 100 + exp, 1);
+                IndexSink::mark(&mut idx, target(e), &keys, 0, 100 + exp, 1);
             }
             idx
         };

@@ -458,14 +458,36 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     && !a.eval_only
                 {
                     reset_caches(&urls).await?;
-                    let name = "smg cache_aware".to_string();
-                    let smg = crate::smg::start(bin, &urls, "cache_aware").await?;
-                    let row = measure(&p, &name, Targets::Single(smg.url.clone()), &urls, PromptMode::Text).await;
-                    drop(smg);
+                    // As many gateways as kvmesh's contenders have routers, meshed unless
+                    // --no-mesh, clients spread over them.
+                    let n = p.s.routers.max(1) as usize;
+                    let meshed = n > 1 && !a.no_mesh;
+                    let name = match (n, meshed) {
+                        (1, _) => "smg cache_aware".to_string(),
+                        (n, true) => format!("smg cache_aware ×{n} meshed"),
+                        (n, false) => format!("smg cache_aware ×{n} no-mesh"),
+                    };
+                    let smgs = if meshed {
+                        crate::smg::start_mesh(bin, &urls, "cache_aware", n).await?
+                    } else {
+                        let mut v = Vec::new();
+                        for _ in 0..n {
+                            v.push(crate::smg::start(bin, &urls, "cache_aware").await?);
+                        }
+                        v
+                    };
+                    let targets = if n == 1 {
+                        Targets::Single(smgs[0].url.clone())
+                    } else {
+                        Targets::RoundRobin(smgs.iter().map(|s| s.url.clone()).collect())
+                    };
+                    let row = measure(&p, &name, targets, &urls, PromptMode::Text).await;
+                    drop(smgs);
                     let mut row = row?;
                     row.name = name;
                     row.policy = "smg_cache_aware".into();
-                    row.routers = 1;
+                    row.routers = n as u32;
+                    row.mesh = meshed;
                     row.repeat = Some(rep);
                     eprintln!(
                         "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, {} errors",

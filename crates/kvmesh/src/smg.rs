@@ -39,7 +39,36 @@ fn free_port() -> Result<u16, String> {
 /// Starts `smg launch` with `policy` in front of `workers` and waits (≤ 90 s) until it serves
 /// the model list with a worker in it.
 pub async fn start(bin: &PathBuf, workers: &[String], policy: &str) -> Result<Smg, String> {
+    start_one(bin, workers, policy, None).await.map(|x| x.0)
+}
+
+/// `n` SMG gateways meshed with each other (`--enable-mesh`, the first one the others' peer),
+/// started in order, each serving before the next starts.
+pub async fn start_mesh(
+    bin: &PathBuf,
+    workers: &[String],
+    policy: &str,
+    n: usize,
+) -> Result<Vec<Smg>, String> {
+    let mut out: Vec<Smg> = Vec::with_capacity(n);
+    let mut first_mesh: Option<u16> = None;
+    for i in 0..n {
+        let peer = first_mesh.map(|p| format!("127.0.0.1:{p}"));
+        let (smg, mesh_port) = start_one(bin, workers, policy, Some((i, peer))).await?;
+        first_mesh = first_mesh.or(mesh_port);
+        out.push(smg);
+    }
+    Ok(out)
+}
+
+async fn start_one(
+    bin: &PathBuf,
+    workers: &[String],
+    policy: &str,
+    mesh: Option<(usize, Option<String>)>,
+) -> Result<(Smg, Option<u16>), String> {
     let (port, prom) = (free_port()?, free_port()?);
+    let mut mesh_port = None;
     let mut cmd = Command::new(bin);
     cmd.args(["launch", "--host", "127.0.0.1", "--port", &port.to_string()])
         .args([
@@ -50,10 +79,32 @@ pub async fn start(bin: &PathBuf, workers: &[String], policy: &str) -> Result<Sm
         ])
         .arg("--worker-urls")
         .args(workers)
-        .args(["--policy", policy, "--log-level", "warn"])
-        .stdin(Stdio::null())
+        .args(["--policy", policy, "--log-level", "warn"]);
+    // Meshed: the options of `launch` (after it).
+    if let Some((i, peer)) = &mesh {
+        let mut m = free_port()?;
+        while m == port || m == prom {
+            m = free_port()?;
+        }
+        mesh_port = Some(m);
+        cmd.args(["--enable-mesh", "--mesh-server-name", &format!("gw-{i}")])
+            .args(["--mesh-host", "127.0.0.1", "--mesh-port", &m.to_string()]);
+        if let Some(p) = peer {
+            cmd.args(["--mesh-peer-urls", p]);
+        }
+    }
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(match std::env::var_os("KVMESH_SMG_LOG") {
+            // Its log, appended to this file, when asked for (debugging a contender).
+            Some(f) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(f)
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+            None => Stdio::null(),
+        });
     let child = cmd.spawn().map_err(|e| format!("smg: {e}"))?;
     let smg = Smg {
         child,
@@ -66,7 +117,7 @@ pub async fn start(bin: &PathBuf, workers: &[String], policy: &str) -> Result<Sm
                 .await
             && body.contains("\"id\"")
         {
-            return Ok(smg);
+            return Ok((smg, mesh_port));
         }
         if start.elapsed() > Duration::from_secs(90) {
             return Err("smg did not serve /v1/models within 90 s".into());

@@ -410,20 +410,32 @@ impl MeshCore {
         self.drain_membership();
     }
 
-    /// This router's speculative mark. Only the keys the cluster does not already hold for
-    /// at least half the mark's lifetime travel: a conversation's follow-up, or a sibling of a
-    /// shared prompt, re-marks a long prefix of which only the last blocks are news (the
-    /// prefix's marks then expire a little earlier on the other routers, and the next
-    /// decision after that re-marks them).
-    pub fn local_mark(&mut self, engine: u64, mut keys: Vec<u64>, expiry_us: u64) {
+    /// This router's speculative mark; the decision found the engine holding the first
+    /// `known` keys. What travels is news only: the keys past `known` that the cluster does
+    /// not already hold marked for at least half the mark's lifetime, and of the first `known`
+    /// only approximate marks about to lapse (a conversation's follow-up, or a sibling of a
+    /// shared prompt, re-marks a long prefix of which only the last blocks are new; the prefix
+    /// a speculative mark found is confirmed by KV events in every router's index already).
+    pub fn local_mark(&mut self, engine: u64, keys: Vec<u64>, known: usize, expiry_us: u64) {
         let ttl = expiry_us.saturating_sub(self.now);
         let fresh_enough = expiry_us.saturating_sub(ttl / 2);
-        keys.retain(|&k| {
-            self.st
-                .marks
-                .expiry(engine, k)
-                .is_none_or(|e| e < fresh_enough)
-        });
+        // A mark shorter than the longest lifetime is speculative: its engine's KV events are
+        // read, so the prefix the decision found is confirmed in every router's index.
+        let speculative = self.cfg.mark_ttls_us.iter().any(|&t| t > ttl.saturating_add(1_000));
+        let keys: Vec<u64> = keys
+            .into_iter()
+            .enumerate()
+            .filter(|&(i, k)| {
+                if i < known && speculative {
+                    return false;
+                }
+                match self.st.marks.expiry(engine, k) {
+                    Some(e) => e < fresh_enough,
+                    None => i >= known,
+                }
+            })
+            .map(|(_, k)| k)
+            .collect();
         if keys.is_empty() {
             return;
         }
