@@ -303,6 +303,27 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
             guard_cap(&a),
         );
     }
+    for (i, r) in c.routers.iter().enumerate() {
+        let mesh = r
+            .gateway
+            .mesh
+            .get()
+            .map(|m| {
+                let s = m.status();
+                format!(
+                    ", mesh: {} members, reads the KV events of {} engines",
+                    s["members"].as_array().map_or(0, Vec::len),
+                    s["ingest"]["owned"].as_u64().unwrap_or(0)
+                )
+            })
+            .unwrap_or_default();
+        println!(
+            "  router {} ({}): served {} requests{mesh}",
+            i + 1,
+            r.base_url(),
+            r.gateway.metrics.requests.get()
+        );
+    }
     for (engine, n, hit) in report.per_endpoint() {
         println!("  {engine}: {n} requests, hit rate {:.1}%", hit * 100.0);
     }
