@@ -91,6 +91,25 @@ pub struct FeedSnapshot {
     pub blocks: Vec<SnapBlock>,
 }
 
+/// Applies `ops` to a block map (key → copies): what an index does with a feed's ops, for
+/// checks and simulations.
+pub fn apply_ops(blocks: &mut BTreeMap<u64, u32>, ops: &[WireOp]) {
+    for op in ops {
+        match *op {
+            WireOp::Stored(k) => *blocks.entry(k).or_insert(0) += 1,
+            WireOp::Removed(k) => {
+                if let Some(c) = blocks.get_mut(&k) {
+                    *c -= 1;
+                    if *c == 0 {
+                        blocks.remove(&k);
+                    }
+                }
+            }
+            WireOp::Cleared => blocks.clear(),
+        }
+    }
+}
+
 /// The source side of one engine's feed.
 #[derive(Debug, Clone)]
 pub struct FeedOut {
@@ -465,20 +484,7 @@ mod tests {
         for a in applies {
             assert!((a.epoch, a.n) > last, "versions only grow");
             last = (a.epoch, a.n);
-            for op in &a.ops {
-                match *op {
-                    WireOp::Stored(k) => *m.entry(k).or_insert(0) += 1,
-                    WireOp::Removed(k) => {
-                        if let Some(c) = m.get_mut(&k) {
-                            *c -= 1;
-                            if *c == 0 {
-                                m.remove(&k);
-                            }
-                        }
-                    }
-                    WireOp::Cleared => m.clear(),
-                }
-            }
+            apply_ops(&mut m, &a.ops);
         }
         m
     }

@@ -249,15 +249,7 @@ impl LoadMap {
 
     /// `node`'s entries as deltas (a repair).
     pub fn deltas_of(&self, node: NodeId) -> Vec<LoadDelta> {
-        self.entries
-            .range((node, 0)..=(node, u64::MAX))
-            .map(|(&(node, engine), e)| LoadDelta {
-                node,
-                engine,
-                version: e.version,
-                in_flight: e.in_flight,
-            })
-            .collect()
+        self.deltas_of_since(node, Version::default())
     }
 
     /// The routers with entries.

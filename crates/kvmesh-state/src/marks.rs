@@ -161,11 +161,16 @@ impl MarkMap {
 
     /// The marks of the given expiry buckets as deltas (a repair).
     pub fn deltas_in(&self, buckets: &std::collections::BTreeSet<u64>) -> Vec<MarkDelta> {
+        self.deltas_where(|expiry| buckets.contains(&(expiry / MARK_BUCKET_US)))
+    }
+
+    /// The marks whose expiry passes `keep`, one delta per (engine, expiry), sorted.
+    fn deltas_where(&self, keep: impl Fn(u64) -> bool) -> Vec<MarkDelta> {
         let mut out = Vec::new();
         for (&engine, m) in &self.by_engine {
             let mut by_exp: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
             for (&k, &e) in m {
-                if buckets.contains(&(e / MARK_BUCKET_US)) {
+                if keep(e) {
                     by_exp.entry(e).or_default().push(k);
                 }
             }
@@ -207,23 +212,7 @@ impl MarkMap {
 
     /// The whole map as deltas, one per (engine, expiry) (a snapshot; a repair).
     pub fn deltas(&self) -> Vec<MarkDelta> {
-        let mut out = Vec::new();
-        for (&engine, m) in &self.by_engine {
-            let mut by_exp: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-            for (&k, &e) in m {
-                by_exp.entry(e).or_default().push(k);
-            }
-            for (expiry_us, mut keys) in by_exp {
-                keys.sort_unstable();
-                out.push(MarkDelta {
-                    engine,
-                    keys,
-                    expiry_us,
-                });
-            }
-        }
-        out.sort_by_key(|d| (d.engine, d.expiry_us));
-        out
+        self.deltas_where(|_| true)
     }
 
     /// A digest of the marks (equal digests: equal maps, with the odds of a 64-bit hash).

@@ -3,6 +3,7 @@
 //! exactly the owner's blocks, applying versions that only grow. And hostile bytes never
 //! panic the envelope decoder that carries them.
 
+use kvmesh_state::feeds::apply_ops;
 use kvmesh_state::{
     Delta, Envelope, EnvelopeV1, FeedApply, FeedBatch, FeedId, FeedIn, FeedOut, NodeId, WireOp,
     decode, encode,
@@ -51,20 +52,7 @@ fn replay(applies: &[FeedApply]) -> BTreeMap<u64, u32> {
     for a in applies {
         assert!((a.epoch, a.n) > last || last == (0, 0), "versions grow");
         last = (a.epoch, a.n);
-        for op in &a.ops {
-            match *op {
-                WireOp::Stored(k) => *m.entry(k).or_insert(0) += 1,
-                WireOp::Removed(k) => {
-                    if let Some(c) = m.get_mut(&k) {
-                        *c -= 1;
-                        if *c == 0 {
-                            m.remove(&k);
-                        }
-                    }
-                }
-                WireOp::Cleared => m.clear(),
-            }
-        }
+        apply_ops(&mut m, &a.ops);
     }
     m
 }

@@ -376,6 +376,21 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
             None => "--smg: `smg` is not on PATH (pip install smg): no SMG contender was run".into(),
         });
     }
+    // The overhead workload puts nginx `proxy_pass` beside the routers when it is installed.
+    let nginx_bin = if p.set.name == "overhead" && a.targets.is_empty() {
+        crate::nginx::find()
+    } else {
+        None
+    };
+    if p.set.name == "overhead" && a.targets.is_empty() {
+        p.notes.push(match &nginx_bin {
+            Some(b) => format!(
+                "nginx contender: `{}` with a generated config (upstream keep-alive to the same engines, round robin, proxy_buffering off)",
+                b.display()
+            ),
+            None => "nginx is not installed (apt-get install nginx-light; scripts/overhead.sh installs it): no nginx row".into(),
+        });
+    }
     let closed_concurrency = if p.set.name == "overhead" {
         p.s.overhead_concurrency
     } else {
@@ -451,6 +466,23 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     eprintln!(
                         "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, {} errors",
                         row.name, row.output_tokens_per_s, row.hit_rate * 100.0, row.ttft_p99_ms, row.errors
+                    );
+                    runs.push(row);
+                }
+                if let Some(bin) = &nginx_bin {
+                    reset_caches(&urls).await?;
+                    let name = "nginx proxy_pass".to_string();
+                    let nginx = crate::nginx::start(bin, &urls).await?;
+                    let row = measure(&p, &name, Targets::Single(nginx.url.clone()), &urls, p.prompts).await;
+                    drop(nginx);
+                    let mut row = row?;
+                    row.name = name;
+                    row.policy = "nginx".into();
+                    row.routers = 1;
+                    row.repeat = Some(rep);
+                    eprintln!(
+                        "repeat {rep} {}: {:.0} req/s, TTFT p50 {:.2} ms, p99 {:.2} ms, {} errors",
+                        row.name, row.requests_per_s, row.ttft_p50_ms, row.ttft_p99_ms, row.errors
                     );
                     runs.push(row);
                 }

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 mod bench_cmd;
 mod fleet;
+mod nginx;
 mod serve_cmd;
 mod sim_cmd;
 mod smg;

@@ -95,20 +95,7 @@ impl SimIndex {
             return;
         }
         e.0 = (a.epoch, a.n);
-        for op in &a.ops {
-            match *op {
-                WireOp::Stored(k) => *e.1.entry(k).or_insert(0) += 1,
-                WireOp::Removed(k) => {
-                    if let Some(c) = e.1.get_mut(&k) {
-                        *c -= 1;
-                        if *c == 0 {
-                            e.1.remove(&k);
-                        }
-                    }
-                }
-                WireOp::Cleared => e.1.clear(),
-            }
-        }
+        kvmesh_state::feeds::apply_ops(&mut e.1, &a.ops);
     }
 }
 
