@@ -151,7 +151,12 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
     let total: f64 = counts.iter().sum();
     println!("batches decoded per router {counts:?}: shares {:?} (each engine read by 2 of 3)",
         counts.iter().map(|c| format!("{:.2}", c / total * 2.0)).collect::<Vec<_>>());
-    assert!(counts.iter().all(|&c| c > 0.0), "every router reads some engine");
+    // A router decodes batches exactly when it reads some engine (rendezvous over 4 engines
+    // may leave one router none).
+    assert!(total > 0.0);
+    for (b, c) in bases.iter().zip(&counts) {
+        assert_eq!(*c > 0.0, !reads(b).is_empty(), "{b}: decoded {c}, reads {:?}", reads(b));
+    }
 
     // SIGKILL router c under load from a client that retries on another router.
     let stop = Arc::new(AtomicBool::new(false));
