@@ -133,9 +133,10 @@ impl Cluster {
         };
         let clock = gw.clock;
         let now: NowFn = Arc::new(move || clock.now_us());
-        let (node, applies) = MeshNode::start(&cfg.node_id, listen, &tls, seeds, core_cfg, now.clone())
-            .await
-            .map_err(|e| format!("mesh: {e}"))?;
+        let (node, applies) =
+            MeshNode::start(&cfg.node_id, listen, &tls, seeds, core_cfg, now.clone())
+                .await
+                .map_err(|e| format!("mesh: {e}"))?;
         let dropped = Arc::new(AtomicU64::new(0));
         let warm = lock(&node.core).is_warm();
         let c = Arc::new(Cluster {
@@ -308,9 +309,6 @@ impl Cluster {
                             seq: Some(f.n),
                         };
                         gw.registry.prefix.apply_batch(e.target(), v, &ops);
-                        e.ingest
-                            .mesh_live
-                            .store(!f.stale, Relaxed);
                     }
                 }
                 Apply::Own { engine, from } => {

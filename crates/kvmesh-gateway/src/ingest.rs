@@ -23,11 +23,11 @@ use kvmesh_kvevents::{DecodeLimits, KvFrame, RecvError, Subscriber, decode_batch
 use kvmesh_mesh::node::Input;
 use kvmesh_prefix::{BlockKey, EngineIngest, IndexOp, IngestConfig, IngestOutcome, OpVersion};
 use kvmesh_state::{FeedSnapshot, WireOp};
-use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// What the ingestion of an engine needs from the router: its config, the prefix side and
 /// the clock — not the whole gateway.

@@ -248,7 +248,14 @@ impl Exclusive<'_> {
     }
 
     /// A speculative mark, through the sink (`known`: see [`PrefixState::mark`]).
-    pub fn mark(&mut self, t: Target, keys: &[BlockKey], known: usize, expiry_us: u64, now_us: u64) {
+    pub fn mark(
+        &mut self,
+        t: Target,
+        keys: &[BlockKey],
+        known: usize,
+        expiry_us: u64,
+        now_us: u64,
+    ) {
         if keys.is_empty() {
             return;
         }

@@ -228,7 +228,10 @@ async fn engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
 
 /// What an engine's ingestion needs from the router.
 /// The ingestion's context; `feed` when meshed (the ops go to the mesh).
-pub fn ingest_ctx(gw: &Gateway, feed: Option<tokio::sync::mpsc::Sender<kvmesh_mesh::node::Input>>) -> IngestCtx {
+pub fn ingest_ctx(
+    gw: &Gateway,
+    feed: Option<tokio::sync::mpsc::Sender<kvmesh_mesh::node::Input>>,
+) -> IngestCtx {
     IngestCtx {
         cfg: gw.cfg.clone(),
         prefix: gw.registry.prefix.clone(),

@@ -260,7 +260,13 @@ fn decide_step(
                 Some((d, r)) => {
                     if let Some(m) = d.mark {
                         let known = d.predicted_blocks[0] as usize;
-                        state.mark(route.engines[m.engine].target(), &s.keys, known, m.expiry_us, now);
+                        state.mark(
+                            route.engines[m.engine].target(),
+                            &s.keys,
+                            known,
+                            m.expiry_us,
+                            now,
+                        );
                     }
                     (d, r)
                 }
@@ -275,7 +281,13 @@ fn decide_step(
                     };
                     if let Some(m) = d.mark {
                         let known = d.predicted_blocks[0] as usize;
-                        x.mark(route.engines[m.engine].target(), &s.keys, known, m.expiry_us, now);
+                        x.mark(
+                            route.engines[m.engine].target(),
+                            &s.keys,
+                            known,
+                            m.expiry_us,
+                            now,
+                        );
                     }
                     (d, r)
                 }),

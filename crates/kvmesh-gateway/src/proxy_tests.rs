@@ -393,7 +393,14 @@ impl kvmesh_prefix::IndexSink for Shared {
     ) -> bool {
         self.0.lock().expect("sink").apply_batch(t, v, ops)
     }
-    fn mark(&mut self, t: kvmesh_prefix::Target, k: &[kvmesh_prefix::BlockKey], known: usize, e: u64, n: u64) {
+    fn mark(
+        &mut self,
+        t: kvmesh_prefix::Target,
+        k: &[kvmesh_prefix::BlockKey],
+        known: usize,
+        e: u64,
+        n: u64,
+    ) {
         self.0.lock().expect("sink").mark(t, k, known, e, n)
     }
     fn clear(&mut self, t: kvmesh_prefix::Target) {

@@ -95,7 +95,11 @@ fn main() {
     let precise = std::env::var("KVMESH_SCALE_MODE").map_or(true, |m| m != "approximate");
     println!(
         "mesh scale (virtual time): {routers} routers, {engines} engines (ingest replicas 2), {rate} requests/s cluster-wide, {} routing, {seeds} seeds",
-        if precise { "precise (KV events: owners' feeds, 2 s marks)" } else { "approximate (no events, 120 s marks)" }
+        if precise {
+            "precise (KV events: owners' feeds, 2 s marks)"
+        } else {
+            "approximate (no events, 120 s marks)"
+        }
     );
     let mut heals = Vec::new();
     for seed in 1..=seeds {
@@ -162,7 +166,10 @@ fn main() {
             formed.map(|t| t as f64 / 1e6),
             mean / 1e3,
             max / 1e3,
-            healed.map_or("NOT within 120 s".into(), |t| format!("{:.1} s", t as f64 / 1e6)),
+            healed.map_or("NOT within 120 s".into(), |t| format!(
+                "{:.1} s",
+                t as f64 / 1e6
+            )),
             wall.elapsed().as_secs_f64()
         );
         if let Some(t) = healed {

@@ -13,13 +13,13 @@ use foca::{
     AccumulatingRuntime, Config, Foca, Identity, NoCustomBroadcast, OwnedNotification,
     PeriodicParams, PostcardCodec, Timer,
 };
-use std::time::Duration;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::num::{NonZeroU32, NonZeroUsize};
+use std::time::Duration;
 
 /// The largest SWIM packet (bytes): below a QUIC datagram's payload on a 1,280-byte path.
 pub const MAX_PACKET: usize = 1_100;

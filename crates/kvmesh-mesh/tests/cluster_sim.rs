@@ -46,7 +46,8 @@ fn activity(s: &mut Sim) {
     if let Some(n) = s.nodes[i].as_mut() {
         n.core.local_load(e, load);
         // Long-lived marks, so that the check after the heal sees them all.
-        n.core.local_mark(e, vec![key | 1, key | 3], 0, now + 600_000_000);
+        n.core
+            .local_mark(e, vec![key | 1, key | 3], 0, now + 600_000_000);
     }
 }
 
@@ -65,7 +66,11 @@ fn scenario(seed: u64) -> (f64, f64) {
         .into_iter()
         .filter(|&i| s.nodes[i].as_ref().is_some_and(|n| !n.core.is_warm()))
         .collect();
-    assert!(cold.is_empty(), "seed {seed}: never warm: {cold:?} at {} µs", s.now);
+    assert!(
+        cold.is_empty(),
+        "seed {seed}: never warm: {cold:?} at {} µs",
+        s.now
+    );
     s.run(10_000_000, activity);
     // Kill two routers; one comes back as a new incarnation.
     s.kill(3);
@@ -101,7 +106,10 @@ fn scenario(seed: u64) -> (f64, f64) {
     let live = s.alive().len();
     for n in s.nodes.iter().flatten() {
         let (load, marks, _registry, feed_blocks) = n.core.sizes();
-        assert!(load <= live * s.engines.len(), "seed {seed}: {load} load entries");
+        assert!(
+            load <= live * s.engines.len(),
+            "seed {seed}: {load} load entries"
+        );
         assert!(marks <= 512 * s.engines.len(), "seed {seed}: {marks} marks");
         assert!(feed_blocks <= 4_096 * s.engines.len(), "seed {seed}");
         assert_eq!(n.core.membership_errors(), 0, "seed {seed}");
@@ -121,7 +129,9 @@ fn seeds(from: u64, to: u64) {
     for seed in from..=to {
         let (formed, healed) = scenario(seed);
         heals.push(healed);
-        println!("seed {seed}: formed {formed:.1} s, converged {healed:.1} s after the heal (virtual)");
+        println!(
+            "seed {seed}: formed {formed:.1} s, converged {healed:.1} s after the heal (virtual)"
+        );
     }
     heals.sort_by(|a, b| a.total_cmp(b));
     println!(

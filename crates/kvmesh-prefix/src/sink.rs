@@ -102,7 +102,14 @@ impl IndexSink for RecordingSink {
         true
     }
 
-    fn mark(&mut self, target: Target, keys: &[BlockKey], _known: usize, expiry_us: u64, _now_us: u64) {
+    fn mark(
+        &mut self,
+        target: Target,
+        keys: &[BlockKey],
+        _known: usize,
+        expiry_us: u64,
+        _now_us: u64,
+    ) {
         self.calls.push(SinkCall::Mark {
             target,
             keys: keys.to_vec(),

@@ -144,7 +144,8 @@ impl FeedOut {
     pub fn resume(feed: FeedId, capacity: usize, from: &FeedSnapshot) -> FeedOut {
         let mut f = FeedOut::new(from.engine, feed, capacity);
         for b in from.blocks.iter().take(f.capacity) {
-            f.blocks.insert(b.key, (b.engine_hash, b.pos, b.copies.max(1)));
+            f.blocks
+                .insert(b.key, (b.engine_hash, b.pos, b.copies.max(1)));
         }
         f.stale = from.stale;
         f.next_seq = from.next_seq;
@@ -502,7 +503,12 @@ mod tests {
         assert!(pull.snapshot);
         rx.on_snapshot(&src.snapshot(), &mut out);
         assert!(rx.is_synced());
-        let b1 = src.push(&[WireOp::Stored(1), WireOp::Stored(2)], &[(11, 0), (12, 1)], false, Some(1));
+        let b1 = src.push(
+            &[WireOp::Stored(1), WireOp::Stored(2)],
+            &[(11, 0), (12, 1)],
+            false,
+            Some(1),
+        );
         let _lost = src.push(&[WireOp::Removed(1)], &[], false, Some(2));
         let b3 = src.push(&[WireOp::Stored(3)], &[(13, 0)], false, Some(3));
         assert_eq!(rx.on_batch(b1, &mut out), None);

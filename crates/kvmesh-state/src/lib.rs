@@ -31,14 +31,14 @@ pub mod ownership;
 pub mod registry;
 pub mod wire;
 
+pub use feeds::{
+    FeedApply, FeedBatch, FeedId, FeedIn, FeedOut, FeedPull, FeedSnapshot, SnapBlock, WireOp,
+};
 pub use ids::{NodeId, Version};
 pub use load::{LoadBatch, LoadDelta, LoadMap};
 pub use marks::{MarkDelta, MarkMap};
 pub use ownership::{owners, owns};
 pub use registry::{Dot, EngineRecord, RegistryDelta, RegistrySet, Stamp};
-pub use feeds::{
-    FeedApply, FeedBatch, FeedId, FeedIn, FeedOut, FeedPull, FeedSnapshot, SnapBlock, WireOp,
-};
 pub use wire::{
     Control, Delta, Envelope, EnvelopeV1, FeedHead, MAX_ENVELOPE_BYTES, StateDigest, WireError,
     decode, encode,

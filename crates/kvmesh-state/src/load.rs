@@ -72,6 +72,16 @@ impl LoadBatch {
     }
 }
 
+/// An entry as the delta that carries it.
+fn as_delta((&(node, engine), e): (&(NodeId, u64), &Entry)) -> LoadDelta {
+    LoadDelta {
+        node,
+        engine,
+        version: e.version,
+        in_flight: e.in_flight,
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     version: Version,
@@ -216,7 +226,8 @@ impl LoadMap {
     pub fn node_digests(&self) -> Vec<(NodeId, u64, Version)> {
         let mut out: Vec<(NodeId, u64, Version)> = Vec::new();
         for (&(n, e), v) in &self.entries {
-            let mut x = e ^ v.version.incarnation.rotate_left(17)
+            let mut x = e
+                ^ v.version.incarnation.rotate_left(17)
                 ^ v.version.counter.rotate_left(34)
                 ^ u64::from(v.in_flight).rotate_left(51);
             x ^= x >> 31;
@@ -238,12 +249,7 @@ impl LoadMap {
         self.entries
             .range((node, 0)..=(node, u64::MAX))
             .filter(|(_, e)| e.version > after)
-            .map(|(&(node, engine), e)| LoadDelta {
-                node,
-                engine,
-                version: e.version,
-                in_flight: e.in_flight,
-            })
+            .map(as_delta)
             .collect()
     }
 
@@ -307,15 +313,7 @@ impl LoadMap {
 
     /// The whole map as deltas (a snapshot for a joining router; anti-entropy's repair).
     pub fn deltas(&self) -> Vec<LoadDelta> {
-        self.entries
-            .iter()
-            .map(|(&(node, engine), e)| LoadDelta {
-                node,
-                engine,
-                version: e.version,
-                in_flight: e.in_flight,
-            })
-            .collect()
+        self.entries.iter().map(as_delta).collect()
     }
 
     /// Per router, its newest version (what anti-entropy compares first).

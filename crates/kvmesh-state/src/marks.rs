@@ -60,7 +60,13 @@ impl MarkMap {
         }
     }
 
-    fn touch(buckets: &mut BTreeMap<u64, (u64, u64)>, engine: u64, key: u64, expiry: u64, add: bool) {
+    fn touch(
+        buckets: &mut BTreeMap<u64, (u64, u64)>,
+        engine: u64,
+        key: u64,
+        expiry: u64,
+        add: bool,
+    ) {
         let b = buckets.entry(expiry / MARK_BUCKET_US).or_insert((0, 0));
         b.0 ^= mix(engine, key, expiry);
         if add {
@@ -189,7 +195,10 @@ impl MarkMap {
 
     /// The expiry of `engine`'s mark of `key`, if any (expired or not).
     pub fn expiry(&self, engine: u64, key: u64) -> Option<u64> {
-        self.by_engine.get(&engine).and_then(|m| m.get(&key)).copied()
+        self.by_engine
+            .get(&engine)
+            .and_then(|m| m.get(&key))
+            .copied()
     }
 
     /// Whether `engine` holds `key` live at `now_us`.

@@ -102,7 +102,8 @@ pub async fn start(bin: &PathBuf, workers: &[String]) -> Result<Nginx, String> {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| format!("no free port: {e}"))?;
-    let dir = std::env::temp_dir().join(format!("kvmesh-bench-nginx-{}-{port}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("kvmesh-bench-nginx-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("nginx dir: {e}"))?;
     // nginx's workers (nobody) read and write under it.
     #[cfg(unix)]

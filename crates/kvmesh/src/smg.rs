@@ -93,9 +93,8 @@ async fn start_one(
             cmd.args(["--mesh-peer-urls", p]);
         }
     }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(match std::env::var_os("KVMESH_SMG_LOG") {
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(
+        match std::env::var_os("KVMESH_SMG_LOG") {
             // Its log, appended to this file, when asked for (debugging a contender).
             Some(f) => std::fs::OpenOptions::new()
                 .create(true)
@@ -104,7 +103,8 @@ async fn start_one(
                 .map(Stdio::from)
                 .unwrap_or_else(|_| Stdio::null()),
             None => Stdio::null(),
-        });
+        },
+    );
     let child = cmd.spawn().map_err(|e| format!("smg: {e}"))?;
     let smg = Smg {
         child,

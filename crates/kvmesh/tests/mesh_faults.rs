@@ -10,14 +10,20 @@ mod common;
 
 use common::*;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 fn cluster(base: &str) -> serde_json::Value {
-    http("GET", &format!("{base}/admin/cluster"), &[], "", Duration::from_secs(5))
-        .and_then(|r| serde_json::from_str(&r.body).ok())
-        .unwrap_or(serde_json::Value::Null)
+    http(
+        "GET",
+        &format!("{base}/admin/cluster"),
+        &[],
+        "",
+        Duration::from_secs(5),
+    )
+    .and_then(|r| serde_json::from_str(&r.body).ok())
+    .unwrap_or(serde_json::Value::Null)
 }
 
 fn wait(what: &str, within: Duration, mut ok: impl FnMut() -> bool) -> Duration {
@@ -44,15 +50,21 @@ fn reads(base: &str) -> Vec<String> {
 
 /// Σ of `kvmesh_kv_events_batches_total` over the engines: batches this router decoded.
 fn decoded(base: &str) -> f64 {
-    http("GET", &format!("{base}/metrics"), &[], "", Duration::from_secs(5))
-        .map(|r| {
-            r.body
-                .lines()
-                .filter(|l| l.starts_with("kvmesh_kv_events_batches_total{"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        })
-        .unwrap_or(0.0)
+    http(
+        "GET",
+        &format!("{base}/metrics"),
+        &[],
+        "",
+        Duration::from_secs(5),
+    )
+    .map(|r| {
+        r.body
+            .lines()
+            .filter(|l| l.starts_with("kvmesh_kv_events_batches_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    })
+    .unwrap_or(0.0)
 }
 
 fn chat(system: &str, i: usize) -> String {
@@ -69,7 +81,13 @@ fn chat(system: &str, i: usize) -> String {
 fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
     let dir = std::env::temp_dir().join(format!("kvmesh-mesh-faults-{}", std::process::id()));
     let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
-        .args(["cert", "--out", dir.to_str().expect("utf8"), "--nodes", "a,b,c"])
+        .args([
+            "cert",
+            "--out",
+            dir.to_str().expect("utf8"),
+            "--nodes",
+            "a,b,c",
+        ])
         .output()
         .expect("kvmesh cert");
     assert!(out.status.success());
@@ -81,8 +99,16 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
         let rp = format!("tcp://127.0.0.1:{}", free_port());
         let seed = (i + 1).to_string();
         let p = Proc::start(&[
-            "--model", "m", "--time-scale", "0.02", "--seed", &seed,
-            "--kv-events", &ev, "--kv-events-replay", &rp,
+            "--model",
+            "m",
+            "--time-scale",
+            "0.02",
+            "--seed",
+            &seed,
+            "--kv-events",
+            &ev,
+            "--kv-events-replay",
+            &rp,
         ]);
         entries.push(format!("url={},kv_events={ev},kv_replay={rp}", p.base()));
         sims.push(p);
@@ -100,8 +126,18 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
                 args.extend(["--engine", e.as_str()]);
             }
             args.extend([
-                "--policy", "precise", "--node-id", name, "--tls-dir", &tls,
-                "--mesh-listen", &listen, "--cluster-id", "faults", "--ingest-replicas", "2",
+                "--policy",
+                "precise",
+                "--node-id",
+                name,
+                "--tls-dir",
+                &tls,
+                "--mesh-listen",
+                &listen,
+                "--cluster-id",
+                "faults",
+                "--ingest-replicas",
+                "2",
             ]);
             if i > 0 {
                 args.extend(["--seed", &seed]);
@@ -133,51 +169,105 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
     let t = Duration::from_secs(30);
     let mut firsts = Vec::new();
     for i in 0..24 {
-        let r = http("POST", &format!("{}/v1/chat/completions", bases[i % 3]), &[], &chat(&format!("{i} {system}"), i), t)
-            .expect("first");
+        let r = http(
+            "POST",
+            &format!("{}/v1/chat/completions", bases[i % 3]),
+            &[],
+            &chat(&format!("{i} {system}"), i),
+            t,
+        )
+        .expect("first");
         assert_eq!(r.status, 200, "{}", r.body);
         firsts.push(r.header("x-kvmesh-engine").unwrap_or_default().to_string());
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // The first turns' marks have reached every router when their digests agree.
+    wait(
+        "the first turns' state reaches every router",
+        Duration::from_secs(10),
+        || {
+            let d: Vec<serde_json::Value> = bases
+                .iter()
+                .map(|b| cluster(b)["digests"].clone())
+                .collect();
+            !d[0].is_null() && d.iter().all(|x| *x == d[0])
+        },
+    );
     let mut same = 0;
     for i in 0..24 {
-        let r = http("POST", &format!("{}/v1/chat/completions", bases[(i + 1) % 3]), &[], &chat(&format!("{i} {system}"), i), t)
-            .expect("again");
+        let r = http(
+            "POST",
+            &format!("{}/v1/chat/completions", bases[(i + 1) % 3]),
+            &[],
+            &chat(&format!("{i} {system}"), i),
+            t,
+        )
+        .expect("again");
         assert_eq!(r.status, 200, "{}", r.body);
         same += usize::from(r.header("x-kvmesh-engine") == Some(firsts[i].as_str()));
     }
-    assert!(same >= 22, "{same} of 24 follow-ups through another router on the first turn's engine");
+    assert!(
+        same >= 22,
+        "{same} of 24 follow-ups through another router on the first turn's engine"
+    );
     let counts: Vec<f64> = bases.iter().map(|b| decoded(b)).collect();
     let total: f64 = counts.iter().sum();
-    println!("batches decoded per router {counts:?}: shares {:?} (each engine read by 2 of 3)",
-        counts.iter().map(|c| format!("{:.2}", c / total * 2.0)).collect::<Vec<_>>());
+    println!(
+        "batches decoded per router {counts:?}: shares {:?} (each engine read by 2 of 3)",
+        counts
+            .iter()
+            .map(|c| format!("{:.2}", c / total * 2.0))
+            .collect::<Vec<_>>()
+    );
     // A router decodes batches exactly when it reads some engine (rendezvous over 4 engines
     // may leave one router none).
     assert!(total > 0.0);
     for (b, c) in bases.iter().zip(&counts) {
-        assert_eq!(*c > 0.0, !reads(b).is_empty(), "{b}: decoded {c}, reads {:?}", reads(b));
+        assert_eq!(
+            *c > 0.0,
+            !reads(b).is_empty(),
+            "{b}: decoded {c}, reads {:?}",
+            reads(b)
+        );
     }
 
     // SIGKILL router c under load from a client that retries on another router.
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, lost) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let load = {
-        let (stop, ok, lost, bases, system) = (stop.clone(), ok.clone(), lost.clone(), bases.clone(), system.clone());
+        let (stop, ok, lost, bases, system) = (
+            stop.clone(),
+            ok.clone(),
+            lost.clone(),
+            bases.clone(),
+            system.clone(),
+        );
         std::thread::spawn(move || {
             let deadline = Instant::now() + Duration::from_secs(60);
             let mut i = 0usize;
             while !stop.load(Relaxed) && Instant::now() < deadline && i < 2_000 {
                 let body = chat(&format!("{} {system}", i % 24), i);
                 let served = (0..3).any(|k| {
-                    http("POST", &format!("{}/v1/chat/completions", bases[(i + k) % 3]), &[], &body, Duration::from_secs(20))
-                        .is_some_and(|r| r.status == 200)
+                    http(
+                        "POST",
+                        &format!("{}/v1/chat/completions", bases[(i + k) % 3]),
+                        &[],
+                        &body,
+                        Duration::from_secs(20),
+                    )
+                    .is_some_and(|r| r.status == 200)
                 });
-                if served { ok.fetch_add(1, Relaxed); } else { lost.fetch_add(1, Relaxed); }
+                if served {
+                    ok.fetch_add(1, Relaxed);
+                } else {
+                    lost.fetch_add(1, Relaxed);
+                }
                 i += 1;
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(500));
+    wait("the client is under way", Duration::from_secs(20), || {
+        ok.load(Relaxed) >= 20
+    });
     let killed = routers[2].take().expect("c");
     drop(killed); // SIGKILL
     let t0 = Instant::now();
@@ -187,31 +277,52 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
         });
     }
     let detected = t0.elapsed();
-    let covered = wait("every engine read by a survivor", Duration::from_secs(5), || {
-        let mut all: Vec<String> = bases[..2].iter().flat_map(|b| reads(b)).collect();
-        all.sort();
-        all.dedup();
-        all.len() == 4
-    });
-    std::thread::sleep(Duration::from_millis(1_000));
+    let covered = wait(
+        "every engine read by a survivor",
+        Duration::from_secs(5),
+        || {
+            let mut all: Vec<String> = bases[..2].iter().flat_map(|b| reads(b)).collect();
+            all.sort();
+            all.dedup();
+            all.len() == 4
+        },
+    );
+    // The client goes on past the failover before it stops.
+    let served = ok.load(Relaxed);
+    wait(
+        "the client is served after the failover",
+        Duration::from_secs(30),
+        || ok.load(Relaxed) >= served + 50 || load.is_finished(),
+    );
     stop.store(true, Relaxed);
     load.join().expect("load");
     let agree = wait("survivors' digests agree", Duration::from_secs(10), || {
-        let d: Vec<serde_json::Value> = bases[..2].iter().map(|b| cluster(b)["digests"].clone()).collect();
+        let d: Vec<serde_json::Value> = bases[..2]
+            .iter()
+            .map(|b| cluster(b)["digests"].clone())
+            .collect();
         d[0] == d[1] && !d[0].is_null()
     });
     // No load entry of c's is left: after the client stopped, no engine shows peer load.
     wait("c's load entries gone", Duration::from_secs(10), || {
-        bases[..2].iter().all(|b| cluster(b)["entries"]["load"].as_u64().is_some_and(|n| n <= 8))
+        bases[..2].iter().all(|b| {
+            cluster(b)["entries"]["load"]
+                .as_u64()
+                .is_some_and(|n| n <= 8)
+        })
     });
     println!(
         "kill -9: c declared down in {detected:?}, every engine read again {covered:?} later, digests agree {agree:?} after; client: {} served, {} lost",
-        ok.load(Relaxed), lost.load(Relaxed)
+        ok.load(Relaxed),
+        lost.load(Relaxed)
     );
-    assert_eq!(lost.load(Relaxed), 0, "a client retrying on another router loses nothing");
+    assert_eq!(
+        lost.load(Relaxed),
+        0,
+        "a client retrying on another router loses nothing"
+    );
     assert!(ok.load(Relaxed) > 0);
     drop(routers);
     drop(sims);
     let _ = std::fs::remove_dir_all(&dir);
 }
-

@@ -107,12 +107,36 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
         owned,
         max_lag_s,
         counters: [
-            ("kvmesh_mesh_anti_entropy_rounds", "Digest exchanges started with a random member", k.anti_entropy_rounds),
-            ("kvmesh_mesh_repairs", "State parts sent because a peer's digest differed", k.repairs),
-            ("kvmesh_mesh_ownership_moves", "Engines this router started or stopped reading", k.ownership_moves),
-            ("kvmesh_mesh_feed_batches", "KV-event batches this router sent as an engine's ingest owner", k.feed_batches),
-            ("kvmesh_mesh_feed_pulls", "Feed batches or snapshots asked of an owner (a gap, a new source)", k.feed_pulls),
-            ("kvmesh_mesh_handshake_failures", "Mesh handshakes refused (certificate not from the cluster CA, garbage)", t.handshake_failures.load(Relaxed)),
+            (
+                "kvmesh_mesh_anti_entropy_rounds",
+                "Digest exchanges started with a random member",
+                k.anti_entropy_rounds,
+            ),
+            (
+                "kvmesh_mesh_repairs",
+                "State parts sent because a peer's digest differed",
+                k.repairs,
+            ),
+            (
+                "kvmesh_mesh_ownership_moves",
+                "Engines this router started or stopped reading",
+                k.ownership_moves,
+            ),
+            (
+                "kvmesh_mesh_feed_batches",
+                "KV-event batches this router sent as an engine's ingest owner",
+                k.feed_batches,
+            ),
+            (
+                "kvmesh_mesh_feed_pulls",
+                "Feed batches or snapshots asked of an owner (a gap, a new source)",
+                k.feed_pulls,
+            ),
+            (
+                "kvmesh_mesh_handshake_failures",
+                "Mesh handshakes refused (certificate not from the cluster CA, garbage)",
+                t.handshake_failures.load(Relaxed),
+            ),
         ],
         envelopes: [
             ("sent", k.envelopes_sent),

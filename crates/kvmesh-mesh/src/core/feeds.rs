@@ -12,8 +12,8 @@
 
 use super::Apply;
 use kvmesh_state::{
-    Delta, FeedApply, FeedBatch, FeedHead, FeedId, FeedIn, FeedOut, FeedPull, FeedSnapshot,
-    NodeId, WireOp, owners,
+    Delta, FeedApply, FeedBatch, FeedHead, FeedId, FeedIn, FeedOut, FeedPull, FeedSnapshot, NodeId,
+    WireOp, owners,
 };
 use std::collections::{BTreeSet, HashMap};
 
@@ -189,7 +189,10 @@ impl Feeds {
         applies: &mut Vec<Apply>,
     ) {
         let mine = self.my_feed();
-        let fin = self.ins.entry(engine).or_insert_with(|| FeedIn::new(engine));
+        let fin = self
+            .ins
+            .entry(engine)
+            .or_insert_with(|| FeedIn::new(engine));
         if let Some(out) = self.outs.get(&engine) {
             if fin.follow(mine).is_some() {
                 let mut a = Vec::new();
@@ -248,7 +251,11 @@ impl Feeds {
         Some(b)
     }
 
-    pub(super) fn on_batch(&mut self, b: FeedBatch, applies: &mut Vec<FeedApply>) -> Option<FeedPull> {
+    pub(super) fn on_batch(
+        &mut self,
+        b: FeedBatch,
+        applies: &mut Vec<FeedApply>,
+    ) -> Option<FeedPull> {
         self.ins.get_mut(&b.engine)?.on_batch(b, applies)
     }
 

@@ -15,19 +15,19 @@
 //!   at the first whole state it receives, or after `warm_bound_us`.
 
 mod feeds;
+mod gossip;
 pub mod sim;
 
 use crate::membership::{Effect, Membership, MeshId};
 use bytes::Bytes;
 use kvmesh_state::{
-    Control, Delta, EngineRecord, Envelope, EnvelopeV1, FeedApply, FeedIn, FeedOut, FeedSnapshot,
-    LoadMap, MarkDelta, MarkMap, NodeId, RegistryDelta, RegistrySet, StateDigest, encode,
+    Control, Delta, EngineRecord, FeedApply, FeedIn, FeedOut, FeedSnapshot, LoadMap, MarkDelta,
+    MarkMap, NodeId, RegistryDelta, RegistrySet, StateDigest,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
-/// Deltas per envelope at most (a whole state is chunked).
-pub const DELTAS_PER_ENVELOPE: usize = 2_048;
+pub use gossip::DELTAS_PER_ENVELOPE;
 
 /// How a node behaves (the router's `[serve.mesh]` section fills it).
 #[derive(Debug, Clone)]
@@ -421,7 +421,11 @@ impl MeshCore {
         let fresh_enough = expiry_us.saturating_sub(ttl / 2);
         // A mark shorter than the longest lifetime is speculative: its engine's KV events are
         // read, so the prefix the decision found is confirmed in every router's index.
-        let speculative = self.cfg.mark_ttls_us.iter().any(|&t| t > ttl.saturating_add(1_000));
+        let speculative = self
+            .cfg
+            .mark_ttls_us
+            .iter()
+            .any(|&t| t > ttl.saturating_add(1_000));
         let keys: Vec<u64> = keys
             .into_iter()
             .enumerate()
@@ -653,9 +657,8 @@ impl MeshCore {
                 if self.st.registry.merge(&r) {
                     self.counters.deltas_applied += 1;
                     let engine = match &r {
-                        RegistryDelta::Add { engine, .. } | RegistryDelta::Remove { engine, .. } => {
-                            *engine
-                        }
+                        RegistryDelta::Add { engine, .. }
+                        | RegistryDelta::Remove { engine, .. } => *engine,
                     };
                     let a = match self.st.registry.get(engine) {
                         Some(rec) if self.st.registry.contains(engine) => Apply::EngineUpsert {
@@ -684,307 +687,6 @@ impl MeshCore {
                 self.out.extend(applies.into_iter().map(Output::Apply));
             }
         }
-    }
-
-    fn control(&mut self, from: SocketAddr, c: Control, now_us: u64) {
-        match c {
-            Control::Digest {
-                digest,
-                load_nodes,
-                mark_buckets,
-                reply,
-            } => {
-                let mine = self.digest(now_us);
-                let mut parts = Vec::new();
-                let mut differs = false;
-                if digest.load != mine.load {
-                    differs = true;
-                    // Per router: what is newer than the peer's newest (it is behind: in
-                    // flight, or lost), or everything when the newest agree but not the rest.
-                    let theirs: BTreeMap<NodeId, (u64, kvmesh_state::Version)> = load_nodes
-                        .into_iter()
-                        .map(|(n, h, v)| (n, (h, v)))
-                        .collect();
-                    for (n, h, v) in self.st.load.node_digests() {
-                        let send = match theirs.get(&n) {
-                            None => self.st.load.deltas_of(n),
-                            Some(&(th, _)) if th == h => continue,
-                            Some(&(_, tv)) if v > tv => self.st.load.deltas_of_since(n, tv),
-                            Some(&(_, tv)) if v == tv => self.st.load.deltas_of(n),
-                            Some(_) => continue,
-                        };
-                        if !send.is_empty() {
-                            self.counters.repairs += 1;
-                            parts.extend(send.into_iter().map(Delta::Load));
-                        }
-                    }
-                }
-                if digest.marks != mine.marks {
-                    differs = true;
-                    // Buckets where marks made in the last moments land are left out: their
-                    // deltas are in flight, not lost.
-                    let theirs: BTreeMap<u64, u64> = mark_buckets.into_iter().collect();
-                    let settle = self.cfg.flush_us.saturating_mul(10).max(1_000_000);
-                    let young = |b: u64| {
-                        let (lo, hi) = (
-                            b * kvmesh_state::marks::MARK_BUCKET_US,
-                            (b + 1) * kvmesh_state::marks::MARK_BUCKET_US,
-                        );
-                        self.cfg.mark_ttls_us.iter().any(|&ttl| {
-                            let newest = now_us.saturating_add(ttl);
-                            hi > newest.saturating_sub(settle) && lo <= newest
-                        })
-                    };
-                    let want: BTreeSet<u64> = self
-                        .st
-                        .marks
-                        .buckets()
-                        .into_iter()
-                        .filter(|(b, h)| theirs.get(b) != Some(h) && !young(*b))
-                        .map(|(b, _)| b)
-                        .collect();
-                    if !want.is_empty() {
-                        self.counters.repairs += 1;
-                        parts.extend(self.st.marks.deltas_in(&want).into_iter().map(Delta::Mark));
-                    }
-                }
-                if digest.registry != mine.registry {
-                    differs = true;
-                    self.counters.repairs += 1;
-                    parts.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
-                }
-                let ctl = if reply && differs {
-                    vec![self.digest_msg(now_us, false)]
-                } else {
-                    Vec::new()
-                };
-                if !parts.is_empty() || !ctl.is_empty() {
-                    self.send_to(from, parts, ctl, false, now_us);
-                }
-            }
-            Control::WholeState { .. } => {}
-            Control::WantState => {
-                if self.warm {
-                    let all = self.whole_state(now_us);
-                    self.send_to(from, all, Vec::new(), true, now_us);
-                }
-            }
-            Control::Pull(p) => {
-                let d = self.feeds.serve_pull(&p);
-                if !d.is_empty() {
-                    self.direct.entry(from).or_default().0.extend(d);
-                }
-            }
-            Control::Heads(heads) => {
-                let mut pulls = Vec::new();
-                for h in heads {
-                    if let Some(p) = self.feeds.on_head(h.engine, h.feed, h.head) {
-                        pulls.push((h.feed.source, p));
-                    }
-                }
-                self.send_pulls(pulls, now_us);
-            }
-        }
-    }
-
-    fn whole_state(&mut self, now_us: u64) -> Vec<Delta> {
-        self.st.marks.expire(now_us);
-        let mut v: Vec<Delta> = self.st.load.deltas().into_iter().map(Delta::Load).collect();
-        v.extend(self.st.marks.deltas().into_iter().map(Delta::Mark));
-        v.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
-        v
-    }
-
-    fn flush(&mut self, now_us: u64) {
-        let deltas = std::mem::take(&mut self.outbox);
-        let direct = std::mem::take(&mut self.direct);
-        let addrs: Vec<SocketAddr> = self.peers.values().map(|m| m.addr).collect();
-        // What every member gets is encoded once; what only some need goes separately.
-        if !deltas.is_empty() && !addrs.is_empty() {
-            for bytes in self.encode_chunks(deltas, Vec::new(), false, now_us) {
-                for &a in &addrs {
-                    self.counters.envelopes_sent += 1;
-                    self.counters.bytes_sent += bytes.len() as u64;
-                    self.out.push(Output::Envelope(a, bytes.clone()));
-                }
-            }
-        }
-        for (a, (d, ctl)) in direct {
-            if self.peers.values().any(|m| m.addr == a) && (!d.is_empty() || !ctl.is_empty()) {
-                self.send_to(a, d, ctl, false, now_us);
-            }
-        }
-    }
-
-    fn want_state(&mut self, now_us: u64) {
-        if self.peers.is_empty() {
-            return;
-        }
-        let i = (self.next_rand() % self.peers.len() as u64) as usize;
-        if let Some(a) = self.peers.values().nth(i).map(|m| m.addr) {
-            self.send_to(a, Vec::new(), vec![Control::WantState], false, now_us);
-        }
-    }
-
-    fn anti_entropy(&mut self, now_us: u64) {
-        if !self.warm {
-            self.want_state(now_us);
-            return;
-        }
-        // Expired marks are dropped by every node alike.
-        self.st.marks.expire(now_us);
-        // Tombstones of routers gone long enough ago are forgotten (bounded memory).
-        let horizon = now_us.saturating_sub(self.cfg.anti_entropy_us.saturating_mul(30));
-        self.departed_at.retain(|_, t| *t >= horizon);
-        let keep = self.departed_at.clone();
-        let live: BTreeSet<NodeId> = self.peers.keys().copied().collect();
-        self.st
-            .load
-            .prune_departed(|n| keep.contains_key(&n) || live.contains(&n));
-        // Load entries of routers that are not members here (they came through a router that
-        // had not yet seen them go) are dropped.
-        let strangers: Vec<NodeId> = self
-            .st
-            .load
-            .nodes()
-            .into_iter()
-            .filter(|n| *n != self.me && !self.peers.contains_key(n))
-            .collect();
-        for n in strangers {
-            for engine in self.st.load.forget_node(n) {
-                let others = self.st.load.others(self.me, engine);
-                self.out
-                    .push(Output::Apply(Apply::PeerLoad { engine, others }));
-            }
-        }
-        // Feed sources announce their heads; receivers still unsynced ask again; handovers
-        // that waited too long start afresh.
-        let live = self.live();
-        let mut applies = Vec::new();
-        let (heads, pulls) = self.feeds.periodic(&live, &mut applies);
-        self.counters.ownership_moves += applies
-            .iter()
-            .filter(|a| matches!(a, Apply::Own { .. }))
-            .count() as u64;
-        self.out.extend(applies.into_iter().map(Output::Apply));
-        self.send_pulls(pulls, now_us);
-        if !heads.is_empty() {
-            for (n, m) in self.peers.clone() {
-                let h: Vec<_> = heads
-                    .iter()
-                    .filter(|(receivers, _)| receivers.contains(&n))
-                    .map(|(_, h)| *h)
-                    .collect();
-                if !h.is_empty() {
-                    self.direct
-                        .entry(m.addr)
-                        .or_default()
-                        .1
-                        .push(Control::Heads(h));
-                }
-            }
-        }
-        if self.peers.is_empty() {
-            return;
-        }
-        let i = (self.next_rand() % self.peers.len() as u64) as usize;
-        let Some(peer) = self.peers.values().nth(i).map(|m| m.addr) else {
-            return;
-        };
-        self.counters.anti_entropy_rounds += 1;
-        let msg = self.digest_msg(now_us, true);
-        self.send_to(peer, Vec::new(), vec![msg], false, now_us);
-    }
-
-    /// This node's digests with the detail a peer needs to send only what differs.
-    fn digest_msg(&mut self, now_us: u64, reply: bool) -> Control {
-        Control::Digest {
-            digest: self.digest(now_us),
-            load_nodes: self.st.load.node_digests(),
-            mark_buckets: self.st.marks.buckets(),
-            reply,
-        }
-    }
-
-    fn send_to(
-        &mut self,
-        to: SocketAddr,
-        deltas: Vec<Delta>,
-        control: Vec<Control>,
-        snapshot: bool,
-        now_us: u64,
-    ) {
-        for bytes in self.encode_chunks(deltas, control, snapshot, now_us) {
-            self.counters.envelopes_sent += 1;
-            self.counters.bytes_sent += bytes.len() as u64;
-            self.out.push(Output::Envelope(to, bytes));
-        }
-    }
-
-    /// Deltas as envelopes of bounded size; the control goes with the last. Every envelope
-    /// of a whole state is marked as such, and the last says how many there are.
-    fn encode_chunks(
-        &self,
-        deltas: Vec<Delta>,
-        control: Vec<Control>,
-        snapshot: bool,
-        now_us: u64,
-    ) -> Vec<Bytes> {
-        // In-flight counts travel grouped by router (its id and incarnation once).
-        let (loads, rest): (Vec<Delta>, Vec<Delta>) =
-            deltas.into_iter().partition(|d| matches!(d, Delta::Load(_)));
-        let loads = kvmesh_state::LoadBatch::compact(loads.into_iter().filter_map(|d| match d {
-            Delta::Load(l) => Some(l),
-            _ => None,
-        }));
-        let deltas = loads.into_iter().map(Delta::LoadBatch).chain(rest);
-        let mut chunks: Vec<Vec<Delta>> = Vec::new();
-        let mut cur = Vec::new();
-        let mut weight = 0usize;
-        for d in deltas {
-            // Large deltas count for what they carry.
-            weight += match &d {
-                Delta::FeedSnapshot(s) => 1 + s.blocks.len() / 8,
-                Delta::Feed(b) => 1 + b.ops.len() / 8,
-                Delta::Mark(m) => 1 + m.keys.len() / 8,
-                Delta::LoadBatch(b) => 1 + b.items.len() / 4,
-                _ => 1,
-            };
-            cur.push(d);
-            if weight >= DELTAS_PER_ENVELOPE {
-                chunks.push(std::mem::take(&mut cur));
-                weight = 0;
-            }
-        }
-        if !cur.is_empty() || chunks.is_empty() {
-            chunks.push(cur);
-        }
-        let last = chunks.len() - 1;
-        let mut control = Some(control);
-        if snapshot && let Some(c) = control.as_mut() {
-            c.push(Control::WholeState {
-                chunks: chunks.len() as u32,
-            });
-        }
-        let mut out = Vec::with_capacity(chunks.len());
-        for (i, chunk) in chunks.into_iter().enumerate() {
-            let env = Envelope::V1(EnvelopeV1 {
-                cluster_id: self.cfg.cluster_id,
-                from: self.me,
-                snapshot,
-                sent_us: now_us,
-                deltas: chunk,
-                control: if i == last {
-                    control.take().unwrap_or_default()
-                } else {
-                    Vec::new()
-                },
-            });
-            if let Ok(bytes) = encode(&env) {
-                out.push(Bytes::from(bytes));
-            }
-        }
-        out
     }
 
     /// Test and bench hook: the feed side's own view (engines followed and their feeds).

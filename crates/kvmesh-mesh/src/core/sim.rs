@@ -200,7 +200,11 @@ impl Sim {
         let mut ops = Vec::new();
         let mut hashes = Vec::new();
         if r % 4 == 0 && !en.truth.is_empty() {
-            let k = *en.truth.keys().nth((r >> 8) as usize % en.truth.len()).unwrap_or(&0);
+            let k = *en
+                .truth
+                .keys()
+                .nth((r >> 8) as usize % en.truth.len())
+                .unwrap_or(&0);
             ops.push(WireOp::Removed(k));
             if let Some(c) = en.truth.get_mut(&k) {
                 *c -= 1;
@@ -288,8 +292,14 @@ impl Sim {
             if dgram && self.rng.below(1000) < self.net.dup_per_mille {
                 let d2 = due + self.rng.below(20_000);
                 self.order += 1;
-                self.queue
-                    .push(std::cmp::Reverse((d2, self.order, j, i, true, bytes.clone())));
+                self.queue.push(std::cmp::Reverse((
+                    d2,
+                    self.order,
+                    j,
+                    i,
+                    true,
+                    bytes.clone(),
+                )));
             }
             self.order += 1;
             self.queue
@@ -407,12 +417,7 @@ impl Sim {
 
     /// Every engine has at least one live owner that reads it, in every live node's view.
     pub fn ownership_covered(&self) -> bool {
-        let live: BTreeSet<NodeId> = self
-            .nodes
-            .iter()
-            .flatten()
-            .map(|n| n.core.id())
-            .collect();
+        let live: BTreeSet<NodeId> = self.nodes.iter().flatten().map(|n| n.core.id()).collect();
         let readers: HashMap<NodeId, &BTreeMap<u64, u64>> = self
             .nodes
             .iter()
