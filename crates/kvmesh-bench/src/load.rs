@@ -517,6 +517,23 @@ impl InFlightSamples {
             })
     }
 
+    /// Over the samples whose mean is at least `min_mean`: the mean of max / mean and its 99th
+    /// percentile; `None` without such samples.
+    pub fn spread(&self, min_mean: f64) -> Option<(f64, f64)> {
+        let mut r: Vec<f64> = self
+            .moments()
+            .filter(|m| m.mean >= min_mean && m.mean > 0.0)
+            .map(|m| m.ratio())
+            .collect();
+        if r.is_empty() {
+            return None;
+        }
+        r.sort_by(f64::total_cmp);
+        let mean = r.iter().sum::<f64>() / r.len() as f64;
+        let p99 = r[((0.99 * (r.len() - 1) as f64).round() as usize).min(r.len() - 1)];
+        Some((mean, p99))
+    }
+
     /// The sample of the highest max / mean among those whose mean is at least `min_mean`.
     pub fn worst(&self, min_mean: f64) -> Option<Imbalance> {
         self.moments()
@@ -657,5 +674,10 @@ mod tests {
         assert_eq!(s.count_over(9.0, 1.9), (2, 1));
         assert_eq!(s.worst(1.0).unwrap().at, 0);
         assert!(s.worst(50.0).is_none());
+        // Mean over the two counted moments: (1.2 + 2.0) / 2; the p99 is the larger.
+        let (mean, p99) = s.spread(9.0).unwrap();
+        assert!((mean - 1.6).abs() < 1e-9, "{mean}");
+        assert_eq!(p99, 2.0);
+        assert!(s.spread(50.0).is_none());
     }
 }

@@ -49,6 +49,12 @@ pub struct ContenderRow {
     pub predicted_hit_rate: Option<f64>,
     /// Requests on the busiest engine / the mean over engines.
     pub load_spread: f64,
+    /// In flight per engine, sampled every 20 ms through the run (summed over the routers):
+    /// the mean over samples of max / mean (samples with a mean of at least 1). `None` when
+    /// nothing was sampled (external targets, no router, SMG, nginx).
+    pub inflight_spread: Option<f64>,
+    /// The same samples' 99th percentile of max / mean.
+    pub inflight_spread_p99: Option<f64>,
     /// Requests per engine (engine name → count).
     pub per_engine: Vec<(String, u64)>,
     /// Preemptions over all engines (Δ`vllm:num_preemptions_total`).
@@ -179,6 +185,8 @@ impl ContenderRow {
             client_hit_rate: m(|r| r.client_hit_rate),
             predicted_hit_rate: (!preds.is_empty()).then(|| median(&preds)),
             load_spread: m(|r| r.load_spread),
+            inflight_spread: opt_median(runs, |r| r.inflight_spread),
+            inflight_spread_p99: opt_median(runs, |r| r.inflight_spread_p99),
             per_engine: mid.per_engine.clone(),
             preemptions: m(|r| r.preemptions),
             elapsed_s: m(|r| r.elapsed_s),
@@ -186,6 +194,12 @@ impl ContenderRow {
             timeline: mid.timeline.clone(),
         }
     }
+}
+
+/// The median of the runs that have the figure, or `None`.
+fn opt_median(runs: &[ContenderRow], f: fn(&ContenderRow) -> Option<f64>) -> Option<f64> {
+    let v: Vec<f64> = runs.iter().filter_map(f).collect();
+    (!v.is_empty()).then(|| median(&v))
 }
 
 /// Client-side hit rate per tenth of the run (by send time).
@@ -331,17 +345,18 @@ impl Report {
             "Real-time runs, contenders interleaved on the same fleet (engine caches reset between \
              runs), medians over repeats. Latencies in wall ms (÷ the time scale = simulated ms). \
              `hit` = engine-reported Δhits/Δqueries; `pred` = the router's predicted cached tokens \
-             / prompt tokens; `spread` = requests on the busiest engine / mean.\n"
+             / prompt tokens; `spread` = requests on the busiest engine / mean; `in flight` = in flight \
+             per engine sampled every 20 ms, max / mean: mean over samples and p99.\n"
         );
         let _ = writeln!(
             s,
-            "| contender | requests | errors | out tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | hit | pred | spread |"
+            "| contender | requests | errors | out tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | hit | pred | spread | in flight |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &self.contenders {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1}% | {} | {:.2} |",
+                "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1}% | {} | {:.2} | {} |",
                 r.name,
                 r.requests,
                 r.errors,
@@ -352,7 +367,11 @@ impl Report {
                 r.itl_p50_ms,
                 r.hit_rate * 100.0,
                 opt(r.predicted_hit_rate),
-                r.load_spread
+                r.load_spread,
+                match (r.inflight_spread, r.inflight_spread_p99) {
+                    (Some(m), Some(p)) => format!("{m:.2} / {p:.2}"),
+                    _ => "–".into(),
+                }
             );
         }
         if !self.ratios.is_empty() {

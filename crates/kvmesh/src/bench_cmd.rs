@@ -11,7 +11,7 @@ use kvmesh_bench::jobs::{self, JobSet};
 use kvmesh_bench::replay::{PromptMode, ReplayOptions, replay};
 use kvmesh_bench::report::{ContenderRow, Report, ratios};
 use kvmesh_bench::settings::BenchSettings;
-use kvmesh_bench::{EngineCounters, Targets};
+use kvmesh_bench::{EngineCounters, InFlightSampler, Targets};
 use kvmesh_config::{EngineEntry, PolicyKind, ServeConfig, SimConfig};
 use kvmesh_engine::EngineParams;
 use kvmesh_route::TtlPlan;
@@ -38,6 +38,9 @@ pub enum Prompts {
     /// Text prompts, a word per token.
     Text,
 }
+
+/// How often the routers' in-flight count per engine is sampled during a run.
+const SAMPLE_EVERY: Duration = Duration::from_millis(20);
 
 fn q() -> BenchSettings {
     BenchSettings::quick()
@@ -69,9 +72,13 @@ pub struct BenchArgs {
          `oracle` is always reported, from the virtual-time evaluator) [default: {}; full: {}]",
         q().policies.join(","), f().policies.join(",")))]
     pub policies: Vec<String>,
-    #[arg(long, help = format!("Routers per contender (meshed unless --no-mesh; 0 = clients straight to the engines) [default: {}]", q().routers))]
-    pub routers: Option<u32>,
-    /// Run several routers as independent replicas (no shared state).
+    #[arg(long = "routers", value_name = "N[:mesh|:no-mesh]", value_parser = parse_routers, help = format!(
+        "Routers per contender, repeatable: every policy (and SMG) runs with each, interleaved in \
+         every repeat. `3` = 3 meshed routers (independent with --no-mesh), `3:no-mesh` = 3 \
+         independent replicas, `3:mesh` = meshed even with --no-mesh; 0 = clients straight to \
+         the engines [default: {}]", q().routers))]
+    pub routers: Vec<RouterSpec>,
+    /// Routers given as a bare count run as independent replicas (no shared state).
     #[arg(long)]
     pub no_mesh: bool,
     /// Add SMG contenders (`smg` on PATH).
@@ -104,8 +111,37 @@ pub struct BenchArgs {
     pub eval_only: bool,
 }
 
+/// `--routers N[:mesh|:no-mesh]`: a router count and whether they mesh (`None`: as
+/// `--no-mesh` says).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterSpec {
+    /// Routers.
+    pub n: u32,
+    /// Meshed, independent, or as the global flag says.
+    pub mesh: Option<bool>,
+}
+
+fn parse_routers(v: &str) -> Result<RouterSpec, String> {
+    let (n, mesh) = match v.split_once(':') {
+        None => (v, None),
+        Some((n, "mesh")) => (n, Some(true)),
+        Some((n, "no-mesh")) => (n, Some(false)),
+        Some((_, m)) => return Err(format!("`{m}`: expected `mesh` or `no-mesh` after the colon")),
+    };
+    let n = n
+        .trim()
+        .parse::<u32>()
+        .map_err(|e| format!("`{n}`: not a router count ({e})"))?;
+    if n > 64 {
+        return Err(format!("{n} routers: at most 64 on one machine"));
+    }
+    Ok(RouterSpec { n, mesh })
+}
+
 struct Plan {
     s: BenchSettings,
+    /// (routers, meshed) per contender group, in the order given; meshed only when > 1.
+    routers: Vec<(u32, bool)>,
     set: JobSet,
     kv_blocks: u32,
     policies: Vec<PolicyKind>,
@@ -117,7 +153,19 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     let mut s = if a.quick { q() } else { f() };
     let mut notes = Vec::new();
     s.engines = a.engines.unwrap_or(s.engines).max(1);
-    s.routers = a.routers.unwrap_or(s.routers);
+    let specs = if a.routers.is_empty() {
+        vec![RouterSpec { n: s.routers, mesh: None }]
+    } else {
+        a.routers.clone()
+    };
+    let mut routers: Vec<(u32, bool)> = Vec::new();
+    for r in specs {
+        let v = (r.n, r.n > 1 && r.mesh.unwrap_or(!a.no_mesh));
+        if !routers.contains(&v) {
+            routers.push(v);
+        }
+    }
+    s.routers = routers[0].0;
     s.repeats = a.repeats.unwrap_or(s.repeats).max(1);
     s.seed = a.seed.unwrap_or(s.seed);
     s.concurrency = a.concurrency.unwrap_or(s.concurrency).max(1);
@@ -182,6 +230,7 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     };
     Ok(Plan {
         s,
+        routers,
         set,
         kv_blocks,
         policies,
@@ -302,6 +351,7 @@ async fn measure(
     targets: Targets,
     engine_urls: &[String],
     prompts: PromptMode,
+    sampler: Option<InFlightSampler>,
 ) -> Result<ContenderRow, String> {
     let each = |urls: &[String]| {
         let urls = urls.to_vec();
@@ -318,6 +368,10 @@ async fn measure(
     };
     let (records, elapsed) = replay(&p.set, targets, &opts, Arc::new(move || b.inc(1))).await;
     bar.finish_and_clear();
+    let spread = match sampler {
+        Some(s) => s.stop().await.spread(1.0),
+        None => None,
+    };
     let after = each(engine_urls).await?;
     let deltas: Vec<(String, EngineCounters)> = engine_urls
         .iter()
@@ -328,6 +382,8 @@ async fn measure(
     if engine_urls.is_empty() {
         row.hit_rate = row.client_hit_rate;
     }
+    row.inflight_spread = spread.map(|s| s.0);
+    row.inflight_spread_p99 = spread.map(|s| s.1);
     if let Some(e) = records.iter().find_map(|r| r.error.as_ref()) {
         eprintln!("{name}: {} errors, first: {e}", row.errors);
     }
@@ -406,7 +462,6 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
         Vec::new()
     };
     let mut runs: Vec<ContenderRow> = Vec::new();
-    let mesh = !a.no_mesh;
     if a.eval_only {
         p.notes.push("--eval-only: no real-time runs".into());
     } else if !a.targets.is_empty() {
@@ -417,6 +472,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                 Targets::RoundRobin(a.targets.clone()),
                 &[],
                 p.prompts,
+                None,
             )
             .await?;
             row.name = "target".into();
@@ -427,17 +483,30 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
     } else {
         let engines = fleet::start_engines(&engine_spec(&p)).await?;
         let urls = engines.urls();
-        // Contenders: (policy, routers); the overhead workload adds the engines directly.
-        let mut plan_runs: Vec<(PolicyKind, u32)> =
-            p.policies.iter().map(|&k| (k, p.s.routers)).collect();
-        if p.s.routers == 0 {
-            plan_runs.truncate(1); // every policy is the same without routers
-        } else if p.set.name == "overhead" {
-            plan_runs.push((PolicyKind::RoundRobin, 0));
+        // Contenders: (policy, routers, meshed) for every router spec; the overhead workload
+        // adds the engines directly.
+        let mut plan_runs: Vec<(PolicyKind, u32, bool)> = Vec::new();
+        for &(n, mesh) in &p.routers {
+            if n == 0 {
+                plan_runs.push((PolicyKind::RoundRobin, 0, false)); // the same for every policy
+                continue;
+            }
+            plan_runs.extend(p.policies.iter().map(|&k| (k, n, mesh)));
+        }
+        if p.set.name == "overhead" && !plan_runs.iter().any(|r| r.1 == 0) {
+            plan_runs.push((PolicyKind::RoundRobin, 0, false));
+        }
+        // SMG: as many gateways as each router spec (at least one), meshed when it is.
+        let mut smg_runs: Vec<(usize, bool)> = Vec::new();
+        for &(n, mesh) in &p.routers {
+            let v = (n.max(1) as usize, mesh);
+            if !smg_runs.contains(&v) {
+                smg_runs.push(v);
+            }
         }
         let result = async {
             for rep in 0..p.s.repeats {
-                for &(policy, routers) in &plan_runs {
+                for &(policy, n_routers, mesh) in &plan_runs {
                     reset_caches(&urls).await?;
                     let reads_events = matches!(policy, PolicyKind::Precise | PolicyKind::Scored);
                     let entries: Vec<EngineEntry> = engines
@@ -452,20 +521,21 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                             e
                         })
                         .collect();
-                    let name = contender_name(policy, routers, mesh);
-                    let n_routers = routers;
-                    let routers = fleet::start_routers(&entries, routers, mesh, policy, p.s.seed, false).await?;
-                    let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls, p.prompts).await;
+                    let name = contender_name(policy, n_routers, mesh);
+                    let routers = fleet::start_routers(&entries, n_routers, mesh, policy, p.s.seed, false).await?;
+                    let sampler = fleet::in_flight_sampler(&routers, &urls, SAMPLE_EVERY);
+                    let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls, p.prompts, sampler).await;
                     fleet::shutdown_routers(routers).await;
                     let mut row = row?;
                     row.name = name;
                     row.policy = if n_routers == 0 { "direct".into() } else { policy.as_str().into() };
                     row.routers = n_routers;
-                    row.mesh = mesh && n_routers > 1;
+                    row.mesh = mesh;
                     row.repeat = Some(rep);
                     eprintln!(
-                        "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, {} errors",
-                        row.name, row.output_tokens_per_s, row.hit_rate * 100.0, row.ttft_p99_ms, row.errors
+                        "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, in flight max/mean {}, {} errors",
+                        row.name, row.output_tokens_per_s, row.hit_rate * 100.0, row.ttft_p99_ms,
+                        row.inflight_spread.map_or("–".into(), |x| format!("{x:.2}")), row.errors
                     );
                     runs.push(row);
                 }
@@ -473,7 +543,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     reset_caches(&urls).await?;
                     let name = "nginx proxy_pass".to_string();
                     let nginx = crate::nginx::start(bin, &urls).await?;
-                    let row = measure(&p, &name, Targets::Single(nginx.url.clone()), &urls, p.prompts).await;
+                    let row = measure(&p, &name, Targets::Single(nginx.url.clone()), &urls, p.prompts, None).await;
                     drop(nginx);
                     let mut row = row?;
                     row.name = name;
@@ -486,14 +556,9 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     );
                     runs.push(row);
                 }
-                if let Some(bin) = &smg_bin
-                    && !a.eval_only
-                {
+                let Some(bin) = &smg_bin else { continue };
+                for &(n, meshed) in &smg_runs {
                     reset_caches(&urls).await?;
-                    // As many gateways as kvmesh's contenders have routers, meshed unless
-                    // --no-mesh, clients spread over them.
-                    let n = p.s.routers.max(1) as usize;
-                    let meshed = n > 1 && !a.no_mesh;
                     let name = match (n, meshed) {
                         (1, _) => "smg cache_aware".to_string(),
                         (n, true) => format!("smg cache_aware ×{n} meshed"),
@@ -513,7 +578,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     } else {
                         Targets::RoundRobin(smgs.iter().map(|s| s.url.clone()).collect())
                     };
-                    let row = measure(&p, &name, targets, &urls, PromptMode::Text).await;
+                    let row = measure(&p, &name, targets, &urls, PromptMode::Text, None).await;
                     drop(smgs);
                     let mut row = row?;
                     row.name = name;
@@ -573,8 +638,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                 "block_size": SimConfig::default().engine.block_size,
                 "time_scale": p.s.time_scale,
                 "profile": SimConfig::default().engine.profile,
-                "routers": p.s.routers,
-                "mesh": mesh && p.s.routers > 1,
+                "routers": p.routers.iter().map(|&(n, mesh)| serde_json::json!({ "routers": n, "mesh": mesh })).collect::<Vec<_>>(),
             })
         } else {
             serde_json::json!({ "targets": a.targets })
@@ -634,4 +698,19 @@ fn commit() -> String {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_specs_parse_and_refuse_clearly() {
+        assert_eq!(parse_routers("3"), Ok(RouterSpec { n: 3, mesh: None }));
+        assert_eq!(parse_routers("3:mesh"), Ok(RouterSpec { n: 3, mesh: Some(true) }));
+        assert_eq!(parse_routers("8:no-mesh"), Ok(RouterSpec { n: 8, mesh: Some(false) }));
+        assert!(parse_routers("3:meshed").unwrap_err().contains("meshed"));
+        assert!(parse_routers("x").unwrap_err().contains("not a router count"));
+        assert!(parse_routers("65").is_err());
+    }
 }

@@ -151,3 +151,65 @@ fn bench_quick_writes_the_report_and_the_evaluator_agrees_with_real_time() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Router counts side by side in one run: 1 router, 2 meshed and 2 independent replicas take
+/// turns on the same fleet in every repeat, each row saying what it was, with the in-flight
+/// spread sampled from the routers.
+#[test]
+fn bench_router_counts_interleave_in_one_run() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-bench-routers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let md = run_bench(
+        &[
+            "--quick",
+            "--engines",
+            "2",
+            "--groups",
+            "2",
+            "--concurrency",
+            "4",
+            "--policy",
+            "least_request",
+            "--routers",
+            "1",
+            "--routers",
+            "2",
+            "--routers",
+            "2:no-mesh",
+        ],
+        &dir,
+    );
+    assert!(md.contains("| in flight |"), "{md}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let contenders = report["contenders"].as_array().unwrap();
+    let rows: Vec<(&str, u64, bool)> = contenders
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap(),
+                c["routers"].as_u64().unwrap(),
+                c["mesh"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("round_robin", 1, false),
+            ("least_request", 1, false),
+            ("round_robin x2 mesh", 2, true),
+            ("least_request x2 mesh", 2, true),
+            ("round_robin x2 no-mesh", 2, false),
+            ("least_request x2 no-mesh", 2, false),
+        ]
+    );
+    for c in contenders {
+        assert_eq!(c["errors"], 0, "{c}");
+        assert!(c["requests"].as_u64().unwrap() > 0, "{c}");
+        let s = c["inflight_spread"].as_f64().expect("in-flight samples");
+        assert!(s >= 1.0, "max / mean is at least 1: {c}");
+    }
+    assert_eq!(report["fleet"]["routers"].as_array().unwrap().len(), 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}
