@@ -45,6 +45,11 @@ pub struct ReplayOptions {
     pub request_timeout: Duration,
     /// Deadline of the whole run: jobs not started by then are counted as errors.
     pub deadline: Duration,
+    /// Closed loop over several targets: each client keeps one target for all its
+    /// conversations (client `i` → target `i mod n`, as a client resolving DNS once and
+    /// holding a keep-alive connection would); `false`: every request goes to the next
+    /// target (a conversation's turns through different routers: the mesh's hard case).
+    pub sticky_clients: bool,
 }
 
 /// The outcome of one request.
@@ -92,7 +97,7 @@ pub async fn replay(
         Arrival::Closed => {
             let convs = Arc::new(set.conversations());
             let next = Arc::new(AtomicUsize::new(0));
-            for _ in 0..opts.concurrency.max(1) {
+            for client_no in 0..opts.concurrency.max(1) {
                 let (convs, next, jobs, rr, client, targets, opts, progress) = (
                     convs.clone(),
                     next.clone(),
@@ -114,7 +119,14 @@ pub async fn replay(
                             let r = if failed || start.elapsed() > opts.deadline {
                                 Record::failed(job, "not sent: deadline or earlier turn failed")
                             } else {
-                                let base = pick(&targets, &rr);
+                                let base = match &targets {
+                                    Targets::RoundRobin(v)
+                                        if opts.sticky_clients && !v.is_empty() =>
+                                    {
+                                        v[client_no % v.len()].clone()
+                                    }
+                                    _ => pick(&targets, &rr),
+                                };
                                 send(&client, &base, job, &opts, start).await
                             };
                             failed |= r.error.is_some();

@@ -50,7 +50,8 @@ pub struct ContenderRow {
     /// Requests on the busiest engine / the mean over engines.
     pub load_spread: f64,
     /// In flight per engine, sampled every 20 ms through the run (summed over the routers):
-    /// the mean over samples of max / mean (samples with a mean of at least 1). `None` when
+    /// the mean over samples of max / mean, counting the samples under load (a mean of at
+    /// least half the run's highest, and at least 1). `None` when
     /// nothing was sampled (external targets, no router, SMG, nginx).
     pub inflight_spread: Option<f64>,
     /// The same samples' 99th percentile of max / mean.
@@ -346,13 +347,17 @@ impl Report {
              runs), medians over repeats. Latencies in wall ms (÷ the time scale = simulated ms). \
              `hit` = engine-reported Δhits/Δqueries; `pred` = the router's predicted cached tokens \
              / prompt tokens; `spread` = requests on the busiest engine / mean; `in flight` = in flight \
-             per engine sampled every 20 ms, max / mean: mean over samples and p99.\n"
+             per engine sampled every 20 ms, max / mean under load (samples of at least half the \
+             run's peak mean): mean over samples and p99.\n"
         );
         let _ = writeln!(
             s,
             "| contender | requests | errors | out tok/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | hit | pred | spread | in flight |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            s,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
         for r in &self.contenders {
             let _ = writeln!(
                 s,

@@ -32,6 +32,11 @@ pub struct MeshConfig {
     /// most this often, ms — up to 16 routers; beyond, the period grows with the cluster
     /// (× routers / 16), so that a router's envelope rate stays bounded.
     pub flush_ms: u64,
+    /// An in-flight change (a request routed or finished) is sent this many µs × routers
+    /// after the router's previous envelope instead of waiting for the flush: peers see a
+    /// finished request before its client's next turn reaches them, and a router's envelope
+    /// rate stays about 1 / this whatever the cluster size. 0 = with the flush.
+    pub load_flush_us: u64,
     /// A router compares digests with a random peer this often and both send what differs;
     /// ingest owners announce their feeds' heads (repairs what was lost), ms.
     pub anti_entropy_ms: u64,
@@ -51,6 +56,7 @@ impl Default for MeshConfig {
             tls_dir: String::new(),
             ingest_replicas: 2,
             flush_ms: 5,
+            load_flush_us: 100,
             anti_entropy_ms: 1_000,
             expected_routers: 3,
         }
@@ -68,6 +74,11 @@ impl MeshConfig {
             (1..=10_000).contains(&self.flush_ms),
             &format!("{at}.flush_ms"),
             "must be between 1 and 10000",
+        )?;
+        check(
+            self.load_flush_us <= 1_000_000,
+            &format!("{at}.load_flush_us"),
+            "must be between 0 (with the flush) and 1000000",
         )?;
         check(
             (10..=600_000).contains(&self.anti_entropy_ms),

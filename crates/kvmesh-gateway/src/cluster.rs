@@ -119,6 +119,7 @@ impl Cluster {
         let core_cfg = CoreConfig {
             cluster_id: cluster_id(&cfg.cluster_id),
             flush_us: cfg.flush_ms * 1_000,
+            load_flush_us: cfg.load_flush_us,
             anti_entropy_us: cfg.anti_entropy_ms * 1_000,
             ingest_replicas: cfg.ingest_replicas as usize,
             mark_capacity: cap,
@@ -196,15 +197,40 @@ impl Cluster {
         }
     }
 
-    /// Every `every`: this router's in-flight changes, the engines with KV events when they
-    /// changed, and whether each engine's feed is live here.
+    /// This router's in-flight changes as they happen (the engines signal them), and every
+    /// `every`: all of them again (what a full input channel refused), the engines with KV
+    /// events when they changed, and whether each engine's feed is live here.
     async fn local_loop(self: Arc<Self>, gw: Arc<Gateway>, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sent: HashMap<EngineId, u32> = HashMap::new();
         let mut with_events: BTreeSet<u64> = BTreeSet::new();
+        let mut changed = gw.registry.load_signal.connect();
+        let mut ids: Vec<EngineId> = Vec::new();
         loop {
-            tick.tick().await;
+            let rx = changed.as_mut();
+            tokio::select! {
+                _ = tick.tick() => {}
+                Some(id) = async { match rx { Some(r) => r.recv().await, None => std::future::pending().await } } => {
+                    ids.clear();
+                    ids.push(id);
+                    if let Some(r) = changed.as_mut() {
+                        while ids.len() < 4096 {
+                            match r.try_recv() {
+                                Ok(id) => ids.push(id),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    for id in &ids {
+                        if let Some(e) = gw.registry.get(*id) {
+                            let now = e.read_load_change();
+                            self.send_load(&mut sent, e.id, now);
+                        }
+                    }
+                    continue;
+                }
+            }
             let members = gw.registry.members();
             let events: BTreeSet<u64> = members
                 .iter()
@@ -218,14 +244,7 @@ impl Cluster {
                 }
             }
             for e in &members {
-                let now = e.in_flight.load(Relaxed);
-                if sent.get(&e.id) != Some(&now) {
-                    sent.insert(e.id, now);
-                    let _ = self.input.try_send(Input::Load {
-                        engine: e.id.0,
-                        in_flight: now,
-                    });
-                }
+                self.send_load(&mut sent, e.id, e.in_flight.load(Relaxed));
             }
             sent.retain(|id, _| members.iter().any(|e| e.id == *id));
             // Engines read elsewhere: routed precisely only while their feed is synced here.
@@ -241,6 +260,23 @@ impl Cluster {
                     e.ingest.mesh_live.store(live, Relaxed);
                 }
             }
+        }
+    }
+
+    /// Tells the mesh this router's in-flight count on an engine if it changed since the last
+    /// one told (a count the full input channel refused is told again by the next scan).
+    fn send_load(&self, sent: &mut HashMap<EngineId, u32>, id: EngineId, now: u32) {
+        if sent.get(&id) == Some(&now) {
+            return;
+        }
+        let load = Input::Load {
+            engine: id.0,
+            in_flight: now,
+        };
+        if self.input.try_send(load).is_ok() {
+            sent.insert(id, now);
+        } else {
+            sent.remove(&id);
         }
     }
 

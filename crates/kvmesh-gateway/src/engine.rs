@@ -12,8 +12,9 @@ use kvmesh_policy::{EngineTracker, EngineView};
 use kvmesh_prefix::EngineId;
 use kvmesh_route::FailKind;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::Notify;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
 /// Where an engine came from.
@@ -43,6 +44,22 @@ impl Source {
 
 const UNKNOWN: u32 = u32::MAX;
 
+/// Where engines say that this router's in-flight count on them changed: the mesh listens
+/// (connected once, when the router joins) and sends the new counts at once. Each engine is
+/// queued at most once until the listener has read it (its `load_dirty` flag), so the queue
+/// holds at most one entry per engine. Without a mesh nobody listens and a change costs one
+/// atomic load.
+#[derive(Default)]
+pub struct LoadSignal(OnceLock<UnboundedSender<EngineId>>);
+
+impl LoadSignal {
+    /// The receiver of changed engines (`None`: already connected).
+    pub fn connect(&self) -> Option<UnboundedReceiver<EngineId>> {
+        let (tx, rx) = unbounded_channel();
+        self.0.set(tx).ok().map(|()| rx)
+    }
+}
+
 /// One engine and its live state. Shared (`Arc`) by the snapshot, in-flight requests and its
 /// probe task; a removed engine lives on until its last request ends.
 pub struct Engine {
@@ -70,12 +87,18 @@ pub struct Engine {
     pub in_flight: AtomicU32,
     /// Requests the other routers of the mesh have in flight to it (their gossiped counts).
     pub peer_in_flight: AtomicU32,
+    /// Queued on `load_signal` since the listener last read `in_flight`.
+    load_dirty: AtomicBool,
+    /// The registry's: where in-flight changes are told.
+    load_signal: Arc<LoadSignal>,
     /// Breaker, health, latency, slow start.
     pub tracker: Mutex<EngineTracker>,
     /// Running + waiting requests the engine last reported (`UNKNOWN` if never).
     reported_load: AtomicU32,
     /// This router's own requests in flight to it when that report was read.
     own_at_report: AtomicU32,
+    /// The mesh peers' requests in flight to it then (as gossiped).
+    peers_at_report: AtomicU32,
     /// Waiting requests the engine last reported.
     reported_waiting: AtomicU32,
     /// KV-cache usage × 1e6 the engine last reported.
@@ -127,6 +150,7 @@ impl Engine {
         source: Source,
         tracker: EngineTracker,
         lease: SlotLease,
+        load_signal: Arc<LoadSignal>,
     ) -> Result<Engine, String> {
         let url = entry.url.trim_end_matches('/').to_string();
         let authority: http::uri::Authority = url
@@ -153,9 +177,12 @@ impl Engine {
             static_models: entry.models.clone(),
             in_flight: AtomicU32::new(0),
             peer_in_flight: AtomicU32::new(0),
+            load_dirty: AtomicBool::new(false),
+            load_signal,
             tracker: Mutex::new(tracker),
             reported_load: AtomicU32::new(UNKNOWN),
             own_at_report: AtomicU32::new(0),
+            peers_at_report: AtomicU32::new(0),
             reported_waiting: AtomicU32::new(UNKNOWN),
             kv_usage_ppm: AtomicU32::new(UNKNOWN),
             discovered: Mutex::new(Vec::new()),
@@ -235,15 +262,18 @@ impl Engine {
     }
 
     /// Records what the engine's `/metrics` said; `own`: how many of this router's requests
-    /// the report may count (those in flight to it while the page was read).
+    /// the report may count (those in flight to it while the page was read); `peers`: how
+    /// many of the mesh peers' it may count.
     pub fn set_reported(
         &self,
         running: Option<u32>,
         waiting: Option<u32>,
         kv_usage: Option<f64>,
         own: u32,
+        peers: u32,
     ) {
         self.own_at_report.store(own, Ordering::Relaxed);
+        self.peers_at_report.store(peers, Ordering::Relaxed);
         let load = match (running, waiting) {
             (Some(r), Some(w)) => r.saturating_add(w),
             (Some(r), None) => r,
@@ -262,15 +292,19 @@ impl Engine {
         );
     }
 
-    /// Engine-reported running + waiting, brought up to date for this router's own requests:
-    /// the report counted the ones in flight when it was read, which may have ended since
-    /// (a stale report would keep them as phantom load for a whole discovery interval), so
-    /// they are replaced by the current count: the others' load as reported + ours now.
+    /// Engine-reported running + waiting, brought up to date for the requests the mesh
+    /// knows of: the report counted this router's and its peers' requests in flight when it
+    /// was read, which may have ended since (a stale report would keep them as phantom load
+    /// for a whole discovery interval), so they are replaced by the current counts: the load
+    /// no router of the mesh knows of (other clients, independent routers) as reported +
+    /// ours and the peers' now. Without a mesh, peers count 0: the others' load as reported.
     pub fn reported_load(&self) -> Option<u32> {
         let v = self.reported_load.load(Ordering::Relaxed);
         (v != UNKNOWN).then(|| {
             v.saturating_sub(self.own_at_report.load(Ordering::Relaxed))
+                .saturating_sub(self.peers_at_report.load(Ordering::Relaxed))
                 .saturating_add(self.in_flight.load(Ordering::Relaxed))
+                .saturating_add(self.peer_in_flight.load(Ordering::Relaxed))
         })
     }
 
@@ -284,6 +318,35 @@ impl Engine {
     pub fn kv_usage(&self) -> Option<f32> {
         let v = self.kv_usage_ppm.load(Ordering::Relaxed);
         (v != UNKNOWN).then_some(v as f32 / 1e6)
+    }
+
+    /// One more request of this router in flight to it (told to the mesh).
+    pub fn begin_request(&self) {
+        // SeqCst with `read_load_change`: a change after the listener's read is queued again.
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.load_changed();
+    }
+
+    /// One request of this router less in flight to it (told to the mesh).
+    pub fn end_request(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.load_changed();
+    }
+
+    fn load_changed(&self) {
+        if let Some(tx) = self.load_signal.0.get()
+            && !self.load_dirty.load(Ordering::SeqCst)
+            && !self.load_dirty.swap(true, Ordering::SeqCst)
+        {
+            let _ = tx.send(self.id);
+        }
+    }
+
+    /// The listener's read of this router's in-flight count after a signal (the next change
+    /// signals again).
+    pub fn read_load_change(&self) -> u32 {
+        self.load_dirty.store(false, Ordering::SeqCst);
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     /// The view a policy reads: the cluster's in-flight count (this router's and its peers'),

@@ -75,9 +75,13 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
     }
     // The page counts our requests running when it was rendered: at most those in flight
     // now plus those started before the answer came back.
+    // Likewise the mesh peers' requests: at most the most they had in flight, before or
+    // after (their counts arrive by gossip; a start during the read may be missed).
     let in_flight = e.in_flight.load(Ordering::Relaxed);
     let started = e.metrics.requests.load(Ordering::Relaxed);
+    let peers_before = e.peer_in_flight.load(Ordering::Relaxed);
     if let Ok((200, body)) = get(gw, &format!("{}/metrics", e.url), t).await {
+        let peers = peers_before.max(e.peer_in_flight.load(Ordering::Relaxed));
         let text = String::from_utf8_lossy(&body);
         let started_since = e
             .metrics
@@ -89,6 +93,7 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
             scrape(&text, "vllm:num_requests_waiting").map(|v| v as u32),
             scrape(&text, "vllm:kv_cache_usage_perc"),
             in_flight.saturating_add(u32::try_from(started_since).unwrap_or(u32::MAX)),
+            peers,
         );
         note_prefix_counters(e, &text);
         note_start_time(gw, e, scrape(&text, "process_start_time_seconds"));

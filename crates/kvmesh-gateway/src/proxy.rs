@@ -481,14 +481,14 @@ struct Reservation(Arc<Engine>);
 
 impl Reservation {
     fn new(e: Arc<Engine>) -> Reservation {
-        e.in_flight.fetch_add(1, Ordering::Relaxed);
+        e.begin_request();
         Reservation(e)
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.end_request();
     }
 }
 

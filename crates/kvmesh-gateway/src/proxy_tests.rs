@@ -588,3 +588,49 @@ async fn an_error_met_while_coalescing_follows_the_data_and_is_a_failure() {
     assert_eq!(errors(&gw, A, FailKind::Stream), 1);
     assert_eq!(in_flight(&gw), 0);
 }
+
+/// An engine's report counts the requests the mesh knows of (ours and the peers') as of
+/// when it was read; those that ended since are not phantom load: only the part no router
+/// knows of stays (here 2 of another client), on top of the counts now.
+#[test]
+fn reported_load_replaces_the_mesh_s_requests_by_their_counts_now() {
+    let mock = MockUpstream::new();
+    let gw = gateway(cfg(), &mock, &[A]);
+    let e = engine(&gw, A);
+    e.in_flight.store(3, Ordering::Relaxed);
+    e.peer_in_flight.store(5, Ordering::Relaxed);
+    // Read while 3 of ours and 5 of the peers' ran, plus 2 of somebody else's.
+    e.set_reported(Some(7), Some(3), None, 3, 5);
+    assert_eq!(e.reported_load(), Some(10));
+    // The peers' 5 ended (gossiped), one of ours too: 2 unknown + 2 ours + 0 peers'.
+    e.peer_in_flight.store(0, Ordering::Relaxed);
+    e.in_flight.store(2, Ordering::Relaxed);
+    assert_eq!(e.reported_load(), Some(4));
+    assert_eq!(e.view(0, 0.0).load(), 4);
+    // Without a mesh the peers count 0: the others' load as reported stays.
+    e.set_reported(Some(6), Some(0), None, 2, 0);
+    assert_eq!(e.reported_load(), Some(6));
+}
+
+/// In-flight changes reach the mesh's listener once per engine until it reads the count,
+/// and a change after its read is signalled again.
+#[tokio::test]
+async fn in_flight_changes_are_signalled_once_until_read() {
+    let mock = MockUpstream::new();
+    let gw = gateway(cfg(), &mock, &[A, B]);
+    let (a, b) = (engine(&gw, A), engine(&gw, B));
+    a.begin_request(); // nobody listens yet: nothing queued
+    let mut rx = gw.registry.load_signal.connect().expect("first listener");
+    assert!(gw.registry.load_signal.connect().is_none());
+    a.begin_request();
+    a.begin_request();
+    b.begin_request();
+    assert_eq!(rx.try_recv().ok(), Some(a.id));
+    assert_eq!(rx.try_recv().ok(), Some(b.id));
+    assert!(rx.try_recv().is_err(), "one entry per engine until read");
+    assert_eq!(a.read_load_change(), 3);
+    a.end_request();
+    assert_eq!(rx.try_recv().ok(), Some(a.id));
+    assert_eq!(a.read_load_change(), 2);
+    assert!(rx.try_recv().is_err());
+}

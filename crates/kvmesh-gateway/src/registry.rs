@@ -6,7 +6,7 @@
 //! snapshot (one atomic load, no lock) and reads per-engine counters.
 
 use crate::clock::Clock;
-use crate::engine::{Engine, Source};
+use crate::engine::{Engine, LoadSignal, Source};
 use crate::prefix::{PrefixState, RoutePrefix};
 use arc_swap::ArcSwap;
 use kvmesh_config::{EngineEntry, ServeConfig};
@@ -192,6 +192,8 @@ pub struct Registry {
     pub decisions: Family<DecisionLabels, Counter>,
     /// Median latency of the fleet (f64 bits), refreshed by the probe loop.
     fleet_latency_bits: AtomicU64,
+    /// Where the engines tell that this router's in-flight count on them changed (the mesh).
+    pub load_signal: Arc<LoadSignal>,
 }
 
 impl Registry {
@@ -212,6 +214,7 @@ impl Registry {
             version: AtomicU64::new(0),
             decisions: Family::default(),
             fleet_latency_bits: AtomicU64::new(0f64.to_bits()),
+            load_signal: Arc::default(),
         }
     }
 
@@ -243,6 +246,7 @@ impl Registry {
             source,
             tracker,
             lease,
+            self.load_signal.clone(),
         )?);
         {
             let mut m = lock(&self.members);

@@ -28,7 +28,7 @@ pub struct Attempt {
 impl Attempt {
     /// Counts the attempt in flight.
     pub fn start(gw: Arc<Gateway>, engine: Arc<Engine>, permit: Permit) -> Attempt {
-        engine.in_flight.fetch_add(1, Ordering::Relaxed);
+        engine.begin_request();
         engine.metrics.requests.fetch_add(1, Ordering::Relaxed);
         let sent_us = gw.clock.now_us();
         Attempt {
@@ -113,7 +113,7 @@ impl Drop for Attempt {
             // `stream_end(StreamEnd::ClientGone)` is a cancel.
             self.engine.tracker().on_cancel(p);
         }
-        self.engine.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.engine.end_request();
     }
 }
 

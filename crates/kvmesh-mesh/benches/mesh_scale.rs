@@ -107,6 +107,10 @@ fn main() {
         let cfg = CoreConfig {
             cluster_id: 1,
             flush_us: 20_000,
+            load_flush_us: std::env::var("KVMESH_SCALE_LOAD_FLUSH_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(100),
             anti_entropy_us: 1_000_000,
             ingest_replicas: 2,
             mark_capacity: 131_072,

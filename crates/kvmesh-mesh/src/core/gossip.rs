@@ -121,6 +121,8 @@ impl MeshCore {
     }
 
     pub(super) fn flush(&mut self, now_us: u64) {
+        self.last_flush = now_us;
+        self.load_news = false;
         let deltas = std::mem::take(&mut self.outbox);
         let direct = std::mem::take(&mut self.direct);
         let addrs: Vec<SocketAddr> = self.peers.values().map(|m| m.addr).collect();

@@ -36,6 +36,10 @@ pub struct CoreConfig {
     pub cluster_id: u64,
     /// Outbox flush period (µs) up to 16 routers (see [`MeshCore::flush_period`]).
     pub flush_us: u64,
+    /// An in-flight change goes out this long × routers after the previous flush (µs; at
+    /// most the flush period), not a whole period later: routers see a finished request
+    /// before its client's next turn reaches another router. 0 = with the flush period.
+    pub load_flush_us: u64,
     /// Anti-entropy period (µs).
     pub anti_entropy_us: u64,
     /// Owners reading each engine's KV events (0 = every router).
@@ -177,6 +181,9 @@ pub struct MeshCore {
     /// that a late delta cannot bring their entries back.
     departed_at: BTreeMap<NodeId, u64>,
     next_flush: u64,
+    /// When the outbox was last flushed (µs), and whether an in-flight change waits in it.
+    last_flush: u64,
+    load_news: bool,
     next_ae: u64,
     rng: u64,
     lag: BTreeMap<NodeId, PeerLag>,
@@ -200,6 +207,8 @@ impl MeshCore {
             },
             warm_at: now_us.saturating_add(cfg.warm_bound_us),
             next_flush: now_us.saturating_add(cfg.flush_us),
+            last_flush: now_us,
+            load_news: false,
             next_ae: now_us.saturating_add(cfg.anti_entropy_us),
             cfg,
             membership,
@@ -305,9 +314,24 @@ impl MeshCore {
         self.cfg.flush_us.saturating_mul(n.div_ceil(16).max(1))
     }
 
+    /// How soon after the previous flush an in-flight change is sent (µs): `load_flush_us`
+    /// × routers, so that a router's envelope rate stays bounded (about `1 /
+    /// load_flush_us` per second whatever the cluster size), and at most the flush period.
+    pub fn load_flush_spacing(&self) -> u64 {
+        let n = self.peers.len() as u64 + 1;
+        let period = self.flush_period();
+        match self.cfg.load_flush_us {
+            0 => period,
+            us => us.saturating_mul(n).min(period),
+        }
+    }
+
     /// When [`MeshCore::tick`] wants to run next (µs).
     pub fn next_due(&self) -> u64 {
         let mut t = self.next_flush.min(self.next_ae);
+        if self.load_news {
+            t = t.min(self.last_flush.saturating_add(self.load_flush_spacing()));
+        }
         if let Some(m) = self.membership.next_due() {
             t = t.min(m);
         }
@@ -395,6 +419,10 @@ impl MeshCore {
         if now_us >= self.next_flush {
             self.next_flush = now_us + self.flush_period();
             self.flush(now_us);
+        } else if self.load_news
+            && now_us >= self.last_flush.saturating_add(self.load_flush_spacing())
+        {
+            self.flush(now_us);
         }
         if now_us >= self.next_ae {
             self.next_ae = now_us + self.cfg.anti_entropy_us;
@@ -459,6 +487,7 @@ impl MeshCore {
             .load
             .set_local(self.me, self.incarnation, engine, in_flight);
         self.outbox.push(Delta::Load(d));
+        self.load_news = true;
     }
 
     /// An engine added (or its record changed) through this router.
