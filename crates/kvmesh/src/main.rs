@@ -52,6 +52,8 @@ enum Cmd {
 enum ConfigCmd {
     /// Print every key with its default value, as TOML.
     Defaults,
+    /// Print the configuration reference (every key, default and meaning) as markdown.
+    Reference,
     /// Check a config file and print the effective configuration.
     Check {
         /// The file.
@@ -144,6 +146,10 @@ fn main() -> ExitCode {
             .map_err(|e| e.to_string()),
         Cmd::Config(ConfigCmd::Defaults) => {
             print!("{}", kvmesh_config::KvmeshConfig::defaults_toml());
+            Ok(())
+        }
+        Cmd::Config(ConfigCmd::Reference) => {
+            print!("{}", kvmesh_config::reference_markdown());
             Ok(())
         }
         Cmd::Config(ConfigCmd::Check { file }) => kvmesh_config::KvmeshConfig::load(&file)
