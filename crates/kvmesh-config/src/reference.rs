@@ -227,6 +227,24 @@ mod tests {
         walk("", &d, &md);
     }
 
+    /// README's "Configuration reference" is this text, not a copy that drifts.
+    #[test]
+    fn readme_holds_the_generated_reference() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+        let readme = std::fs::read_to_string(path).expect("README.md");
+        let (start, end) = (
+            "<!-- config-reference:start -->\n",
+            "<!-- config-reference:end -->",
+        );
+        let from = readme.find(start).expect("start marker") + start.len();
+        let to = readme.find(end).expect("end marker");
+        assert!(
+            readme[from..to] == reference_markdown(),
+            "README.md's configuration reference is out of date: replace the text between the \
+             markers with `kvmesh config reference`"
+        );
+    }
+
     #[test]
     fn defaults_are_read_from_the_struct() {
         let md = reference_markdown();
