@@ -357,21 +357,23 @@ fn try_it(c: &Cluster) -> String {
         .or_else(|| c.engine_urls().first().cloned())
         .unwrap_or_default();
     let model = SimConfig::default().model;
+    // Flush left: pasted as is into a shell (the heredoc's EOF and Python's indentation).
     format!(
         r#"
 serving. Try it (any router answers; the status page shows members, engines and decisions):
-  curl -s {base}/v1/chat/completions -H 'content-type: application/json' \
-    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 16}}'
 
-  python3 - <<'EOF'
-  from openai import OpenAI  # pip install openai
-  client = OpenAI(base_url="{base}/v1", api_key="unused")
-  r = client.chat.completions.create(model="{model}", max_tokens=16,
-      messages=[{{"role": "user", "content": "Hello!"}}])
-  print(r.choices[0].message.content, r.usage)
-  EOF
+curl -s {base}/v1/chat/completions -H 'content-type: application/json' \
+  -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 16}}'
 
-  status page {base}/    metrics {base}/metrics    mesh {base}/admin/cluster
+python3 - <<'EOF'
+from openai import OpenAI  # pip install openai
+client = OpenAI(base_url="{base}/v1", api_key="unused")
+r = client.chat.completions.create(model="{model}", max_tokens=16,
+    messages=[{{"role": "user", "content": "Hello!"}}])
+print(r.choices[0].message.content, r.usage)
+EOF
+
+status page {base}/    metrics {base}/metrics    mesh {base}/admin/cluster
 Ctrl-C stops everything.
 "#
     )

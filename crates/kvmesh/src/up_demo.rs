@@ -171,7 +171,7 @@ pub async fn run(a: &UpArgs, c: &Cluster, wl: &SharedPrefixWorkload) -> Result<(
         wl.users,
         wl.turns,
         wl.system_words,
-        a.concurrency
+        a.concurrency.min((wl.groups * wl.users) as usize)
     );
     if c.routers.is_empty() {
         println!("  no router (--routers 0): nothing to compare round robin with");

@@ -1,5 +1,6 @@
 //! `kvmesh up` as a new user runs it (no demo here), serving until Ctrl-C: every port at or
-//! above `--base-port`, a request pasted from its output answered, each router's status page
+//! above `--base-port`, the requests of its printed curl line and openai snippet answered,
+//! each router's status page
 //! loaded in headless Chromium (Debian's `chromium`, installed by
 //! scripts/install-test-deps.sh) showing the three members and the four engines, a
 //! screenshot saved under target/, and SIGINT stopping everything with exit status 0.
@@ -45,13 +46,13 @@ impl Drop for Up {
 }
 
 fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
     ["chromium", "chromium-browser", "google-chrome"]
         .iter()
         .find_map(|b| {
-            let out = Command::new("which").arg(b).output().ok()?;
-            out.status
-                .success()
-                .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+            std::env::split_paths(&path)
+                .map(|d| d.join(b))
+                .find(|p| p.is_file())
         })
 }
 
@@ -162,6 +163,29 @@ fn kvmesh_up_serves_until_ctrl_c_and_its_status_page_shows_members_and_engines()
     )
     .expect("answer");
     assert_eq!(resp.status, 200, "{}", resp.body);
+    // The printed openai snippet, pasted as is into a shell (scripts/install-test-deps.sh
+    // installs the client).
+    let script = text
+        .split("python3 - <<'EOF'\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\nEOF\n").next())
+        .unwrap_or_else(|| panic!("no python snippet: {text}"));
+    let mut py = Command::new("python3")
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    std::io::Write::write_all(&mut py.stdin.take().expect("stdin"), script.as_bytes())
+        .expect("write snippet");
+    let py = py.wait_with_output().expect("python3 ran");
+    assert!(
+        py.status.success() && String::from_utf8_lossy(&py.stdout).contains("completion_tokens=16"),
+        "the openai snippet failed: {}\n{}",
+        String::from_utf8_lossy(&py.stdout),
+        String::from_utf8_lossy(&py.stderr)
+    );
     // The page is served, and the JSON it polls holds the engines and that decision.
     let page = http(
         "GET",
@@ -190,7 +214,7 @@ fn kvmesh_up_serves_until_ctrl_c_and_its_status_page_shows_members_and_engines()
     .expect("status");
     let v: serde_json::Value = serde_json::from_str(&status.body).expect("json");
     assert_eq!(v["engines"].as_array().map(Vec::len), Some(ENGINES), "{v}");
-    assert_eq!(v["recent"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v["recent"].as_array().map(Vec::len), Some(2), "{v}");
     assert!(
         v["recent"][0]["reason"]
             .as_str()
