@@ -132,7 +132,7 @@ async fn leg(
     engine_urls: &[String],
 ) -> Result<(LoadReport, EngineCounters), String> {
     let before = kvmesh_bench::engine_counters(engine_urls, Duration::from_secs(10)).await?;
-    let b = bar(u64::from(wl.requests()), name);
+    let b = bar(wl.requests(), name);
     let p = b.clone();
     let report = kvmesh_bench::run_shared_prefix_with_progress(
         wl,
