@@ -15,6 +15,6 @@ pub mod workload;
 pub use load::{
     CompareRow, EngineCounters, Imbalance, InFlightSampler, InFlightSamples, LoadOptions,
     LoadReport, Sample, Targets, engine_counters, engine_counters_each, fetch_text,
-    format_compare_table, run_shared_prefix,
+    format_compare_table, run_shared_prefix, run_shared_prefix_with_progress,
 };
 pub use workload::{Conversation, SharedPrefixWorkload, word, words};

@@ -135,6 +135,17 @@ pub async fn run_shared_prefix(
     targets: Targets,
     opts: LoadOptions,
 ) -> LoadReport {
+    run_shared_prefix_with_progress(w, targets, opts, Arc::new(|| {})).await
+}
+
+/// [`run_shared_prefix`], calling `progress` once per request as it ends (answered or failed;
+/// a failed turn ends its conversation, so its later turns are never counted).
+pub async fn run_shared_prefix_with_progress(
+    w: &SharedPrefixWorkload,
+    targets: Targets,
+    opts: LoadOptions,
+    progress: Arc<dyn Fn() + Send + Sync>,
+) -> LoadReport {
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build_http();
@@ -145,13 +156,14 @@ pub async fn run_shared_prefix(
     let max_tokens = w.max_tokens;
     let mut tasks = Vec::new();
     for _ in 0..opts.concurrency.max(1) {
-        let (convs, next, rr, client, targets, opts) = (
+        let (convs, next, rr, client, targets, opts, progress) = (
             convs.clone(),
             next.clone(),
             rr.clone(),
             client.clone(),
             targets.clone(),
             opts.clone(),
+            progress.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let mut report = LoadReport::default();
@@ -164,8 +176,17 @@ pub async fn run_shared_prefix(
                         .push("deadline reached before the conversation".into());
                     continue;
                 }
-                run_conversation(&client, conv, &targets, &rr, &opts, max_tokens, &mut report)
-                    .await;
+                run_conversation(
+                    &client,
+                    conv,
+                    &targets,
+                    &rr,
+                    &opts,
+                    max_tokens,
+                    &mut report,
+                    &*progress,
+                )
+                .await;
             }
             report
         }));
@@ -181,6 +202,7 @@ pub async fn run_shared_prefix(
     report
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_conversation(
     client: &HttpClient,
     conv: &Conversation,
@@ -189,6 +211,7 @@ async fn run_conversation(
     opts: &LoadOptions,
     max_tokens: u32,
     report: &mut LoadReport,
+    progress: &(dyn Fn() + Send + Sync),
 ) {
     let mut messages = vec![json!({"role": "system", "content": conv.system})];
     for q in &conv.questions {
@@ -211,7 +234,10 @@ async fn run_conversation(
             "stream_options": {"include_usage": true},
             "user": format!("g{}u{}", conv.group, conv.user),
         });
-        match tokio::time::timeout(opts.request_timeout, stream_chat(client, &base, body)).await {
+        let outcome =
+            tokio::time::timeout(opts.request_timeout, stream_chat(client, &base, body)).await;
+        progress();
+        match outcome {
             Ok(Ok((sample, answer))) => {
                 messages.push(json!({"role": "assistant", "content": answer}));
                 report.samples.push(sample);

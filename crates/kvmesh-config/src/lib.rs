@@ -11,12 +11,14 @@
 #![forbid(unsafe_code)]
 mod mesh;
 mod prefix;
+mod reference;
 mod serve;
 mod sim;
 
 pub use kvmesh_policy::{PolicyConfig, PolicyKind, RoutingConfig};
 pub use mesh::MeshConfig;
 pub use prefix::{ModelConfig, PrefixConfig};
+pub use reference::reference_markdown;
 pub use serve::{DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, valid_base_url};
 pub use sim::{
     EngineModelConfig, FaultConfig, KvEventsConfig, KvEventsFormat, SimConfig, TimingOverrides,

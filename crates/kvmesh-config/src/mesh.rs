@@ -24,6 +24,10 @@ pub struct MeshConfig {
     pub cluster_id: String,
     /// Directory with `ca.pem` and this node's `<node_id>.pem`/`.key` (`kvmesh cert`).
     pub tls_dir: String,
+    /// Load `<tls_dir>/<cert_name>.pem`/`.key` instead of `<node_id>.*` ("" = node_id):
+    /// replicas whose names are not known in advance (a Kubernetes Deployment, node_id =
+    /// the pod name) share one pair signed by the cluster CA.
+    pub cert_name: String,
     /// Routers reading each engine's KV events, chosen by rendezvous hashing over the live
     /// routers; they send the engine's index changes to the others (0 = every router reads
     /// every engine: small clusters).
@@ -54,6 +58,7 @@ impl Default for MeshConfig {
             seed_dns: String::new(),
             cluster_id: "kvmesh".into(),
             tls_dir: String::new(),
+            cert_name: String::new(),
             ingest_replicas: 2,
             flush_ms: 5,
             load_flush_us: 100,
@@ -94,6 +99,16 @@ impl MeshConfig {
             !self.cluster_id.is_empty(),
             &format!("{at}.cluster_id"),
             "must not be empty",
+        )?;
+        check(
+            self.cert_name.is_empty()
+                || (self.cert_name.len() <= 63
+                    && self
+                        .cert_name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))),
+            &format!("{at}.cert_name"),
+            "letters, digits, '-', '_', '.' (1-63), or \"\" for the node_id",
         )?;
         if self.enabled {
             check(

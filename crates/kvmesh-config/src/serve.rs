@@ -202,6 +202,11 @@ pub struct DnsEntry {
     pub refresh_ms: u64,
     /// Weight of every engine found.
     pub weight: f64,
+    /// Port of every engine's vLLM KV-event publisher (`tcp://ADDRESS:PORT`, its
+    /// `--kv-events-config` endpoint); 0 = the engines publish none.
+    pub kv_events_port: u16,
+    /// Port of every engine's KV-event replay socket; 0 = none.
+    pub kv_replay_port: u16,
 }
 
 impl Default for DnsEntry {
@@ -210,6 +215,8 @@ impl Default for DnsEntry {
             name: String::new(),
             refresh_ms: 10_000,
             weight: 1.0,
+            kv_events_port: 0,
+            kv_replay_port: 0,
         }
     }
 }

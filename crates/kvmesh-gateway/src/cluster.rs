@@ -105,8 +105,13 @@ fn record(entry: &EngineEntry) -> EngineRecord {
 impl Cluster {
     /// Joins the mesh as `cfg` says and starts its tasks in the gateway's task set.
     pub async fn start(gw: &Arc<Gateway>, cfg: &MeshConfig) -> Result<Arc<Cluster>, String> {
-        let tls =
-            NodeTls::load(Path::new(&cfg.tls_dir), &cfg.node_id).map_err(|e| e.to_string())?;
+        let pair = if cfg.cert_name.is_empty() {
+            &cfg.node_id
+        } else {
+            &cfg.cert_name
+        };
+        let mut tls = NodeTls::load(Path::new(&cfg.tls_dir), pair).map_err(|e| e.to_string())?;
+        tls.name = cfg.node_id.clone();
         let listen: SocketAddr = cfg
             .listen
             .parse()

@@ -4,6 +4,7 @@
 
 use crate::clock::Clock;
 use crate::metrics::GatewayMetrics;
+use crate::recent::Recent;
 use crate::registry::Registry;
 use crate::tasks::Tasks;
 use crate::upstream::{PoolConfig, PoolUpstream, Upstream};
@@ -45,6 +46,8 @@ pub struct Gateway {
     pub upstream: Arc<dyn Upstream>,
     /// Metrics.
     pub metrics: GatewayMetrics,
+    /// The last routing decisions (the status page's sample).
+    pub recent: Recent,
     /// Time base.
     pub clock: Clock,
     /// Caps how much of the fleet breakers may eject.
@@ -94,6 +97,7 @@ impl Gateway {
             }),
             client,
             metrics: GatewayMetrics::default(),
+            recent: Recent::default(),
             clock,
             tasks: Tasks::default(),
             mesh: std::sync::OnceLock::new(),

@@ -3,15 +3,16 @@
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: routed per model, proxied with
 //!   retries on another engine before the first byte, streamed through unbuffered;
 //! - `GET /v1/models` (union of the engines' models), `GET /health`, `GET /metrics`;
-//! - `GET/POST/DELETE /admin/engines` behind a bearer token.
+//! - `GET/POST/DELETE /admin/engines` behind a bearer token;
+//! - `GET /` the status page, polling `GET /status.json` and `GET /admin/cluster`.
 //!
 //! Per engine a background loop runs active health checks and reads `/v1/models` and
 //! `/metrics`; DNS names are re-resolved periodically.
 
 #![forbid(unsafe_code)]
-// Modules import one way only, leaves first: clock, upstream, tasks, prefix, engine,
-// registry, metrics, gateway, ingest, track, probe, proxy, admin (ARCHITECTURE.md, "The
-// gateway's modules"; tests/module_order.rs holds it); cluster comes after probe.
+// Modules import one way only, leaves first: clock, upstream, tasks, recent, prefix, engine,
+// registry, metrics, gateway, ingest, track, probe, cluster, proxy, admin, status
+// (ARCHITECTURE.md, "The gateway's modules"; tests/module_order.rs holds it).
 mod admin;
 mod clock;
 mod cluster;
@@ -22,7 +23,9 @@ mod metrics;
 pub mod prefix;
 mod probe;
 mod proxy;
+pub mod recent;
 mod registry;
+mod status;
 mod tasks;
 mod track;
 pub mod upstream;
@@ -252,6 +255,8 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     match (&method, path.as_str()) {
         (&Method::GET, "/v1/models") => models(&gw),
+        (&Method::GET, "/") => status::page(),
+        (&Method::GET, "/status.json") => status::status_json(&gw),
         (&Method::GET, "/health") => {
             if gw.registry.models().is_empty() {
                 error(&ApiError::unavailable("no engine serves any model yet"))

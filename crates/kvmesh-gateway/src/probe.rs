@@ -286,7 +286,23 @@ pub async fn resolve_once(gw: &Arc<Gateway>, d: &DnsEntry, ramp: bool) {
             return;
         }
     };
-    let want: BTreeSet<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let zmq = |a: &std::net::SocketAddr, port: u16| {
+        if port == 0 {
+            String::new()
+        } else {
+            format!("tcp://{}", std::net::SocketAddr::new(a.ip(), port))
+        }
+    };
+    let endpoints: std::collections::BTreeMap<String, (String, String)> = addrs
+        .iter()
+        .map(|a| {
+            (
+                format!("http://{a}"),
+                (zmq(a, d.kv_events_port), zmq(a, d.kv_replay_port)),
+            )
+        })
+        .collect();
+    let want: BTreeSet<String> = endpoints.keys().cloned().collect();
     let source = Source::Dns(d.name.clone());
     let have: BTreeSet<String> = gw
         .registry
@@ -296,9 +312,12 @@ pub async fn resolve_once(gw: &Arc<Gateway>, d: &DnsEntry, ramp: bool) {
         .map(|e| e.url.clone())
         .collect();
     for url in want.difference(&have) {
+        let (kv_events, kv_replay) = endpoints.get(url).cloned().unwrap_or_default();
         let entry = EngineEntry {
             url: url.clone(),
             weight: d.weight,
+            kv_events,
+            kv_replay,
             ..EngineEntry::default()
         };
         if let Err(e) = add_engine(gw, &entry, source.clone(), ramp) {

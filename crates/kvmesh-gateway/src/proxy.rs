@@ -82,6 +82,17 @@ pub async fn handle(
         }
     };
     let (decision, reservation, lookup) = decide_step(gw, &route, key, parsed.as_ref());
+    if let Some(&first) = decision.candidates.first() {
+        let block = route.prefix.as_ref().map_or(0, |p| u64::from(p.block_size));
+        gw.recent.record(
+            gw.clock.now_us(),
+            &route.model,
+            &route.engines[first].url,
+            decision.reason.as_str(),
+            lookup.as_ref().map_or(0, |l| l.prompt_tokens),
+            u64::from(decision.predicted(0)) * block,
+        );
+    }
     if decision.is_empty() {
         let e = ApiError::unavailable(format!(
             "no engine is available for model `{}`",

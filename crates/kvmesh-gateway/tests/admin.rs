@@ -317,6 +317,10 @@ async fn dns_name_adds_the_engines_it_resolves_to() {
         name: format!("localhost:{port}"),
         refresh_ms: 200,
         weight: 1.0,
+        // Where each resolved engine's KV events would be (nothing publishes there: the
+        // entry is what is checked).
+        kv_events_port: 1,
+        kv_replay_port: 0,
     }];
     let router = start_router_with(cfg, "test-model", 1).await;
     let base = router.base_url();
@@ -332,6 +336,7 @@ async fn dns_name_adds_the_engines_it_resolves_to() {
         .get(&v4)
         .unwrap_or_else(|| panic!("{v4} not in {list:?}"));
     assert_eq!(e["source"], format!("dns:localhost:{port}"));
+    assert_eq!(e["kv_events"], "tcp://127.0.0.1:1");
     assert_eq!(e["models"], json!(["test-model"]));
     // Found at start-up: no slow start (like the static engines).
     let page = scrape(&c, &base).await;

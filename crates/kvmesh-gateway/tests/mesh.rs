@@ -300,3 +300,40 @@ async fn a_sibling_burst_spread_over_three_routers_lands_on_one_engine() {
     stop_sims(sims).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Replicas named at start (a Kubernetes Deployment: node_id = the pod name) share one
+/// certificate pair through `cert_name`, and still appear under their own names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_one_certificate_pair_through_cert_name() {
+    let sims = start_sims(1, |_| sim_cfg("m")).await;
+    let engines = urls(&sims);
+    let dir = std::env::temp_dir().join(format!("kvmesh-cert-name-{}", std::process::id()));
+    let certs = kvmesh_mesh::certs::generate(&["router".into()]).expect("certs");
+    kvmesh_mesh::certs::write_dir(&dir, &certs).expect("write");
+    let cfg = |name: &str, seeds: Vec<String>| {
+        let mut c = serve_cfg(&engines);
+        c.mesh = MeshConfig {
+            cert_name: "router".into(),
+            ..mesh_cfg(&dir, name, seeds)
+        };
+        c
+    };
+    let a = start_router_with(cfg("kvmesh-7d9f-x1", vec![]), "m", 1).await;
+    let seed = a
+        .cluster
+        .as_ref()
+        .and_then(|c| c.addr())
+        .expect("a's mesh address")
+        .to_string();
+    let b = start_router_with(cfg("kvmesh-7d9f-y2", vec![seed]), "m", 1).await;
+    let http = client();
+    wait_members(&http, &a, 1).await;
+    wait_members(&http, &b, 1).await;
+    let seen = cluster_json(&http, &a).await;
+    assert_eq!(seen["members"][0]["name"], "kvmesh-7d9f-y2", "{seen}");
+    assert_eq!(cluster_json(&http, &b).await["node"], "kvmesh-7d9f-y2");
+    a.shutdown().await;
+    b.shutdown().await;
+    stop_sims(sims).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -312,7 +312,7 @@ fn style(prefix: &str) -> ProgressStyle {
 }
 
 /// POST `{url}/reset_prefix_cache` on every engine (retried while requests drain, bounded).
-async fn reset_caches(urls: &[String]) -> Result<(), String> {
+pub(crate) async fn reset_caches(urls: &[String]) -> Result<(), String> {
     for u in urls {
         let mut last = String::new();
         let mut ok = false;

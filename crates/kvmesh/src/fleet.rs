@@ -55,11 +55,57 @@ impl EngineSpec {
     }
 }
 
-/// Starts the engines.
+/// The ports of engine `i` (HTTP, KV-event PUB, replay), when they are chosen.
+pub type EnginePorts = dyn Fn(usize) -> (u16, u16, u16) + Send + Sync;
+
+/// Starts the engines on OS-assigned ports.
 pub async fn start_engines(spec: &EngineSpec) -> Result<LocalFleet, String> {
-    let fleet = kvmesh_sim::start_fleet(spec.engines as usize, spec.kv_events, |i| spec.config(i))
-        .await
-        .map_err(|e| e.to_string())?;
+    start_engines_at(spec, None).await
+}
+
+/// Starts the engines, on the ports `ports(i)` gives engine `i` when set (a port taken
+/// names itself in the error), else on OS-assigned ports.
+pub async fn start_engines_at(
+    spec: &EngineSpec,
+    ports: Option<&EnginePorts>,
+) -> Result<LocalFleet, String> {
+    let fleet = match ports {
+        None => kvmesh_sim::start_fleet(spec.engines as usize, spec.kv_events, |i| spec.config(i))
+            .await
+            .map_err(|e| e.to_string())?,
+        Some(ports) => {
+            let mut fleet = LocalFleet {
+                sims: Vec::new(),
+                entries: Vec::new(),
+            };
+            for i in 0..spec.engines as usize {
+                let (http, pub_port, replay) = ports(i);
+                let mut c = spec.config(i);
+                c.listen = format!("127.0.0.1:{http}");
+                if spec.kv_events {
+                    c.kv_events.endpoint = format!("tcp://127.0.0.1:{pub_port}");
+                    c.kv_events.replay_endpoint = format!("tcp://127.0.0.1:{replay}");
+                }
+                let s = match kvmesh_sim::start(c).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        fleet.shutdown(Duration::from_secs(5)).await;
+                        return Err(format!(
+                            "engine {i} (ports {http}, {pub_port}, {replay}): {e}"
+                        ));
+                    }
+                };
+                fleet.entries.push(EngineEntry {
+                    url: s.base_url(),
+                    kv_events: s.kv_events_endpoint.clone().unwrap_or_default(),
+                    kv_replay: s.kv_replay_endpoint.clone().unwrap_or_default(),
+                    ..EngineEntry::default()
+                });
+                fleet.sims.push(s);
+            }
+            fleet
+        }
+    };
     if spec.log {
         for (i, url) in fleet.urls().iter().enumerate() {
             eprintln!("engine {i}: {url}");
@@ -78,6 +124,20 @@ pub async fn start_routers(
     seed: u64,
     log: bool,
 ) -> Result<Vec<GatewayServer>, String> {
+    start_routers_at(entries, n, mesh, policy, seed, log, None).await
+}
+
+/// [`start_routers`] on chosen ports: router `i` listens on `http + i` and, meshed, on UDP
+/// `mesh + i` when `ports = Some((http, mesh))`.
+pub async fn start_routers_at(
+    entries: &[EngineEntry],
+    n: u32,
+    mesh: bool,
+    policy: PolicyKind,
+    seed: u64,
+    log: bool,
+    ports: Option<(u16, u16)>,
+) -> Result<Vec<GatewayServer>, String> {
     let mesh = n > 1 && mesh;
     let names: Vec<String> = (0..n).map(|i| format!("router-{i}")).collect();
     let tls_dir = std::env::temp_dir().join(format!(
@@ -93,8 +153,9 @@ pub async fn start_routers(
     }
     let mut routers: Vec<GatewayServer> = Vec::new();
     for i in 0..n {
+        let port = |base: u16| base.checked_add(i as u16).unwrap_or(0);
         let mut cfg = ServeConfig {
-            listen: "127.0.0.1:0".into(),
+            listen: format!("127.0.0.1:{}", ports.map_or(0, |p| port(p.0))),
             engines: entries.to_vec(),
             seed: seed.wrapping_add(i as u64),
             ..ServeConfig::default()
@@ -103,7 +164,7 @@ pub async fn start_routers(
         if mesh {
             cfg.mesh.enabled = true;
             cfg.mesh.node_id = names[i as usize].clone();
-            cfg.mesh.listen = "127.0.0.1:0".into();
+            cfg.mesh.listen = format!("127.0.0.1:{}", ports.map_or(0, |p| port(p.1)));
             cfg.mesh.tls_dir = tls_dir.display().to_string();
             cfg.mesh.expected_routers = n;
             if let Some(seed) = routers
@@ -118,7 +179,7 @@ pub async fn start_routers(
             Ok(r) => r,
             Err(e) => {
                 shutdown_routers(routers).await;
-                return Err(e.to_string());
+                return Err(format!("router {i}: {e}"));
             }
         };
         if log {

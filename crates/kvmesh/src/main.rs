@@ -8,6 +8,8 @@ mod serve_cmd;
 mod sim_cmd;
 mod smg;
 mod up_cmd;
+mod up_compare;
+mod up_demo;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -50,6 +52,8 @@ enum Cmd {
 enum ConfigCmd {
     /// Print every key with its default value, as TOML.
     Defaults,
+    /// Print the configuration reference (every key, default and meaning) as markdown.
+    Reference,
     /// Check a config file and print the effective configuration.
     Check {
         /// The file.
@@ -89,14 +93,25 @@ fn main() -> ExitCode {
     } else {
         "info"
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let logs = tracing_subscriber::fmt().with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+    );
+    // `kvmesh up` prints for a human on stdout; its logs go to a file unless -v.
+    let log_file = match &cli.cmd {
+        Cmd::Up(a) => up_cmd::log_file(a),
+        _ => None,
+    };
+    match log_file.and_then(|p| std::fs::File::create(p).ok()) {
+        Some(f) => logs
+            .with_writer(std::sync::Mutex::new(f))
+            .with_ansi(false)
+            .init(),
+        None => logs
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     let result = match cli.cmd {
         Cmd::Sim(args) => {
             if args.list_profiles {
@@ -131,6 +146,10 @@ fn main() -> ExitCode {
             .map_err(|e| e.to_string()),
         Cmd::Config(ConfigCmd::Defaults) => {
             print!("{}", kvmesh_config::KvmeshConfig::defaults_toml());
+            Ok(())
+        }
+        Cmd::Config(ConfigCmd::Reference) => {
+            print!("{}", kvmesh_config::reference_markdown());
             Ok(())
         }
         Cmd::Config(ConfigCmd::Check { file }) => kvmesh_config::KvmeshConfig::load(&file)

@@ -1,41 +1,32 @@
-//! `kvmesh up`: a local cluster on loopback — simulated engines and routers in front of them —
-//! with a demo workload (shared-prefix multi-turn chats) that serves real requests through the
-//! routers. Several routers form a mesh by default (certificates generated on the fly): they
-//! share their routing decisions and load; `--no-mesh` runs them as independent replicas.
+//! `kvmesh up`: a local cluster on loopback — simulated engines publishing KV events and
+//! meshed routers in front of them — for a new user's first ten minutes. It prints what
+//! started where, runs a demonstration (the same workload under round robin and under kvmesh
+//! on the same engines, [`crate::up_demo`]), shows what to try (a `curl` and an `openai`
+//! snippet), then keeps serving until Ctrl-C and stops everything. Logs go to a file (or to
+//! stderr with `-v`): stdout is for the human.
 //!
-//! `--compare p1,p2,...` runs the same workload once per policy, each on fresh engines (empty
-//! caches), and prints one row per policy: the engines' own prefix-cache hit rate, the
-//! client-side cached-token rate, TTFT and the worst sampled in-flight imbalance.
+//! `--compare p1,p2,...` is the older policy comparison ([`crate::up_compare`]).
 
-use crate::fleet;
+use crate::{fleet, up_compare, up_demo};
 use clap::Args;
-use kvmesh_bench::{
-    CompareRow, EngineCounters, InFlightSampler, LoadOptions, LoadReport, SharedPrefixWorkload,
-    Targets,
-};
+use kvmesh_bench::SharedPrefixWorkload;
 use kvmesh_config::{PolicyKind, ServeConfig, SimConfig};
 use kvmesh_gateway::GatewayServer;
+use std::path::PathBuf;
 use std::time::Duration;
 
 fn w() -> SharedPrefixWorkload {
-    SharedPrefixWorkload::default()
+    up_demo::workload()
 }
 
-/// The most requests in flight the cache-aware policies' load guard lets one engine hold with
-/// `concurrency` requests at most in flight in total: `max(balance_abs_threshold,
-/// ⌊balance_rel_threshold × (concurrency + 1) / engines⌋)` (default guard: 16 and 1.5).
-fn guard_cap(a: &UpArgs) -> u32 {
-    let g = ServeConfig::default().routing.policy.prefix;
-    let rel = g.balance_rel_threshold * (a.concurrency as f64 + 1.0) / f64::from(a.engines.max(1));
-    g.balance_abs_threshold.max(rel.floor() as u32)
-}
-
-/// In-flight samples whose mean per engine is below half the guard's cap are not counted in
-/// the imbalance figure: the guard bounds load when it routes (≤ 16 in flight is never
-/// overloaded; above, ≤ 1.5 × the mean then), so at lower means an engine may hold more than
-/// 2 × the mean by design, and when the other engines drain, its share grows.
-fn min_mean_in_flight(a: &UpArgs) -> f64 {
-    f64::from(guard_cap(a)) / 2.0
+/// The router's default port (`[serve] listen`): `kvmesh up`'s first port.
+fn default_base_port() -> u16 {
+    ServeConfig::default()
+        .listen
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(8080)
 }
 
 /// Flags of `kvmesh up`.
@@ -44,10 +35,24 @@ pub struct UpArgs {
     /// Simulated engines to start.
     #[arg(long, default_value_t = 4)]
     pub engines: u32,
-    /// Routers to start in front of all engines, meshed (0 = clients spread requests over the
-    /// engines round robin, the no-router baseline). Clients spread over them as DNS would.
+    /// Routers to start in front of all engines, meshed (0 = no router: clients spread their
+    /// requests over the engines round robin).
     #[arg(long, default_value_t = 3)]
     pub routers: u32,
+    #[arg(long, default_value_t = default_base_port(), help = format!(
+        "First port: routers on PORT.., their mesh (UDP) next, then the engines' HTTP, KV-event \
+         and replay ports; every port is printed (0 = ports chosen by the OS) [default: {}, \
+         the router's default port]", default_base_port()), hide_default_value = true)]
+    pub base_port: u16,
+    /// Start the cluster without the demonstration.
+    #[arg(long)]
+    pub no_demo: bool,
+    /// Stop after the demonstration instead of serving until Ctrl-C (scripts and tests).
+    #[arg(long)]
+    pub exit_after_demo: bool,
+    /// Logs on stderr instead of a file.
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Run the routers as independent replicas (no shared state).
     #[arg(long)]
     pub no_mesh: bool,
@@ -56,14 +61,15 @@ pub struct UpArgs {
     pub policy: Option<PolicyKind>,
     /// Run the workload once per policy (comma-separated), each on fresh engines, and print a
     /// comparison table (e.g. round_robin,least_request,cache_aware,precise,scored).
-    #[arg(long, value_name = "P1,P2,...", value_delimiter = ',', value_parser = parse_policy, conflicts_with_all = ["policy", "serve"])]
+    #[arg(long, value_name = "P1,P2,...", value_delimiter = ',', value_parser = parse_policy, conflicts_with_all = ["policy", "no_demo"])]
     pub compare: Vec<PolicyKind>,
-    /// Time scale of the engines (0.1 = ten times faster than real time).
-    #[arg(long, default_value_t = 0.1)]
+    /// Time scale of the engines (0.5 = twice as fast as real time).
+    #[arg(long, default_value_t = up_demo::TIME_SCALE)]
     pub time_scale: f64,
-    /// KV-cache capacity of each engine in blocks of 16 tokens [default: 24000, an H100 with
-    /// an 8B model]. Small values make the cache hold only part of the workload's prompts.
-    #[arg(long, value_name = "BLOCKS")]
+    #[arg(long, value_name = "BLOCKS", help = format!(
+        "KV-cache capacity of each engine in blocks of 16 tokens [default: {}: a few groups' \
+         system prompts per engine, not all of them, as on a busy GPU; the simulator's own \
+         default is {}]", up_demo::KV_BLOCKS, SimConfig::default().engine.num_blocks))]
     pub kv_blocks: Option<u32>,
     #[arg(long, help = format!("Demo workload: groups sharing a system prompt [default: {}]", w().groups))]
     pub groups: Option<u32>,
@@ -80,14 +86,32 @@ pub struct UpArgs {
     #[arg(long, help = format!("Demo workload: seed of the texts [default: {}]", w().seed))]
     pub workload_seed: Option<u64>,
     /// Conversations in flight at once.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = up_demo::CONCURRENCY)]
     pub concurrency: usize,
-    /// Interval of the routers' in-flight samples, milliseconds.
+    /// Interval of the routers' in-flight samples, milliseconds (`--compare`).
     #[arg(long, default_value_t = 20)]
     pub sample_ms: u64,
-    /// After the demo, keep the cluster serving until Ctrl-C.
-    #[arg(long)]
-    pub serve: bool,
+}
+
+impl UpArgs {
+    /// The demo workload: the defaults with the flags applied.
+    pub fn workload(&self) -> SharedPrefixWorkload {
+        let d = w();
+        SharedPrefixWorkload {
+            groups: self.groups.unwrap_or(d.groups),
+            users: self.users.unwrap_or(d.users),
+            turns: self.turns.unwrap_or(d.turns),
+            system_words: self.system_words.unwrap_or(d.system_words),
+            question_words: self.question_words.unwrap_or(d.question_words),
+            max_tokens: self.max_tokens.unwrap_or(d.max_tokens),
+            seed: self.workload_seed.unwrap_or(d.seed),
+        }
+    }
+
+    /// KV blocks per engine.
+    pub fn kv_blocks(&self) -> u32 {
+        self.kv_blocks.unwrap_or(up_demo::KV_BLOCKS)
+    }
 }
 
 pub(crate) fn parse_policy(s: &str) -> Result<PolicyKind, String> {
@@ -101,56 +125,111 @@ pub(crate) fn parse_policy(s: &str) -> Result<PolicyKind, String> {
         })
 }
 
-/// Engines and routers on loopback (see [`crate::fleet`]).
-struct Cluster {
-    sims: kvmesh_sim::LocalFleet,
-    routers: Vec<GatewayServer>,
-    engine_urls: Vec<String>,
+/// Where `kvmesh up` writes its logs (`None`: stderr, with `-v` or `--compare`).
+pub fn log_file(a: &UpArgs) -> Option<PathBuf> {
+    (!a.verbose && a.compare.is_empty())
+        .then(|| std::env::temp_dir().join(format!("kvmesh-up-{}.log", std::process::id())))
 }
 
-impl Cluster {
-    /// Starts `a.engines` fresh engines (publishing KV events when `policy` reads them) and
-    /// `a.routers` routers with `policy` in front of all of them.
-    async fn start(a: &UpArgs, policy: PolicyKind) -> Result<Cluster, String> {
-        let spec = fleet::EngineSpec {
-            engines: a.engines,
-            time_scale: a.time_scale,
-            kv_blocks: a.kv_blocks,
-            max_model_len: None,
-            profile: None,
-            kv_events: matches!(policy, PolicyKind::Precise | PolicyKind::Scored),
-            log: true,
-        };
-        let sims = fleet::start_engines(&spec).await?;
-        let routers =
-            match fleet::start_routers(&sims.entries, a.routers, !a.no_mesh, policy, 1, true).await
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    sims.shutdown(Duration::from_secs(5)).await;
-                    return Err(e);
-                }
-            };
-        let engine_urls = sims.urls();
-        Ok(Cluster {
-            sims,
-            routers,
-            engine_urls,
+/// The ports of a cluster started at `base` (every one ≥ `base`), or all OS-assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    base: u16,
+    routers: u16,
+    engines: u16,
+}
+
+impl Layout {
+    /// Routers' HTTP ports first, then their mesh (UDP) ports, then per engine its HTTP port,
+    /// then the KV-event PUB ports, then the replay ports.
+    pub fn new(base: u16, routers: u32, engines: u32) -> Result<Layout, String> {
+        let total = 2 * u64::from(routers) + 3 * u64::from(engines);
+        if base != 0 && u64::from(base) + total > 65_536 {
+            return Err(format!(
+                "--base-port {base}: {total} ports from there pass 65535; choose a lower one"
+            ));
+        }
+        Ok(Layout {
+            base,
+            routers: routers as u16,
+            engines: engines as u16,
         })
     }
 
-    fn targets(&self) -> Targets {
-        fleet::targets(&self.routers, &self.engine_urls)
+    /// (first router HTTP port, first mesh port), or `None` for OS-assigned ports.
+    pub fn routers(&self) -> Option<(u16, u16)> {
+        (self.base != 0).then(|| (self.base, self.base + self.routers))
     }
 
-    /// Samples the routers' in-flight count per engine (summed over routers), or `None`
-    /// without routers.
-    fn sampler(&self, every: Duration) -> Option<InFlightSampler> {
-        fleet::in_flight_sampler(&self.routers, &self.engine_urls, every)
+    /// Engine `i`'s (HTTP, KV-event PUB, replay) ports.
+    pub fn engine(&self, i: usize) -> (u16, u16, u16) {
+        let first = self.base + 2 * self.routers;
+        let i = i as u16;
+        (
+            first + i,
+            first + self.engines + i,
+            first + 2 * self.engines + i,
+        )
     }
 
-    async fn counters(&self) -> Result<EngineCounters, String> {
-        fleet::counters(&self.engine_urls).await
+    /// The last port used.
+    pub fn last(&self) -> u16 {
+        self.base + 2 * self.routers + 3 * self.engines - 1
+    }
+}
+
+/// The engines and routers `kvmesh up` runs.
+pub struct Cluster {
+    /// The engines.
+    pub sims: kvmesh_sim::LocalFleet,
+    /// The routers.
+    pub routers: Vec<GatewayServer>,
+    /// Their policy.
+    pub policy: PolicyKind,
+}
+
+impl Cluster {
+    async fn start(a: &UpArgs, layout: Layout, policy: PolicyKind) -> Result<Cluster, String> {
+        let spec = fleet::EngineSpec {
+            engines: a.engines,
+            time_scale: a.time_scale,
+            kv_blocks: Some(a.kv_blocks()),
+            max_model_len: None,
+            profile: None,
+            kv_events: true,
+            log: false,
+        };
+        let ports = move |i: usize| layout.engine(i);
+        let sims = fleet::start_engines_at(&spec, (layout.base != 0).then_some(&ports as _))
+            .await
+            .map_err(|e| format!("{e} (another port range: --base-port P)"))?;
+        let routers = match fleet::start_routers_at(
+            &sims.entries,
+            a.routers,
+            !a.no_mesh,
+            policy,
+            1,
+            false,
+            layout.routers(),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                sims.shutdown(Duration::from_secs(5)).await;
+                return Err(format!("{e} (another port range: --base-port P)"));
+            }
+        };
+        Ok(Cluster {
+            sims,
+            routers,
+            policy,
+        })
+    }
+
+    /// The engines' base URLs.
+    pub fn engine_urls(&self) -> Vec<String> {
+        self.sims.urls()
     }
 
     async fn shutdown(self) {
@@ -159,228 +238,179 @@ impl Cluster {
     }
 }
 
-/// Runs the workload against the cluster: the load report and its comparison row.
-async fn run_load(
-    c: &Cluster,
-    a: &UpArgs,
-    wl: &SharedPrefixWorkload,
-    policy: &str,
-) -> Result<(LoadReport, CompareRow), String> {
-    let before = c.counters().await?;
-    let sampler = c.sampler(Duration::from_millis(a.sample_ms.max(1)));
-    let report = kvmesh_bench::run_shared_prefix(
-        wl,
-        c.targets(),
-        LoadOptions {
-            model: SimConfig::default().model,
-            concurrency: a.concurrency,
-            request_timeout: Duration::from_secs(120),
-            deadline: Duration::from_secs(600),
-        },
-    )
-    .await;
-    let samples = match sampler {
-        Some(s) => Some(s.stop().await),
-        None => None,
-    };
-    let engines = c.counters().await?.since(&before);
-    let floor = min_mean_in_flight(a);
-    let (counted, total) = samples.as_ref().map_or((0, 0), |s| {
-        (s.count_over(floor, f64::INFINITY).0, s.samples.len())
-    });
-    let row = CompareRow {
-        policy: policy.to_string(),
-        engine_hit_rate: engines.hit_rate(),
-        client_cached_rate: report.hit_rate(),
-        prediction_ratio: report.prediction_ratio(),
-        preemptions: engines.preemptions,
-        ttft_p50: report.ttft_percentile(50.0),
-        ttft_p99: report.ttft_percentile(99.0),
-        worst: samples.as_ref().and_then(|s| s.worst(floor)),
-        max_in_flight: samples
-            .as_ref()
-            .and_then(|s| s.moments().map(|m| m.max).max()),
-        mean_in_flight: samples.as_ref().map_or(0.0, |s| s.average_mean()),
-        samples_counted: counted,
-        samples_total: total,
-        ok: report.samples.len(),
-        errors: report.errors.len(),
-        elapsed: report.elapsed,
-    };
-    Ok((report, row))
-}
-
-/// Runs the local cluster and the demo (or the comparison).
+/// Runs `kvmesh up`.
 pub async fn run(a: UpArgs) -> Result<(), String> {
     if a.engines == 0 {
         return Err("--engines must be at least 1".into());
     }
-    if !a.compare.is_empty() && a.routers == 0 {
-        return Err("--compare needs at least one router (--routers 1)".into());
+    if !(a.time_scale > 0.0 && a.time_scale <= 10.0) {
+        return Err("--time-scale must be in (0, 10]".into());
     }
-    let d = w();
-    let wl = SharedPrefixWorkload {
-        groups: a.groups.unwrap_or(d.groups),
-        users: a.users.unwrap_or(d.users),
-        turns: a.turns.unwrap_or(d.turns),
-        system_words: a.system_words.unwrap_or(d.system_words),
-        question_words: a.question_words.unwrap_or(d.question_words),
-        max_tokens: a.max_tokens.unwrap_or(d.max_tokens),
-        seed: a.workload_seed.unwrap_or(d.seed),
-    };
-    let shape = format!(
-        "{} conversations × {} turns ({} requests), {} groups sharing {}-word system prompts, \
-         {}-word questions, {} completion tokens, {} engines of {} KV blocks, concurrency {}, \
-         time scale {}",
-        wl.groups * wl.users,
-        wl.turns,
-        wl.requests(),
-        wl.groups,
-        wl.system_words,
-        wl.question_words,
-        wl.max_tokens,
-        a.engines,
-        a.kv_blocks
-            .unwrap_or(SimConfig::default().engine.num_blocks),
-        a.concurrency,
-        a.time_scale
-    );
+    let wl = a.workload();
     if !a.compare.is_empty() {
-        return compare(&a, &wl, &shape).await;
-    }
-    let policy = a.policy.unwrap_or(PolicyKind::Precise);
-    let c = Cluster::start(&a, policy).await?;
-    eprintln!(
-        "demo: {shape}, {}",
-        if c.routers.is_empty() {
-            "no router (clients round robin over the engines)".to_string()
-        } else {
-            format!("{} router(s), policy {}", c.routers.len(), policy.as_str())
+        if a.routers == 0 {
+            return Err("--compare needs at least one router (--routers 1)".into());
         }
-    );
-    let (report, row) = match run_load(&c, &a, &wl, policy.as_str()).await {
-        Ok(x) => x,
-        Err(e) => {
-            c.shutdown().await;
-            return Err(e);
+        return up_compare::compare(&a, &wl).await;
+    }
+    let layout = Layout::new(a.base_port, a.routers, a.engines)?;
+    let policy = a.policy.unwrap_or(PolicyKind::Precise);
+    println!("kvmesh up: a local cluster on loopback");
+    match log_file(&a) {
+        Some(p) => println!("  logs: {} (-v prints them here)", p.display()),
+        None => println!("  logs: on stderr"),
+    }
+    let c = Cluster::start(&a, layout, policy).await?;
+    print!("{}", describe(&a, &c, layout));
+    let outcome = tokio::select! {
+        r = demo_then_serve(&a, &c, &wl) => r,
+        _ = crate::wait_for_signal() => {
+            println!();
+            Ok(())
         }
     };
-    println!(
-        "requests ok {} / errors {} in {:.1}s; prefix-cache hit rate {:.1}%; TTFT p50 {:.1} ms, p99 {:.1} ms (wall, time scale {})",
-        report.samples.len(),
-        report.errors.len(),
-        report.elapsed.as_secs_f64(),
-        report.hit_rate() * 100.0,
-        report.ttft_percentile(50.0).as_secs_f64() * 1e3,
-        report.ttft_percentile(99.0).as_secs_f64() * 1e3,
-        a.time_scale
-    );
-    println!(
-        "engine-reported prefix-cache hit rate {:.1}% (Δhits/Δqueries of the engines' /metrics), {} preemptions",
-        row.engine_hit_rate * 100.0,
-        row.preemptions
-    );
-    if c.routers.is_empty() {
-        println!("in flight per engine: not sampled (no router)");
-    } else {
-        let worst = match row.worst {
-            Some(w) => format!(
-                "worst max/mean {:.2} ({} vs mean {:.1}) over {} samples with mean ≥ {}",
-                w.ratio(),
-                w.max,
-                w.mean,
-                row.samples_counted,
-                min_mean_in_flight(&a)
-            ),
-            None => format!("no sample with mean ≥ {}", min_mean_in_flight(&a)),
-        };
-        println!(
-            "in flight per engine (router view, every {} ms, {} samples): mean {:.1}, most on one engine {} (load guard cap {}); {worst}",
-            a.sample_ms,
-            row.samples_total,
-            row.mean_in_flight,
-            row.max_in_flight.unwrap_or(0),
-            guard_cap(&a),
-        );
-    }
-    for (i, r) in c.routers.iter().enumerate() {
-        let mesh = r
-            .gateway
-            .mesh
-            .get()
-            .map(|m| {
-                let s = m.status();
-                format!(
-                    ", mesh: {} members, reads the KV events of {} engines",
-                    s["members"].as_array().map_or(0, Vec::len),
-                    s["ingest"]["owned"].as_u64().unwrap_or(0)
-                )
-            })
-            .unwrap_or_default();
-        println!(
-            "  router {} ({}): served {} requests{mesh}",
-            i + 1,
-            r.base_url(),
-            r.gateway.metrics.requests.get()
-        );
-    }
-    for (engine, n, hit) in report.per_endpoint() {
-        println!("  {engine}: {n} requests, hit rate {:.1}%", hit * 100.0);
-    }
-    for e in report.errors.iter().take(5) {
-        eprintln!("  error: {e}");
-    }
-    if a.serve {
-        eprintln!("serving until Ctrl-C");
-        crate::wait_for_signal().await;
-    }
+    println!("stopping: the routers drain their requests, then the engines stop");
     c.shutdown().await;
-    if report.errors.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("{} requests failed", report.errors.len()))
-    }
+    println!("stopped");
+    outcome
 }
 
-/// `--compare`: one run per policy on fresh engines, then the table.
-async fn compare(a: &UpArgs, wl: &SharedPrefixWorkload, shape: &str) -> Result<(), String> {
-    eprintln!("comparison: {shape}, {} router(s)", a.routers);
-    let mut rows = Vec::new();
-    for &p in &a.compare {
-        let c = Cluster::start(a, p).await?;
-        let r = run_load(&c, a, wl, p.as_str()).await;
-        c.shutdown().await;
-        let (report, row) = r?;
-        eprintln!(
-            "{}: engine-reported hit rate {:.1}%, {} ok / {} errors in {:.1}s",
-            p.as_str(),
-            row.engine_hit_rate * 100.0,
-            row.ok,
-            row.errors,
-            row.elapsed.as_secs_f64()
-        );
-        for e in report.errors.iter().take(3) {
-            eprintln!("  error: {e}");
-        }
-        rows.push(row);
-    }
-    println!("{shape}");
-    println!(
-        "engine_hit = Δvllm:prefix_cache_hits_total / Δqueries over all engines; client_hit = \
-         usage cached_tokens / prompt_tokens; pred/real = the router's predicted cached tokens \
-         (x-kvmesh-predicted-cached-tokens) / the engines' cached tokens; TTFT in wall time (÷ time scale = simulated); \
-         mean_inflt = mean in flight per engine over the samples (router view, every {} ms); \
-         worst_max/mean = worst sampled max/mean among samples with mean ≥ {} (half the load \
-         guard's cap); max_inflt = most in flight on one engine (guard cap {})",
-        a.sample_ms,
-        min_mean_in_flight(a),
-        guard_cap(a)
-    );
-    print!("{}", kvmesh_bench::format_compare_table(&rows));
-    let errors: usize = rows.iter().map(|r| r.errors).sum();
-    if errors == 0 {
+async fn demo_then_serve(a: &UpArgs, c: &Cluster, wl: &SharedPrefixWorkload) -> Result<(), String> {
+    let demo = if a.no_demo {
         Ok(())
     } else {
-        Err(format!("{errors} requests failed"))
+        up_demo::run(a, c, wl).await
+    };
+    if let Err(e) = &demo {
+        println!("demo: {e}");
+    }
+    if a.exit_after_demo {
+        return demo;
+    }
+    print!("{}", try_it(c));
+    // Serves until the caller's Ctrl-C ends this future.
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// What started where.
+fn describe(a: &UpArgs, c: &Cluster, layout: Layout) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "  engines: {} × kvmesh sim ({}, {} KV blocks of 16 tokens each, time scale {}, \
+         publishing vLLM KV events)",
+        c.sims.entries.len(),
+        SimConfig::default().model,
+        a.kv_blocks(),
+        a.time_scale
+    );
+    for (i, e) in c.sims.entries.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "    engine {i}  {}   KV events {}   replay {}",
+            e.url, e.kv_events, e.kv_replay
+        );
+    }
+    if c.routers.is_empty() {
+        let _ = writeln!(s, "  routers: none (--routers 0)");
+    } else {
+        let mesh = if c.routers.len() > 1 && !a.no_mesh {
+            "meshed over mutual-TLS QUIC"
+        } else {
+            "independent"
+        };
+        let _ = writeln!(
+            s,
+            "  routers: {} × kvmesh serve, policy {}, {mesh}",
+            c.routers.len(),
+            c.policy.as_str()
+        );
+        for (i, r) in c.routers.iter().enumerate() {
+            let m = r
+                .cluster
+                .as_ref()
+                .and_then(|m| m.addr())
+                .map(|m| format!("   mesh udp {m}"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "    router-{i}  {}{m}   status page {}/",
+                r.base_url(),
+                r.base_url()
+            );
+        }
+    }
+    if layout.base != 0 {
+        let _ = writeln!(s, "  ports {}–{} (--base-port)", layout.base, layout.last());
+    }
+    s
+}
+
+/// What to try once it serves.
+fn try_it(c: &Cluster) -> String {
+    let base = c
+        .routers
+        .first()
+        .map(GatewayServer::base_url)
+        .or_else(|| c.engine_urls().first().cloned())
+        .unwrap_or_default();
+    let model = SimConfig::default().model;
+    // Flush left: pasted as is into a shell (the heredoc's EOF and Python's indentation).
+    format!(
+        r#"
+serving. Try it (any router answers; the status page shows members, engines and decisions):
+
+curl -s {base}/v1/chat/completions -H 'content-type: application/json' \
+  -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 16}}'
+
+python3 - <<'EOF'
+from openai import OpenAI  # pip install openai
+client = OpenAI(base_url="{base}/v1", api_key="unused")
+r = client.chat.completions.create(model="{model}", max_tokens=16,
+    messages=[{{"role": "user", "content": "Hello!"}}])
+print(r.choices[0].message.content, r.usage)
+EOF
+
+status page {base}/    metrics {base}/metrics    mesh {base}/admin/cluster
+Ctrl-C stops everything.
+"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_port_is_at_or_above_the_base_and_none_repeats() {
+        let l = Layout::new(9000, 3, 4).expect("layout");
+        let mut ports = Vec::new();
+        let (h, m) = l.routers().expect("ports");
+        for i in 0..3 {
+            ports.push(h + i);
+            ports.push(m + i);
+        }
+        for i in 0..4 {
+            let (a, b, c) = l.engine(i);
+            ports.extend([a, b, c]);
+        }
+        assert!(ports.iter().all(|&p| (9000..=l.last()).contains(&p)));
+        let n = ports.len();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), n);
+        assert_eq!(l.last(), 9000 + 18 - 1);
+        assert!(Layout::new(65_530, 3, 4).is_err());
+        assert_eq!(Layout::new(0, 3, 4).expect("layout").routers(), None);
+    }
+
+    #[test]
+    fn the_first_port_is_the_routers_default() {
+        assert_eq!(
+            ServeConfig::default().listen,
+            format!("127.0.0.1:{}", default_base_port())
+        );
     }
 }

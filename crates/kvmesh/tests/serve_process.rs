@@ -57,27 +57,60 @@ fn kvmesh_up_serves_the_demo_through_a_router() {
             "2",
             "--turns",
             "2",
+            "--base-port",
+            "0",
+            "--exit-after-demo",
         ])
         .output()
         .expect("run kvmesh up");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("requests ok 4 / errors 0"), "{stdout}");
+    // Both legs answered every request, and the difference is printed.
+    assert_eq!(stdout.matches(" 4/0\n").count(), 2, "{stdout}");
+    assert!(
+        stdout.contains("kvmesh against round robin: hit rate"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("served 4 requests"), "{stdout}");
+    // Logs went to the file, not into the human output.
+    assert!(!stdout.contains(" INFO "), "{stdout}");
+    assert!(stdout.contains("stopped"), "{stdout}");
 }
 
 #[test]
 fn kvmesh_up_by_default_meshes_three_routers() {
     let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
-        .args(["up", "--groups", "2", "--users", "2", "--turns", "2"])
+        .args([
+            "up",
+            "--groups",
+            "2",
+            "--users",
+            "2",
+            "--turns",
+            "2",
+            "--base-port",
+            "0",
+            "--exit-after-demo",
+        ])
         .output()
         .expect("run kvmesh up");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stderr.contains("mesh formed: 3 routers"), "{stderr}");
-    assert!(stderr.contains("3 router(s)"), "{stderr}");
-    assert!(stdout.contains("requests ok 8 / errors 0"), "{stdout}");
+    assert!(
+        stdout.contains("routers: 3 × kvmesh serve, policy precise, meshed"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches(" 8/0\n").count(), 2, "{stdout}");
+    // Every router served part of it and sees the two others.
+    for r in ["router-0", "router-1", "router-2"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(r) && l.contains("served"))
+            .unwrap_or_else(|| panic!("no line for {r}: {stdout}"));
+        assert!(line.contains("2 mesh members"), "{line}");
+    }
 }
 
 #[test]
