@@ -18,6 +18,7 @@ mod cluster;
 mod engine;
 mod gateway;
 pub mod ingest;
+pub mod memo;
 mod metrics;
 pub mod prefix;
 mod probe;

@@ -8,15 +8,16 @@
 //! routing decisions (speculative marks: `speculative_ttl_ms` under `precise`/`scored`,
 //! `approximate_ttl_ms` under `cache_aware` and for engines whose event stream is not live).
 
+use crate::memo::{self, Memo, PromptMemo};
 use kvmesh_config::{PrefixConfig, ServeConfig};
 use kvmesh_openai::{ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
 use kvmesh_policy::{PolicyConfig, PolicyKind, PrefixAffinityConfig, PrefixMatch};
 use kvmesh_prefix::{
     ANCHOR_STRIDE, BlockKey, ExtraKeys, IndexOp, IndexSink, Match, OpVersion, PrefixIndex, Target,
-    Tee, block_keys, max_hit_blocks,
+    Tee, extend_block_keys, max_hit_blocks,
 };
 use kvmesh_route::TtlPlan;
-use kvmesh_tokenize::{ChatRenderRequest, SegmentCache, Tokenizer};
+use kvmesh_tokenize::{ChatRenderRequest, Resume, SegmentCache, Tokenizer};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
@@ -54,6 +55,8 @@ pub struct PrefixState {
     /// Token ids of prompt pieces, shared by every model (keys are text hashes; a piece
     /// tokenized by two tokenizers would collide, so the cache is per tokenizer path).
     segments: Mutex<HashMap<String, Arc<SegmentCache>>>,
+    /// Recently routed chat prompts, per tokenizer path (see [`crate::memo`]).
+    memos: Mutex<HashMap<String, Arc<PromptMemo>>>,
     /// Counters.
     pub metrics: PrefixMetrics,
 }
@@ -69,6 +72,7 @@ impl PrefixState {
             delta: Mutex::new(None),
             tokenizers: Mutex::new(HashMap::new()),
             segments: Mutex::new(HashMap::new()),
+            memos: Mutex::new(HashMap::new()),
             metrics: PrefixMetrics {
                 lookups: AtomicU64::new(0),
                 tokenize_failures: AtomicU64::new(0),
@@ -183,6 +187,24 @@ impl PrefixState {
         c
     }
 
+    fn prompt_memo(&self, path: &str) -> Arc<PromptMemo> {
+        lock(&self.memos)
+            .entry(path.to_string())
+            .or_insert_with(|| Arc::new(PromptMemo::new(self.cfg.prompt_memo_bytes)))
+            .clone()
+    }
+
+    /// Bytes held by the piece caches (as counted for their bound: 4 per id) and the prompt
+    /// memos, summed over tokenizers.
+    pub fn cache_bytes(&self) -> (usize, usize) {
+        let pieces = lock(&self.segments)
+            .values()
+            .map(|c| c.held_tokens() * 4)
+            .sum();
+        let memos = lock(&self.memos).values().map(|m| m.bytes()).sum();
+        (pieces, memos)
+    }
+
     /// A slot for a new engine, registered in the index with the configured capacity.
     pub fn alloc_slot(&self) -> u32 {
         let slot = {
@@ -293,6 +315,8 @@ pub struct RoutePrefix {
     pub tokenizer: Arc<Tokenizer>,
     /// Its piece cache.
     pub segments: Arc<SegmentCache>,
+    /// Its prompt memo.
+    pub memo: Arc<PromptMemo>,
     /// Tokens per block.
     pub block_size: u32,
     /// The model's name when it is a LoRA adapter (mixed into every block key).
@@ -336,6 +360,7 @@ impl RoutePrefix {
         Some(RoutePrefix {
             tokenizer,
             segments: state.segment_cache(path),
+            memo: state.prompt_memo(path),
             block_size: cfg.model_block_size(model),
             lora_name: lora.then(|| model.to_string()),
             kind,
@@ -394,6 +419,7 @@ impl ParsedRequest {
 #[derive(Default)]
 pub struct Scratch {
     tokens: Vec<u32>,
+    resumes: Vec<Resume>,
     /// The request's block keys (only the blocks an engine could serve from cache).
     pub keys: Vec<BlockKey>,
     found: Vec<Match>,
@@ -449,22 +475,14 @@ pub fn prompt_keys(
     s.tokens.clear();
     s.keys.clear();
     s.matches.clear();
-    let salt = match tokenize(rp, req, &mut s.tokens) {
-        Ok(salt) => salt,
-        Err(e) => {
-            state.metrics.tokenize_failures.fetch_add(1, Relaxed);
-            tracing::debug!(error = %e, "prompt not tokenized; routing on load");
-            return None;
-        }
-    };
+    s.resumes.clear();
+    if let Err(e) = tokens_and_keys(rp, req, state.cfg.max_prompt_tokens, s) {
+        state.metrics.tokenize_failures.fetch_add(1, Relaxed);
+        tracing::debug!(error = %e, "prompt not tokenized; routing on load");
+        return None;
+    }
     let n = s.tokens.len().min(state.cfg.max_prompt_tokens);
-    let bs = rp.block_size as usize;
-    let extra = ExtraKeys {
-        lora_name: rp.lora_name.as_deref(),
-        cache_salt: salt.as_deref().filter(|x| !x.is_empty()),
-    };
-    block_keys(&s.tokens[..n], bs, extra, &mut s.keys);
-    s.keys.truncate(max_hit_blocks(n, bs));
+    s.keys.truncate(max_hit_blocks(n, rp.block_size as usize));
     state
         .metrics
         .prepare_time
@@ -512,12 +530,25 @@ pub fn match_engines(
     state.metrics.lookups.fetch_add(1, Relaxed);
 }
 
-/// The prompt's token ids into `out`; returns the request's cache salt.
-fn tokenize(
+/// The prompt's token ids into `s.tokens` and the keys of the full blocks of its first `max`
+/// tokens into `s.keys`. A chat prompt that continues a memoized one (an earlier turn of its
+/// conversation, see [`crate::memo`]) reuses the memo's ids and keys up to where the two
+/// texts are cut alike, and is memoized in turn.
+fn tokens_and_keys(
     rp: &RoutePrefix,
     req: &ParsedRequest,
-    out: &mut Vec<u32>,
-) -> Result<Option<String>, String> {
+    max: usize,
+    s: &mut Scratch,
+) -> Result<(), String> {
+    let bs = rp.block_size as usize;
+    let salt = match req {
+        ParsedRequest::Chat(r) => r.cache_salt.as_deref(),
+        ParsedRequest::Completion(r) => r.cache_salt.as_deref(),
+    };
+    let extra = ExtraKeys {
+        lora_name: rp.lora_name.as_deref(),
+        cache_salt: salt.filter(|x| !x.is_empty()),
+    };
     match req {
         ParsedRequest::Chat(r) => {
             let req = ChatRenderRequest {
@@ -528,10 +559,43 @@ fn tokenize(
                 template_kwargs: r.chat_template_kwargs.as_ref(),
             };
             let text = rp.tokenizer.render_chat(&req).map_err(|e| e.to_string())?;
+            let params = memo::params(rp.block_size, extra.lora_name, extra.cache_salt);
+            let mut start = 0;
+            let mut same = false;
+            if let Some(m) = rp.memo.find(&text, params)
+                && m.params == params
+            {
+                let common = memo::common_prefix(m.text.as_bytes(), text.as_bytes());
+                same = common == text.len() && common == m.text.len();
+                let n = rp.tokenizer.resumable(&m.resumes, common);
+                if let Some(at) = n.checked_sub(1).map(|i| m.resumes[i]) {
+                    start = at.byte as usize;
+                    s.tokens.extend_from_slice(&m.tokens[..at.tokens as usize]);
+                    s.resumes.extend_from_slice(&m.resumes[..n]);
+                    let known = (at.tokens as usize).min(max) / bs;
+                    s.keys.extend_from_slice(&m.keys[..known.min(m.keys.len())]);
+                }
+            }
             rp.tokenizer
-                .encode_cached(&text, &rp.segments, out)
+                .encode_cached_from(
+                    &text,
+                    start,
+                    &rp.segments,
+                    &mut s.tokens,
+                    Some(&mut s.resumes),
+                )
                 .map_err(|e| e.to_string())?;
-            Ok(r.cache_salt.clone())
+            let n = s.tokens.len().min(max);
+            extend_block_keys(&s.tokens[..n], bs, extra, &mut s.keys);
+            if !same && text.len() >= memo::MIN_MEMO_BYTES {
+                rp.memo.put(Memo {
+                    text: text.into_boxed_str(),
+                    tokens: s.tokens.as_slice().into(),
+                    keys: s.keys.as_slice().into(),
+                    resumes: s.resumes.as_slice().into(),
+                    params,
+                });
+            }
         }
         ParsedRequest::Completion(r) => {
             let inputs = r.prompt.inputs();
@@ -540,14 +604,17 @@ fn tokenize(
             };
             match input {
                 PromptInput::Text(t) => {
-                    let ids = rp.tokenizer.encode(t, true).map_err(|e| e.to_string())?;
-                    out.extend_from_slice(&ids);
+                    rp.tokenizer
+                        .encode_into(t, true, &mut s.tokens)
+                        .map_err(|e| e.to_string())?;
                 }
-                PromptInput::Tokens(ids) => out.extend_from_slice(ids),
+                PromptInput::Tokens(ids) => s.tokens.extend_from_slice(ids),
             }
-            Ok(r.cache_salt.clone())
+            let n = s.tokens.len().min(max);
+            extend_block_keys(&s.tokens[..n], bs, extra, &mut s.keys);
         }
     }
+    Ok(())
 }
 
 /// How long marks last under this config (the core picks per engine: [`TtlPlan`]).
