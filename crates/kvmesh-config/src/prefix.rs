@@ -36,6 +36,13 @@ pub struct PrefixConfig {
     /// so that the next turn of a conversation only tokenizes and hashes its new part; prompts
     /// under 4 KB are not kept. 0 disables it.
     pub prompt_memo_bytes: usize,
+    /// Request bodies of at least this many bytes have their prompt prepared (rendered,
+    /// tokenized, hashed) on the blocking thread pool, off the threads that serve requests, so
+    /// that a long prompt never holds up the requests sharing its thread.
+    pub offload_prepare_bytes: usize,
+    /// At most this many prompts are prepared on the blocking pool at once (others wait for a
+    /// turn without holding a thread).
+    pub offload_prepare_threads: usize,
     /// Prompts longer than this many tokens are routed on their first
     /// `max_prompt_tokens` tokens only (bounds the per-request hashing work).
     pub max_prompt_tokens: usize,
@@ -58,6 +65,8 @@ impl Default for PrefixConfig {
             approximate_ttl_ms: 120_000,
             tokenizer_cache_tokens: 2_000_000,
             prompt_memo_bytes: 32 << 20,
+            offload_prepare_bytes: 16 * 1024,
+            offload_prepare_threads: 2,
             max_prompt_tokens: 262_144,
             ingest_queue_batches: 1_024,
             replay_timeout_ms: 2_000,
@@ -107,6 +116,11 @@ impl PrefixConfig {
             self.prompt_memo_bytes <= 1 << 34,
             &format!("{at}.prompt_memo_bytes"),
             "must be at most 17179869184",
+        )?;
+        check(
+            (1..=256).contains(&self.offload_prepare_threads),
+            &format!("{at}.offload_prepare_threads"),
+            "must be between 1 and 256",
         )?;
         check(
             self.replay_timeout_ms >= 10,

@@ -24,6 +24,7 @@
 use kvmesh_prefix::BlockKey;
 use kvmesh_tokenize::Resume;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Texts shorter than this are not memoized (their preparation is cheap: ~60 µs at 8 KB).
@@ -68,6 +69,7 @@ struct Shard {
 pub struct PromptMemo {
     shards: Vec<Mutex<Shard>>,
     bytes_per_shard: usize,
+    found: AtomicU64,
 }
 
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -142,6 +144,7 @@ impl PromptMemo {
                 })
                 .collect(),
             bytes_per_shard: max_bytes / 2 / SHARDS,
+            found: AtomicU64::new(0),
         }
     }
 
@@ -163,11 +166,13 @@ impl PromptMemo {
             let key = probe_key(text.as_bytes(), len, params);
             let mut s = self.shard(key);
             if let Some(m) = s.current.get(&key) {
+                self.found.fetch_add(1, Relaxed);
                 return Some(m.clone());
             }
             if let Some(m) = s.previous.remove(&key) {
                 s.current_bytes += m.bytes();
                 s.current.insert(key, m.clone());
+                self.found.fetch_add(1, Relaxed);
                 return Some(m);
             }
             len /= 2;
@@ -200,6 +205,11 @@ impl PromptMemo {
         if let Some(old) = s.current.insert(key, Arc::new(memo)) {
             s.current_bytes -= old.bytes();
         }
+    }
+
+    /// Prompts for which a memo was found so far.
+    pub fn found(&self) -> u64 {
+        self.found.load(Relaxed)
     }
 
     /// Bytes held (both generations, as counted for the bound).

@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -57,6 +57,12 @@ pub struct PrefixState {
     segments: Mutex<HashMap<String, Arc<SegmentCache>>>,
     /// Recently routed chat prompts, per tokenizer path (see [`crate::memo`]).
     memos: Mutex<HashMap<String, Arc<PromptMemo>>>,
+    /// Turns on the blocking pool for large prompts (`offload_prepare_threads` permits).
+    offload: Arc<tokio::sync::Semaphore>,
+    /// Test hook: while true, prompts prepared on the blocking pool wait before returning
+    /// ([`Self::hold_offloaded`]); the count of those waiting.
+    hold: (Mutex<bool>, Condvar),
+    held: std::sync::atomic::AtomicUsize,
     /// Counters.
     pub metrics: PrefixMetrics,
 }
@@ -73,6 +79,11 @@ impl PrefixState {
             tokenizers: Mutex::new(HashMap::new()),
             segments: Mutex::new(HashMap::new()),
             memos: Mutex::new(HashMap::new()),
+            offload: Arc::new(tokio::sync::Semaphore::new(
+                cfg.prefix.offload_prepare_threads.max(1),
+            )),
+            hold: (Mutex::new(false), Condvar::new()),
+            held: Default::default(),
             metrics: PrefixMetrics {
                 lookups: AtomicU64::new(0),
                 tokenize_failures: AtomicU64::new(0),
@@ -203,6 +214,45 @@ impl PrefixState {
             .sum();
         let memos = lock(&self.memos).values().map(|m| m.bytes()).sum();
         (pieces, memos)
+    }
+
+    /// Test hook: while `on`, prompts prepared on the blocking pool wait, once prepared,
+    /// until it is turned off (30 s at most) ([`Self::held_prepares`] counts them), so that a test can
+    /// show other requests being served meanwhile.
+    #[doc(hidden)]
+    pub fn hold_offloaded(&self, on: bool) {
+        *self.hold.0.lock().unwrap_or_else(|p| p.into_inner()) = on;
+        self.hold.1.notify_all();
+    }
+
+    /// Prompts waiting in the [`Self::hold_offloaded`] hook.
+    #[doc(hidden)]
+    pub fn held_prepares(&self) -> usize {
+        self.held.load(Relaxed)
+    }
+
+    fn wait_if_held(&self) {
+        let mut on = self.hold.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !*on {
+            return;
+        }
+        self.held.fetch_add(1, Relaxed);
+        // Bounded, so that a test of a broken offload (this wait on the runtime's only
+        // thread) fails instead of hanging.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while *on {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            on = self
+                .hold
+                .1
+                .wait_timeout(on, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        self.held.fetch_sub(1, Relaxed);
     }
 
     /// A slot for a new engine, registered in the index with the configured capacity.
@@ -491,6 +541,52 @@ pub fn prompt_keys(
         prompt_tokens: n as u32,
         total_blocks: s.keys.len() as u32,
     })
+}
+
+/// A prompt prepared on the blocking pool: its block keys (cut as [`prompt_keys`] cuts them)
+/// and what it turned into (`None`: not readable, routed on load).
+pub struct Prepared {
+    /// The block keys.
+    pub keys: Vec<BlockKey>,
+    /// Tokens and blocks.
+    pub lookup: Option<Lookup>,
+}
+
+/// [`prompt_keys`] for a request whose body has at least `offload_prepare_bytes`, on tokio's
+/// blocking pool (at most `offload_prepare_threads` at once; the others wait for a turn
+/// without holding a thread), so that preparing a long prompt never holds up the requests
+/// served by the same runtime thread. `None` for smaller bodies (prepared inline, in the
+/// decision) — the request is then handed back untouched.
+pub async fn prompt_keys_offloaded(
+    state: &Arc<PrefixState>,
+    rp: &Arc<RoutePrefix>,
+    req: ParsedRequest,
+    body_len: usize,
+) -> (Option<ParsedRequest>, Option<Prepared>) {
+    if body_len < state.cfg.offload_prepare_bytes {
+        return (Some(req), None);
+    }
+    let Ok(permit) = state.offload.clone().acquire_owned().await else {
+        return (Some(req), None);
+    };
+    let (state, rp) = (state.clone(), rp.clone());
+    let job = tokio::task::spawn_blocking(move || {
+        let _turn = permit;
+        let prepared = with_scratch(|s| {
+            let lookup = prompt_keys(&state, &rp, &req, s);
+            Prepared {
+                keys: std::mem::take(&mut s.keys),
+                lookup,
+            }
+        });
+        state.wait_if_held();
+        (req, prepared)
+    });
+    match job.await {
+        Ok((req, prepared)) => (Some(req), Some(prepared)),
+        // A panic while preparing: the prompt is routed on load.
+        Err(_) => (None, None),
+    }
 }
 
 /// Looks `s.keys` up in `index` and translates the engine slots into the route's indices
