@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Router memory under unique prompts: RSS of `kvmesh serve` (default settings) while it routes
-# N unique ~1 KB chat prompts, under `precise` (reading the engines' KV events) and under
-# `cache_aware`, sampled from /proc/PID/status (VmRSS) once a second, with the router's own
-# request count and prefix-index size from /metrics.
+# N unique ~1 KB chat prompts, under `round_robin` (the reference), `precise` (reading the
+# engines' KV events) and `cache_aware`, sampled from /proc/PID/status (VmRSS) once a second,
+# with the router's own request count and prefix-index size from /metrics; and the router's
+# CPU per request over the run (utime + stime from /proc/PID/stat, all threads).
 #
 #   scripts/memory.sh                         # 300,000 requests per policy, at most 900 s each
 #   scripts/memory.sh --requests 20000        # a quick look
@@ -25,7 +26,7 @@ ENGINES=2
 CONNECTIONS=8
 THREADS=2
 USER_BYTES=900
-POLICIES="precise cache_aware"
+POLICIES="round_robin precise cache_aware"
 BIN=""
 BUILD=1
 OUT=""
@@ -184,14 +185,16 @@ for POLICY in $POLICIES; do
     sleep 1
   done
   wait "$WRK" || true
+  CPU_TICKS="$(sed 's/.*) //' "/proc/$ROUTER/stat" | awk '{print $12 + $13}')"
   sleep 2   # let the last KV events land
   page="$(curl -sf --max-time 2 "http://127.0.0.1:$RP/metrics" || true)"
   echo "$(( $(date +%s) - START )),$(metric "$page" kvmesh_requests_total),$(rss_kb "$ROUTER"),$(metric "$page" kvmesh_prefix_index_entries),$(metric "$page" kvmesh_prefix_index_memory_bytes)" >>"$CSV"
   cp <(printf '%s\n' "$page") "$OUT/metrics-$POLICY.txt"
   log "$(grep MEMORY_JSON "$OUT/wrk-$POLICY.txt" || echo "wrk: no summary, see $OUT/wrk-$POLICY.txt")"
-  python3 - "$CSV" "$POLICY" "$REQUESTS" >>"$REPORT" <<'PY'
+  python3 - "$CSV" "$POLICY" "$REQUESTS" "$CPU_TICKS" "$(getconf CLK_TCK)" >>"$REPORT" <<'PY'
 import csv, sys
 path, policy, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cpu_s = int(sys.argv[4]) / int(sys.argv[5])
 rows = [r for r in csv.DictReader(open(path)) if int(r["rss_kb"]) > 0]
 print(f"## {policy}\n")
 print("| requests served | RSS MB | index entries | index MB |")
@@ -210,7 +213,8 @@ half = [r for r in rows if int(r["requests"]) >= int(last["requests"]) // 2]
 print(f"\nPeak RSS {int(peak['rss_kb'])/1024:.1f} MB (at {int(peak['requests']):,} requests); "
       f"final {int(last['rss_kb'])/1024:.1f} MB after {int(last['requests']):,} requests "
       f"in {last['seconds']} s; over the second half RSS ranged "
-      f"{min(int(r['rss_kb']) for r in half)/1024:.1f}–{max(int(r['rss_kb']) for r in half)/1024:.1f} MB.\n")
+      f"{min(int(r['rss_kb']) for r in half)/1024:.1f}–{max(int(r['rss_kb']) for r in half)/1024:.1f} MB. "
+      f"Router CPU: {cpu_s:.1f} s, {cpu_s * 1e6 / max(1, int(last['requests'])):.1f} µs per request.\n")
 PY
   stop_all
 done
