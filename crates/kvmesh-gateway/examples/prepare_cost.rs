@@ -120,6 +120,12 @@ fn main() {
         slot_to_idx: Vec::new(),
     };
     let mut s = Scratch::default();
+    // `--only kb32`: one size (a smaller profile to read).
+    let args: Vec<String> = std::env::args().collect();
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1).cloned());
     macro_rules! size {
         ($m:ident, $kb:literal, $iters:expr) => {{
             let messages = conversation(($kb * 1024usize).saturating_sub(100).max(1));
@@ -151,8 +157,15 @@ fn main() {
             println!("{} KB: body {} bytes, {} calls per case", $kb, turn1.len(), $iters);
         }};
     }
-    size!(kb1, 1, 20);
-    size!(kb8, 8, 20);
-    size!(kb32, 32, 10);
-    size!(kb128, 128, 5);
+    for (name, run) in [("kb1", 0), ("kb8", 1), ("kb32", 2), ("kb128", 3)] {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
+        match run {
+            0 => size!(kb1, 1, 20),
+            1 => size!(kb8, 8, 20),
+            2 => size!(kb32, 32, 10),
+            _ => size!(kb128, 128, 5),
+        }
+    }
 }
