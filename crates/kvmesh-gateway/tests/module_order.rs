@@ -5,9 +5,9 @@
 use std::path::Path;
 
 /// Leaves first; a module may import only modules listed before it.
-const ORDER: [&str; 14] = [
-    "clock", "upstream", "tasks", "prefix", "engine", "registry", "metrics", "gateway", "ingest",
-    "track", "probe", "cluster", "proxy", "admin",
+const ORDER: [&str; 15] = [
+    "clock", "upstream", "tasks", "memo", "prefix", "engine", "registry", "metrics", "gateway",
+    "ingest", "track", "probe", "cluster", "proxy", "admin",
 ];
 
 #[test]
