@@ -212,4 +212,33 @@ mod example_files {
             "{e}"
         );
     }
+
+    #[test]
+    fn preparation_bounds_have_defaults_and_limits() {
+        let c = KvmeshConfig::from_toml_str(
+            "[serve.prefix]
+prompt_memo_bytes = 0
+offload_prepare_bytes = 4096
+",
+            "t.toml",
+        )
+        .expect("valid");
+        let p = &c.serve.prefix;
+        assert_eq!((p.prompt_memo_bytes, p.offload_prepare_bytes), (0, 4096));
+        assert_eq!(p.offload_prepare_threads, 2);
+        assert_eq!(p.tokenizer_cache_tokens, 2_000_000);
+        for bad in [
+            "offload_prepare_threads = 0",
+            "prompt_memo_bytes = 20000000000",
+            "tokenizer_cache_tokens = 2000000000",
+        ] {
+            let e = KvmeshConfig::from_toml_str(&format!("[serve.prefix]\n{bad}\n"), "t.toml")
+                .expect_err(bad);
+            let key = bad.split(' ').next().expect("key");
+            assert!(
+                e.to_string().contains(&format!("serve.prefix.{key}")),
+                "{e}"
+            );
+        }
+    }
 }

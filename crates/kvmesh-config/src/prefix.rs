@@ -28,9 +28,21 @@ pub struct PrefixConfig {
     /// its own decisions), and for engines whose event stream is stale, ms. Dynamo's
     /// approximate mode and SGLang's tree eviction use 120 s.
     pub approximate_ttl_ms: u64,
-    /// Token ids of prompt pieces kept for reuse across the turns of conversations (4 bytes
-    /// each, shared by all models).
+    /// Token ids of prompt pieces kept for reuse across the turns of conversations, per
+    /// tokenizer (4 bytes each, plus 48 bytes per piece counted as 12 ids; two generations:
+    /// at most twice this many are held).
     pub tokenizer_cache_tokens: usize,
+    /// Bytes of recently routed chat prompts (text, token ids, block keys) kept per tokenizer
+    /// so that the next turn of a conversation only tokenizes and hashes its new part; prompts
+    /// under 4 KB are not kept. 0 disables it.
+    pub prompt_memo_bytes: usize,
+    /// Request bodies of at least this many bytes have their prompt prepared (rendered,
+    /// tokenized, hashed) on the blocking thread pool, off the threads that serve requests, so
+    /// that a long prompt never holds up the requests sharing its thread.
+    pub offload_prepare_bytes: usize,
+    /// At most this many prompts are prepared on the blocking pool at once (others wait for a
+    /// turn without holding a thread).
+    pub offload_prepare_threads: usize,
     /// Prompts longer than this many tokens are routed on their first
     /// `max_prompt_tokens` tokens only (bounds the per-request hashing work).
     pub max_prompt_tokens: usize,
@@ -52,6 +64,9 @@ impl Default for PrefixConfig {
             speculative_ttl_ms: 2_000,
             approximate_ttl_ms: 120_000,
             tokenizer_cache_tokens: 2_000_000,
+            prompt_memo_bytes: 32 << 20,
+            offload_prepare_bytes: 16 * 1024,
+            offload_prepare_threads: 2,
             max_prompt_tokens: 262_144,
             ingest_queue_batches: 1_024,
             replay_timeout_ms: 2_000,
@@ -91,6 +106,21 @@ impl PrefixConfig {
             (1..=1 << 20).contains(&self.ingest_queue_batches),
             &format!("{at}.ingest_queue_batches"),
             "must be between 1 and 1048576",
+        )?;
+        check(
+            self.tokenizer_cache_tokens <= 1 << 30,
+            &format!("{at}.tokenizer_cache_tokens"),
+            "must be at most 1073741824",
+        )?;
+        check(
+            self.prompt_memo_bytes <= 1 << 34,
+            &format!("{at}.prompt_memo_bytes"),
+            "must be at most 17179869184",
+        )?;
+        check(
+            (1..=256).contains(&self.offload_prepare_threads),
+            &format!("{at}.offload_prepare_threads"),
+            "must be between 1 and 256",
         )?;
         check(
             self.replay_timeout_ms >= 10,

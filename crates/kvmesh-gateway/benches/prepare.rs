@@ -1,19 +1,30 @@
 //! `cargo bench -p kvmesh-gateway --bench prepare`
 //!
-//! The cache-aware request path before the policy, exactly as `proxy.rs` runs it: parse the
-//! JSON body, render the chat template, tokenize (with the per-model piece cache), compute the
-//! block keys, look them up. On a ~32 KB multi-turn chat prompt:
-//! * `cold`: a piece cache that has never seen the conversation (first request of a chat);
-//! * `next_turn`: the previous turn was routed before (its pieces are cached), the new turn
-//!   adds one user message — the common case of a chat;
-//! * `same`: the exact same body again (retries, siblings).
+//! The cache-aware request path before the policy, exactly as `proxy.rs` runs it
+//! ([`prepare`]: parse the JSON body, render the chat template, tokenize with the per-model
+//! piece cache, compute the block keys, look them up in an empty index), on multi-turn chat
+//! bodies of about 1, 8, 32 and 128 KB of message text:
+//! * `cold/<size>`: caches that have never seen the conversation (first request of a chat);
+//! * `unique/<size>`: warm caches (the conversation so far was routed before), and a last user
+//!   message never seen (a new prompt of an ongoing chat, or a unique 1 KB prompt under a
+//!   known system prompt);
+//! * `next_turn/<size>`: the previous turn (the same messages and the last user message) was
+//!   routed, the new body adds the assistant's answer and a new user message — the common case
+//!   of a chat;
+//! * `same/<size>`: the exact same body again (retries, siblings).
+//!
+//! `phases/32KB` splits `same/32KB` into its steps (parse, render, tokenize with every piece
+//! cached, block keys).
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use kvmesh_config::ServeConfig;
-use kvmesh_gateway::prefix::{Endpoint, PrefixState, RoutePrefix, Scratch, prepare};
+use kvmesh_gateway::memo::PromptMemo;
+use kvmesh_gateway::prefix::{Endpoint, ParsedRequest, PrefixState, RoutePrefix, Scratch, prepare};
 use kvmesh_policy::PolicyKind;
-use kvmesh_tokenize::SegmentCache;
+use kvmesh_prefix::{ExtraKeys, block_keys};
+use kvmesh_tokenize::{ChatRenderRequest, SegmentCache};
 use serde_json::{Value, json};
+use std::cell::Cell;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,19 +42,22 @@ fn route(blocks: &[u64], engines: &[Engine]) -> Option<usize> {
 ```
 "#;
 
-/// A multi-turn conversation of about `target` bytes of message text.
+/// A multi-turn conversation of about `target` bytes of message text (user messages of up to
+/// 2,500 bytes of prose and code, short assistant answers), ending with an assistant message.
 fn conversation(target: usize) -> Vec<Value> {
     let mut messages =
         vec![json!({"role": "system", "content": "You are a senior Rust reviewer."})];
-    let mut size = 0;
+    let mut size = 40;
     let mut turn = 0;
     while size < target {
+        let want = (target - size).clamp(200, 2500);
         let mut user = format!("Review {turn}: ");
-        while user.len() < 2500 {
+        while user.len() < want {
             user.push_str(PROSE);
             user.push_str(CODE);
         }
-        let assistant = format!("Turn {turn}: looks good, but consider {PROSE}");
+        user.truncate(want);
+        let assistant = format!("Turn {turn}: looks good, but consider {}", &PROSE[..80]);
         size += user.len() + assistant.len() + 60;
         messages.push(json!({"role": "user", "content": user}));
         messages.push(json!({"role": "assistant", "content": assistant}));
@@ -62,58 +76,120 @@ fn benches(c: &mut Criterion) {
     let cfg = ServeConfig::default();
     let state = PrefixState::new(&cfg);
     let tokenizer = state.tokenizer("").expect("bundled tokenizer");
-    let route = |cache: Arc<SegmentCache>| RoutePrefix {
+    let route = || RoutePrefix {
         tokenizer: tokenizer.clone(),
-        segments: cache,
+        segments: Arc::new(SegmentCache::new(1 << 20)),
+        memo: Arc::new(PromptMemo::new(cfg.prefix.prompt_memo_bytes)),
         block_size: 16,
         lora_name: None,
         kind: PolicyKind::Precise,
         affinity: Default::default(),
         slot_to_idx: Vec::new(),
     };
-    let messages = conversation(32 * 1024);
-    let turn1 = body(&messages, "Summarize the review.");
-    let mut next = messages.clone();
-    next.push(json!({"role": "user", "content": "Summarize the review."}));
-    next.push(json!({"role": "assistant", "content": "It is fine."}));
-    let turn2 = body(&next, "Now list the three riskiest changes.");
     let mut s = Scratch::default();
-    let warm = route(Arc::new(SegmentCache::new(1 << 20)));
-    let l = prepare(&state, &warm, Endpoint::Chat, &turn1, 0, &mut s).expect("prepared");
-    eprintln!(
-        "body {} bytes → {} prompt tokens, {} blocks",
-        turn1.len(),
-        l.prompt_tokens,
-        l.total_blocks
-    );
-    let mut g = c.benchmark_group("prepare/32KB_chat");
-    g.bench_function("cold", |b| {
-        b.iter_batched(
-            || route(Arc::new(SegmentCache::new(1 << 20))),
-            |rp| black_box(prepare(&state, &rp, Endpoint::Chat, &turn1, 0, &mut s)),
-            criterion::BatchSize::SmallInput,
-        )
+    let sizes: [(&str, usize); 4] = [
+        ("1KB", 1024),
+        ("8KB", 8 * 1024),
+        ("32KB", 32 * 1024),
+        ("128KB", 128 * 1024),
+    ];
+    for (name, size) in sizes {
+        // Without the last user message: the conversation so far, then turn 1 asks a question,
+        // turn 2 adds the answer and asks another.
+        let messages = conversation(size.saturating_sub(100).max(1));
+        let turn1 = body(&messages, "Summarize the review.");
+        let mut next = messages.clone();
+        next.push(json!({"role": "user", "content": "Summarize the review."}));
+        next.push(json!({"role": "assistant", "content": "It is fine."}));
+        let turn2 = body(&next, "Now list the three riskiest changes.");
+        let warm = route();
+        let l = prepare(&state, &warm, Endpoint::Chat, &turn1, 0, &mut s).expect("prepared");
+        eprintln!(
+            "{name}: body {} bytes → {} prompt tokens, {} blocks",
+            turn1.len(),
+            l.prompt_tokens,
+            l.total_blocks
+        );
+        let mut g = c.benchmark_group(format!("prepare/{name}"));
+        g.bench_function("cold", |b| {
+            b.iter_batched(
+                route,
+                |rp| black_box(prepare(&state, &rp, Endpoint::Chat, &turn1, 0, &mut s)),
+                BatchSize::SmallInput,
+            )
+        });
+        let n = Cell::new(0u64);
+        g.bench_function("unique", |b| {
+            b.iter_batched(
+                || {
+                    n.set(n.get() + 1);
+                    body(
+                        &messages,
+                        &format!("Question {} about the review.", n.get()),
+                    )
+                },
+                |body| black_box(prepare(&state, &warm, Endpoint::Chat, &body, 0, &mut s)),
+                BatchSize::SmallInput,
+            )
+        });
+        g.bench_function("next_turn", |b| {
+            b.iter_batched(
+                || {
+                    let rp = route();
+                    prepare(
+                        &state,
+                        &rp,
+                        Endpoint::Chat,
+                        &turn1,
+                        0,
+                        &mut Scratch::default(),
+                    );
+                    rp
+                },
+                |rp| black_box(prepare(&state, &rp, Endpoint::Chat, &turn2, 0, &mut s)),
+                BatchSize::SmallInput,
+            )
+        });
+        g.bench_function("same", |b| {
+            b.iter(|| black_box(prepare(&state, &warm, Endpoint::Chat, &turn1, 0, &mut s)))
+        });
+        g.finish();
+        if name == "32KB" {
+            phases(c, &warm, &turn1);
+        }
+    }
+}
+
+/// The steps of `same/32KB` one by one.
+fn phases(c: &mut Criterion, rp: &RoutePrefix, body: &[u8]) {
+    let mut g = c.benchmark_group("phases/32KB");
+    g.bench_function("parse", |b| {
+        b.iter(|| black_box(ParsedRequest::parse(Endpoint::Chat, black_box(body)).is_ok()))
     });
-    g.bench_function("next_turn", |b| {
-        b.iter_batched(
-            || {
-                let rp = route(Arc::new(SegmentCache::new(1 << 20)));
-                prepare(
-                    &state,
-                    &rp,
-                    Endpoint::Chat,
-                    &turn1,
-                    0,
-                    &mut Scratch::default(),
-                );
-                rp
-            },
-            |rp| black_box(prepare(&state, &rp, Endpoint::Chat, &turn2, 0, &mut s)),
-            criterion::BatchSize::SmallInput,
-        )
+    let Ok(ParsedRequest::Chat(req)) = ParsedRequest::parse(Endpoint::Chat, body) else {
+        panic!("a chat body")
+    };
+    let render = ChatRenderRequest::new(&req.messages);
+    g.bench_function("render", |b| {
+        b.iter(|| black_box(rp.tokenizer.render_chat(&render).expect("render").len()))
     });
-    g.bench_function("same", |b| {
-        b.iter(|| black_box(prepare(&state, &warm, Endpoint::Chat, &turn1, 0, &mut s)))
+    let text = rp.tokenizer.render_chat(&render).expect("render");
+    let mut ids = Vec::new();
+    g.bench_function("tokenize_cached", |b| {
+        b.iter(|| {
+            ids.clear();
+            rp.tokenizer
+                .encode_cached(&text, &rp.segments, &mut ids)
+                .expect("encode");
+            black_box(ids.len())
+        })
+    });
+    let mut keys = Vec::new();
+    g.bench_function("block_keys", |b| {
+        b.iter(|| {
+            block_keys(&ids, 16, ExtraKeys::NONE, &mut keys);
+            black_box(keys.len())
+        })
     });
     g.finish();
 }
@@ -121,9 +197,9 @@ fn benches(c: &mut Criterion) {
 criterion_group! {
     name = prepare_benches;
     config = Criterion::default()
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(30);
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20);
     targets = benches
 }
 criterion_main!(prepare_benches);

@@ -19,6 +19,7 @@ mod cluster;
 mod engine;
 mod gateway;
 pub mod ingest;
+pub mod memo;
 mod metrics;
 pub mod prefix;
 mod probe;

@@ -8,20 +8,21 @@
 //! routing decisions (speculative marks: `speculative_ttl_ms` under `precise`/`scored`,
 //! `approximate_ttl_ms` under `cache_aware` and for engines whose event stream is not live).
 
+use crate::memo::{self, Memo, PromptMemo};
 use kvmesh_config::{PrefixConfig, ServeConfig};
 use kvmesh_openai::{ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
 use kvmesh_policy::{PolicyConfig, PolicyKind, PrefixAffinityConfig, PrefixMatch};
 use kvmesh_prefix::{
     ANCHOR_STRIDE, BlockKey, ExtraKeys, IndexOp, IndexSink, Match, OpVersion, PrefixIndex, Target,
-    Tee, block_keys, max_hit_blocks,
+    Tee, extend_block_keys, max_hit_blocks,
 };
 use kvmesh_route::TtlPlan;
-use kvmesh_tokenize::{ChatRenderRequest, SegmentCache, Tokenizer};
+use kvmesh_tokenize::{ChatRenderRequest, Resume, SegmentCache, Tokenizer};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -54,6 +55,14 @@ pub struct PrefixState {
     /// Token ids of prompt pieces, shared by every model (keys are text hashes; a piece
     /// tokenized by two tokenizers would collide, so the cache is per tokenizer path).
     segments: Mutex<HashMap<String, Arc<SegmentCache>>>,
+    /// Recently routed chat prompts, per tokenizer path (see [`crate::memo`]).
+    memos: Mutex<HashMap<String, Arc<PromptMemo>>>,
+    /// Turns on the blocking pool for large prompts (`offload_prepare_threads` permits).
+    offload: Arc<tokio::sync::Semaphore>,
+    /// Test hook: while true, prompts prepared on the blocking pool wait before returning
+    /// ([`Self::hold_offloaded`]); the count of those waiting.
+    hold: (Mutex<bool>, Condvar),
+    held: std::sync::atomic::AtomicUsize,
     /// Counters.
     pub metrics: PrefixMetrics,
 }
@@ -69,6 +78,12 @@ impl PrefixState {
             delta: Mutex::new(None),
             tokenizers: Mutex::new(HashMap::new()),
             segments: Mutex::new(HashMap::new()),
+            memos: Mutex::new(HashMap::new()),
+            offload: Arc::new(tokio::sync::Semaphore::new(
+                cfg.prefix.offload_prepare_threads.max(1),
+            )),
+            hold: (Mutex::new(false), Condvar::new()),
+            held: Default::default(),
             metrics: PrefixMetrics {
                 lookups: AtomicU64::new(0),
                 tokenize_failures: AtomicU64::new(0),
@@ -183,6 +198,63 @@ impl PrefixState {
         c
     }
 
+    fn prompt_memo(&self, path: &str) -> Arc<PromptMemo> {
+        lock(&self.memos)
+            .entry(path.to_string())
+            .or_insert_with(|| Arc::new(PromptMemo::new(self.cfg.prompt_memo_bytes)))
+            .clone()
+    }
+
+    /// Bytes held by the piece caches (as counted for their bound: 4 per id) and the prompt
+    /// memos, summed over tokenizers.
+    pub fn cache_bytes(&self) -> (usize, usize) {
+        let pieces = lock(&self.segments)
+            .values()
+            .map(|c| c.held_tokens() * 4)
+            .sum();
+        let memos = lock(&self.memos).values().map(|m| m.bytes()).sum();
+        (pieces, memos)
+    }
+
+    /// Test hook: while `on`, prompts prepared on the blocking pool wait, once prepared,
+    /// until it is turned off (30 s at most) ([`Self::held_prepares`] counts them), so that a test can
+    /// show other requests being served meanwhile.
+    #[doc(hidden)]
+    pub fn hold_offloaded(&self, on: bool) {
+        *self.hold.0.lock().unwrap_or_else(|p| p.into_inner()) = on;
+        self.hold.1.notify_all();
+    }
+
+    /// Prompts waiting in the [`Self::hold_offloaded`] hook.
+    #[doc(hidden)]
+    pub fn held_prepares(&self) -> usize {
+        self.held.load(Relaxed)
+    }
+
+    fn wait_if_held(&self) {
+        let mut on = self.hold.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !*on {
+            return;
+        }
+        self.held.fetch_add(1, Relaxed);
+        // Bounded, so that a test of a broken offload (this wait on the runtime's only
+        // thread) fails instead of hanging.
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while *on {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            on = self
+                .hold
+                .1
+                .wait_timeout(on, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        self.held.fetch_sub(1, Relaxed);
+    }
+
     /// A slot for a new engine, registered in the index with the configured capacity.
     pub fn alloc_slot(&self) -> u32 {
         let slot = {
@@ -293,6 +365,8 @@ pub struct RoutePrefix {
     pub tokenizer: Arc<Tokenizer>,
     /// Its piece cache.
     pub segments: Arc<SegmentCache>,
+    /// Its prompt memo.
+    pub memo: Arc<PromptMemo>,
     /// Tokens per block.
     pub block_size: u32,
     /// The model's name when it is a LoRA adapter (mixed into every block key).
@@ -336,6 +410,7 @@ impl RoutePrefix {
         Some(RoutePrefix {
             tokenizer,
             segments: state.segment_cache(path),
+            memo: state.prompt_memo(path),
             block_size: cfg.model_block_size(model),
             lora_name: lora.then(|| model.to_string()),
             kind,
@@ -394,6 +469,7 @@ impl ParsedRequest {
 #[derive(Default)]
 pub struct Scratch {
     tokens: Vec<u32>,
+    resumes: Vec<Resume>,
     /// The request's block keys (only the blocks an engine could serve from cache).
     pub keys: Vec<BlockKey>,
     found: Vec<Match>,
@@ -449,22 +525,14 @@ pub fn prompt_keys(
     s.tokens.clear();
     s.keys.clear();
     s.matches.clear();
-    let salt = match tokenize(rp, req, &mut s.tokens) {
-        Ok(salt) => salt,
-        Err(e) => {
-            state.metrics.tokenize_failures.fetch_add(1, Relaxed);
-            tracing::debug!(error = %e, "prompt not tokenized; routing on load");
-            return None;
-        }
-    };
+    s.resumes.clear();
+    if let Err(e) = tokens_and_keys(rp, req, state.cfg.max_prompt_tokens, s) {
+        state.metrics.tokenize_failures.fetch_add(1, Relaxed);
+        tracing::debug!(error = %e, "prompt not tokenized; routing on load");
+        return None;
+    }
     let n = s.tokens.len().min(state.cfg.max_prompt_tokens);
-    let bs = rp.block_size as usize;
-    let extra = ExtraKeys {
-        lora_name: rp.lora_name.as_deref(),
-        cache_salt: salt.as_deref().filter(|x| !x.is_empty()),
-    };
-    block_keys(&s.tokens[..n], bs, extra, &mut s.keys);
-    s.keys.truncate(max_hit_blocks(n, bs));
+    s.keys.truncate(max_hit_blocks(n, rp.block_size as usize));
     state
         .metrics
         .prepare_time
@@ -473,6 +541,52 @@ pub fn prompt_keys(
         prompt_tokens: n as u32,
         total_blocks: s.keys.len() as u32,
     })
+}
+
+/// A prompt prepared on the blocking pool: its block keys (cut as [`prompt_keys`] cuts them)
+/// and what it turned into (`None`: not readable, routed on load).
+pub struct Prepared {
+    /// The block keys.
+    pub keys: Vec<BlockKey>,
+    /// Tokens and blocks.
+    pub lookup: Option<Lookup>,
+}
+
+/// [`prompt_keys`] for a request whose body has at least `offload_prepare_bytes`, on tokio's
+/// blocking pool (at most `offload_prepare_threads` at once; the others wait for a turn
+/// without holding a thread), so that preparing a long prompt never holds up the requests
+/// served by the same runtime thread. `None` for smaller bodies (prepared inline, in the
+/// decision) — the request is then handed back untouched.
+pub async fn prompt_keys_offloaded(
+    state: &Arc<PrefixState>,
+    rp: &Arc<RoutePrefix>,
+    req: ParsedRequest,
+    body_len: usize,
+) -> (Option<ParsedRequest>, Option<Prepared>) {
+    if body_len < state.cfg.offload_prepare_bytes {
+        return (Some(req), None);
+    }
+    let Ok(permit) = state.offload.clone().acquire_owned().await else {
+        return (Some(req), None);
+    };
+    let (state, rp) = (state.clone(), rp.clone());
+    let job = tokio::task::spawn_blocking(move || {
+        let _turn = permit;
+        let prepared = with_scratch(|s| {
+            let lookup = prompt_keys(&state, &rp, &req, s);
+            Prepared {
+                keys: std::mem::take(&mut s.keys),
+                lookup,
+            }
+        });
+        state.wait_if_held();
+        (req, prepared)
+    });
+    match job.await {
+        Ok((req, prepared)) => (Some(req), Some(prepared)),
+        // A panic while preparing: the prompt is routed on load.
+        Err(_) => (None, None),
+    }
 }
 
 /// Looks `s.keys` up in `index` and translates the engine slots into the route's indices
@@ -512,12 +626,25 @@ pub fn match_engines(
     state.metrics.lookups.fetch_add(1, Relaxed);
 }
 
-/// The prompt's token ids into `out`; returns the request's cache salt.
-fn tokenize(
+/// The prompt's token ids into `s.tokens` and the keys of the full blocks of its first `max`
+/// tokens into `s.keys`. A chat prompt that continues a memoized one (an earlier turn of its
+/// conversation, see [`crate::memo`]) reuses the memo's ids and keys up to where the two
+/// texts are cut alike, and is memoized in turn.
+fn tokens_and_keys(
     rp: &RoutePrefix,
     req: &ParsedRequest,
-    out: &mut Vec<u32>,
-) -> Result<Option<String>, String> {
+    max: usize,
+    s: &mut Scratch,
+) -> Result<(), String> {
+    let bs = rp.block_size as usize;
+    let salt = match req {
+        ParsedRequest::Chat(r) => r.cache_salt.as_deref(),
+        ParsedRequest::Completion(r) => r.cache_salt.as_deref(),
+    };
+    let extra = ExtraKeys {
+        lora_name: rp.lora_name.as_deref(),
+        cache_salt: salt.filter(|x| !x.is_empty()),
+    };
     match req {
         ParsedRequest::Chat(r) => {
             let req = ChatRenderRequest {
@@ -528,10 +655,43 @@ fn tokenize(
                 template_kwargs: r.chat_template_kwargs.as_ref(),
             };
             let text = rp.tokenizer.render_chat(&req).map_err(|e| e.to_string())?;
+            let params = memo::params(rp.block_size, extra.lora_name, extra.cache_salt);
+            let mut start = 0;
+            let mut same = false;
+            if let Some(m) = rp.memo.find(&text, params)
+                && m.params == params
+            {
+                let common = memo::common_prefix(m.text.as_bytes(), text.as_bytes());
+                same = common == text.len() && common == m.text.len();
+                let n = rp.tokenizer.resumable(&m.resumes, common);
+                if let Some(at) = n.checked_sub(1).map(|i| m.resumes[i]) {
+                    start = at.byte as usize;
+                    s.tokens.extend_from_slice(&m.tokens[..at.tokens as usize]);
+                    s.resumes.extend_from_slice(&m.resumes[..n]);
+                    let known = (at.tokens as usize).min(max) / bs;
+                    s.keys.extend_from_slice(&m.keys[..known.min(m.keys.len())]);
+                }
+            }
             rp.tokenizer
-                .encode_cached(&text, &rp.segments, out)
+                .encode_cached_from(
+                    &text,
+                    start,
+                    &rp.segments,
+                    &mut s.tokens,
+                    Some(&mut s.resumes),
+                )
                 .map_err(|e| e.to_string())?;
-            Ok(r.cache_salt.clone())
+            let n = s.tokens.len().min(max);
+            extend_block_keys(&s.tokens[..n], bs, extra, &mut s.keys);
+            if !same && text.len() >= memo::MIN_MEMO_BYTES {
+                rp.memo.put(Memo {
+                    text: text.into_boxed_str(),
+                    tokens: s.tokens.as_slice().into(),
+                    keys: s.keys.as_slice().into(),
+                    resumes: s.resumes.as_slice().into(),
+                    params,
+                });
+            }
         }
         ParsedRequest::Completion(r) => {
             let inputs = r.prompt.inputs();
@@ -540,14 +700,17 @@ fn tokenize(
             };
             match input {
                 PromptInput::Text(t) => {
-                    let ids = rp.tokenizer.encode(t, true).map_err(|e| e.to_string())?;
-                    out.extend_from_slice(&ids);
+                    rp.tokenizer
+                        .encode_into(t, true, &mut s.tokens)
+                        .map_err(|e| e.to_string())?;
                 }
-                PromptInput::Tokens(ids) => out.extend_from_slice(ids),
+                PromptInput::Tokens(ids) => s.tokens.extend_from_slice(ids),
             }
-            Ok(r.cache_salt.clone())
+            let n = s.tokens.len().min(max);
+            extend_block_keys(&s.tokens[..n], bs, extra, &mut s.keys);
         }
     }
+    Ok(())
 }
 
 /// How long marks last under this config (the core picks per engine: [`TtlPlan`]).

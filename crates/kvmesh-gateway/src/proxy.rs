@@ -81,7 +81,14 @@ pub async fn handle(
             return error(&e);
         }
     };
-    let (decision, reservation, lookup) = decide_step(gw, &route, key, parsed.as_ref());
+    // A long prompt is prepared on the blocking pool, off this runtime thread.
+    let (parsed, prepared) = match (&route.prefix, parsed) {
+        (Some(rp), Some(req)) => {
+            prefix::prompt_keys_offloaded(&gw.registry.prefix, rp, req, body.len()).await
+        }
+        (_, parsed) => (parsed, None),
+    };
+    let (decision, reservation, lookup) = decide_step(gw, &route, key, parsed.as_ref(), prepared);
     if let Some(&first) = decision.candidates.first() {
         let block = route.prefix.as_ref().map_or(0, |p| u64::from(p.block_size));
         gw.recent.record(
@@ -186,6 +193,7 @@ fn decide_step(
     route: &ModelRoute,
     key: Option<u64>,
     parsed: Option<&ParsedRequest>,
+    prepared: Option<prefix::Prepared>,
 ) -> (Decision, Option<Reservation>, Option<Lookup>) {
     let now = gw.clock.now_us();
     let view = RouteView {
@@ -210,9 +218,13 @@ fn decide_step(
         }
         Some(rp) => prefix::with_scratch(|s| {
             let state = &gw.registry.prefix;
-            let lookup = match parsed {
-                Some(req) => prefix::prompt_keys(state, rp, req, s),
-                None => {
+            let lookup = match (prepared, parsed) {
+                (Some(p), _) => {
+                    s.keys = p.keys;
+                    p.lookup
+                }
+                (None, Some(req)) => prefix::prompt_keys(state, rp, req, s),
+                (None, None) => {
                     // The body is not a request of this endpoint: routed on load (the engine
                     // answers with the real error).
                     state

@@ -634,3 +634,66 @@ async fn in_flight_changes_are_signalled_once_until_read() {
     assert_eq!(a.read_load_change(), 2);
     assert!(rx.try_recv().is_err());
 }
+
+/// A long prompt is prepared off the runtime's threads: with the runtime's only thread free,
+/// a small request is served from start to end while a 128 KB prompt is held between its
+/// preparation and its decision; then the long one is routed as well, with the same keys as
+/// inline preparation gives.
+#[tokio::test(flavor = "current_thread")]
+async fn a_small_request_is_served_while_a_long_prompt_is_prepared() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::ok(200, "{}"));
+    let mut c = cfg();
+    c.routing.policy.policy = PolicyKind::CacheAware;
+    let gw = gateway(c, &mock, &[A]);
+    let state = gw.registry.prefix.clone();
+    let long = "A long agentic prompt with tool output and code. ".repeat(2700);
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"{long}"}},{{"role":"user","content":"go"}}],"max_tokens":2}}"#
+    );
+    assert!(body.len() >= state.config().offload_prepare_bytes);
+    state.hold_offloaded(true);
+    let big = tokio::spawn({
+        let gw = gw.clone();
+        let body = Bytes::from(body.clone());
+        async move { send_chat(&gw, body).await.status() }
+    });
+    // Condition, not time: the long prompt is prepared and waiting in the hook. (The bound
+    // only turns a broken offload — preparation on this very thread — into a failure
+    // instead of a hang.)
+    let mut turns = 0;
+    while state.held_prepares() == 0 {
+        turns += 1;
+        assert!(
+            turns < 60_000,
+            "the long prompt never reached the blocking pool"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (status, _, _) = call(&gw).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        state.held_prepares(),
+        1,
+        "still held while the small one was served"
+    );
+    assert!(!big.is_finished());
+    state.hold_offloaded(false);
+    assert_eq!(big.await.expect("joined"), 200);
+    // The keys prepared on the pool (forced there: any length) are the inline ones.
+    let rp = gw.registry.snapshot().routes["m"]
+        .prefix
+        .clone()
+        .expect("cache-aware route");
+    let parsed = prefix::ParsedRequest::parse(Endpoint::Chat, body.as_bytes()).expect("parsed");
+    let (_, off) = prefix::prompt_keys_offloaded(&state, &rp, parsed, usize::MAX).await;
+    let off = off.expect("offloaded");
+    let inline = prefix::with_scratch(|s| {
+        let parsed = prefix::ParsedRequest::parse(Endpoint::Chat, body.as_bytes()).expect("parsed");
+        prefix::prompt_keys(&state, &rp, &parsed, s).map(|l| (l.total_blocks, s.keys.clone()))
+    });
+    let (blocks, keys) = inline.expect("prepared");
+    assert_eq!(off.keys, keys);
+    assert_eq!(off.lookup.map(|l| l.total_blocks), Some(blocks));
+    assert!(blocks > 1000);
+}

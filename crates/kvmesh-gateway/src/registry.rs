@@ -37,7 +37,7 @@ pub struct ModelRoute {
     /// The policy's config (its name labels metrics; its hash settings pick the key).
     pub policy_cfg: PolicyConfig,
     /// Tokenizer, block size and slot map when the policy is cache-aware.
-    pub prefix: Option<RoutePrefix>,
+    pub prefix: Option<Arc<RoutePrefix>>,
     /// Its fleet totals, kept between decisions.
     pub totals: TotalsCache,
     /// Its `kvmesh_routing_decisions_total` series, one per [`Reason`] (atomic handles taken
@@ -354,7 +354,8 @@ impl Registry {
                     .unwrap_or_else(|| engines.iter().any(|e| e.is_adapter(&model)));
                 let slots: Vec<u32> = engines.iter().map(|e| e.slot).collect();
                 let prefix =
-                    RoutePrefix::build(&self.prefix, &self.cfg, &model, &policy_cfg, lora, &slots);
+                    RoutePrefix::build(&self.prefix, &self.cfg, &model, &policy_cfg, lora, &slots)
+                        .map(Arc::new);
                 let decisions = Reason::ALL
                     .iter()
                     .map(|r| {

@@ -43,7 +43,7 @@ mod template;
 mod tokenizer;
 
 pub use error::TokenizeError;
-pub use segments::SegmentCache;
+pub use segments::{Resume, SegmentCache};
 pub use stream::StreamDecoder;
 pub use template::{ChatRenderRequest, ChatTemplate};
 pub use tokenizer::Tokenizer;

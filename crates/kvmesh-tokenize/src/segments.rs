@@ -17,6 +17,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 const SHARDS: usize = 16;
+/// What a cached piece costs besides its ids, counted in ids (48 bytes: the map slot, the
+/// `Arc` header, the allocation's rounding), so that many tiny pieces cannot outgrow the bound.
+const PIECE_OVERHEAD_IDS: usize = 12;
 
 struct Shard {
     /// Two generations: lookups check both and promote; when `current` holds its share of
@@ -37,7 +40,8 @@ pub struct SegmentCache {
 
 impl SegmentCache {
     /// A cache holding about `max_tokens` token ids in all (×2 at most, for the previous
-    /// generation): 4 bytes each plus a small per-piece overhead.
+    /// generation): 4 bytes each, each piece counted [`PIECE_OVERHEAD_IDS`] ids more for
+    /// its overhead.
     pub fn new(max_tokens: usize) -> SegmentCache {
         SegmentCache {
             shards: (0..SHARDS)
@@ -67,20 +71,41 @@ impl SegmentCache {
             return Some(v.clone());
         }
         let v = s.previous.remove(&key)?;
-        s.current_tokens += v.len();
+        s.current_tokens += v.len() + PIECE_OVERHEAD_IDS;
         s.current.insert(key, v.clone());
         Some(v)
     }
 
     fn put(&self, key: u64, ids: Arc<[u32]>) {
+        let cost = ids.len() + PIECE_OVERHEAD_IDS;
+        if cost > self.tokens_per_shard {
+            return;
+        }
         let mut s = lock(&self.shards[(key as usize) % SHARDS]);
-        if s.current_tokens + ids.len() > self.tokens_per_shard {
+        if s.current_tokens + cost > self.tokens_per_shard {
             let full = std::mem::take(&mut s.current);
             s.previous = full;
             s.current_tokens = 0;
         }
-        s.current_tokens += ids.len();
-        s.current.insert(key, ids);
+        s.current_tokens += cost;
+        if let Some(old) = s.current.insert(key, ids) {
+            s.current_tokens -= old.len() + PIECE_OVERHEAD_IDS;
+        }
+    }
+
+    /// What the cache holds, in ids (pieces' overhead included): at most twice `max_tokens`.
+    pub fn held_tokens(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = lock(s);
+                s.current
+                    .values()
+                    .chain(s.previous.values())
+                    .map(|v| v.len() + PIECE_OVERHEAD_IDS)
+                    .sum::<usize>()
+            })
+            .sum()
     }
 }
 
@@ -168,6 +193,11 @@ impl Splitters {
         }
     }
 
+    /// The byte length of the longest splitter (0 when none).
+    pub(crate) fn max_len(&self) -> usize {
+        self.tokens.first().map_or(0, |(t, _)| t.len())
+    }
+
     /// The longest splitter starting at byte `i` of `text`.
     fn at(&self, text: &str, i: usize) -> Option<(usize, u32)> {
         let rest = &text.as_bytes()[i..];
@@ -187,6 +217,16 @@ fn piece_key(piece: &str) -> u64 {
     u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
+/// A point of a rendered prompt where the tokenization can be resumed: right after an added
+/// token that cut pieces, at byte `byte` of the text, after `tokens` token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    /// Byte offset in the text (just past the added token).
+    pub byte: u32,
+    /// Token ids of the text before `byte`.
+    pub tokens: u32,
+}
+
 impl Tokenizer {
     /// Like [`Tokenizer::encode_into`] with `add_special_tokens = false` (how chat prompts are
     /// tokenized), reusing the ids of pieces between added tokens from `cache`. Same ids as
@@ -197,10 +237,41 @@ impl Tokenizer {
         cache: &SegmentCache,
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizeError> {
+        self.encode_cached_from(text, 0, cache, out, None)
+    }
+
+    /// The longest byte length of an added token that cuts pieces (how far past a position the
+    /// cutting looks).
+    pub fn splitter_max_len(&self) -> usize {
+        self.splitters().max_len()
+    }
+
+    /// How many of `resumes` (in text order, as [`Tokenizer::encode_cached_from`] recorded
+    /// them for a text `old`) a text `new` sharing its first `common` bytes with `old` can
+    /// resume at: up to the last of them, `new` is cut and tokenized exactly as `old` was
+    /// (every cut depends on the text up to it plus the longest added token).
+    pub fn resumable(&self, resumes: &[Resume], common: usize) -> usize {
+        let reach = self.splitter_max_len();
+        resumes.partition_point(|r| r.byte as usize + reach <= common)
+    }
+
+    /// [`Tokenizer::encode_cached`] resumed at byte `start` of `text`: `out` already holds the
+    /// ids of `text[..start]` (from an earlier text sharing that prefix, see
+    /// [`Tokenizer::resumable`]; `start` 0 = from the beginning). The points where a later
+    /// text could resume are appended to `resumes` when given (token counts include what
+    /// `out` held). On error `out` is left as it was.
+    pub fn encode_cached_from(
+        &self,
+        text: &str,
+        start: usize,
+        cache: &SegmentCache,
+        out: &mut Vec<u32>,
+        mut resumes: Option<&mut Vec<Resume>>,
+    ) -> Result<(), TokenizeError> {
         let sp = self.splitters();
         let start_len = out.len();
-        let mut piece_start = 0;
-        let mut i = 0;
+        let mut piece_start = start;
+        let mut i = start;
         let flush = |from: usize, to: usize, out: &mut Vec<u32>| -> Result<(), TokenizeError> {
             if from >= to {
                 return Ok(());
@@ -232,6 +303,12 @@ impl Tokenizer {
                         out.push(id);
                         i = at + len;
                         piece_start = i;
+                        if let Some(r) = resumes.as_deref_mut() {
+                            r.push(Resume {
+                                byte: i as u32,
+                                tokens: out.len() as u32,
+                            });
+                        }
                     }
                     None => i = at + 1,
                 }
