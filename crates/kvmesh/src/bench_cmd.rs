@@ -424,6 +424,13 @@ fn contender_name(policy: PolicyKind, routers: u32, mesh: bool) -> String {
     }
 }
 
+/// Notes a contender left out of one repeat.
+fn skipped(failures: &mut Vec<String>, rep: u32, name: &str, what: &str, e: &str) {
+    let msg = format!("repeat {rep}: `{name}` {what}, left out of this repeat: {e}");
+    eprintln!("{msg}");
+    failures.push(msg);
+}
+
 /// Runs `kvmesh bench`.
 pub async fn run(a: BenchArgs) -> Result<(), String> {
     let started_unix = std::time::SystemTime::now()
@@ -526,6 +533,9 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                 smg_runs.push(v);
             }
         }
+        // A contender that fails to start or to be measured in one repeat is left out of that
+        // repeat (said in the report's notes); the others still run.
+        let mut failures: Vec<String> = Vec::new();
         let result = async {
             for rep in 0..p.s.repeats {
                 for &(policy, n_routers, mesh) in &plan_runs {
@@ -544,11 +554,23 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                         })
                         .collect();
                     let name = contender_name(policy, n_routers, mesh);
-                    let routers = fleet::start_routers(&entries, n_routers, mesh, policy, p.s.seed, false).await?;
+                    let routers = match fleet::start_routers(&entries, n_routers, mesh, policy, p.s.seed, false).await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            skipped(&mut failures, rep, &name, "did not start", &e);
+                            continue;
+                        }
+                    };
                     let sampler = fleet::in_flight_sampler(&routers, &urls, SAMPLE_EVERY);
                     let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls, p.prompts, sampler).await;
                     fleet::shutdown_routers(routers).await;
-                    let mut row = row?;
+                    let mut row = match row {
+                        Ok(r) => r,
+                        Err(e) => {
+                            skipped(&mut failures, rep, &name, "was not measured", &e);
+                            continue;
+                        }
+                    };
                     row.name = name;
                     row.policy = if n_routers == 0 { "direct".into() } else { policy.as_str().into() };
                     row.routers = n_routers;
@@ -564,19 +586,24 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                 if let Some(bin) = &nginx_bin {
                     reset_caches(&urls).await?;
                     let name = "nginx proxy_pass".to_string();
-                    let nginx = crate::nginx::start(bin, &urls).await?;
-                    let row = measure(&p, &name, Targets::Single(nginx.url.clone()), &urls, p.prompts, None).await;
-                    drop(nginx);
-                    let mut row = row?;
-                    row.name = name;
-                    row.policy = "nginx".into();
-                    row.routers = 1;
-                    row.repeat = Some(rep);
-                    eprintln!(
-                        "repeat {rep} {}: {:.0} req/s, TTFT p50 {:.2} ms, p99 {:.2} ms, {} errors",
-                        row.name, row.requests_per_s, row.ttft_p50_ms, row.ttft_p99_ms, row.errors
-                    );
-                    runs.push(row);
+                    let row = match crate::nginx::start(bin, &urls).await {
+                        Ok(nginx) => measure(&p, &name, Targets::Single(nginx.url.clone()), &urls, p.prompts, None).await,
+                        Err(e) => Err(format!("did not start: {e}")),
+                    };
+                    match row {
+                        Ok(mut row) => {
+                            row.name = name;
+                            row.policy = "nginx".into();
+                            row.routers = 1;
+                            row.repeat = Some(rep);
+                            eprintln!(
+                                "repeat {rep} {}: {:.0} req/s, TTFT p50 {:.2} ms, p99 {:.2} ms, {} errors",
+                                row.name, row.requests_per_s, row.ttft_p50_ms, row.ttft_p99_ms, row.errors
+                            );
+                            runs.push(row);
+                        }
+                        Err(e) => skipped(&mut failures, rep, &name, "failed", &e),
+                    }
                 }
                 let Some(bin) = &smg_bin else { continue };
                 for &(n, meshed) in &smg_runs {
@@ -586,14 +613,31 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                         (n, true) => format!("smg cache_aware ×{n} meshed"),
                         (n, false) => format!("smg cache_aware ×{n} no-mesh"),
                     };
-                    let smgs = if meshed {
-                        crate::smg::start_mesh(bin, &urls, "cache_aware", n).await?
+                    let started = if meshed {
+                        crate::smg::start_mesh(bin, &urls, "cache_aware", n).await
                     } else {
                         let mut v = Vec::new();
+                        let mut err = None;
                         for _ in 0..n {
-                            v.push(crate::smg::start(bin, &urls, "cache_aware").await?);
+                            match crate::smg::start(bin, &urls, "cache_aware").await {
+                                Ok(s) => v.push(s),
+                                Err(e) => {
+                                    err = Some(e);
+                                    break;
+                                }
+                            }
                         }
-                        v
+                        match err {
+                            Some(e) => Err(e),
+                            None => Ok(v),
+                        }
+                    };
+                    let smgs = match started {
+                        Ok(s) => s,
+                        Err(e) => {
+                            skipped(&mut failures, rep, &name, "did not start", &e);
+                            continue;
+                        }
                     };
                     let targets = if n == 1 {
                         Targets::Single(smgs[0].url.clone())
@@ -602,7 +646,13 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     };
                     let row = measure(&p, &name, targets, &urls, PromptMode::Text, None).await;
                     drop(smgs);
-                    let mut row = row?;
+                    let mut row = match row {
+                        Ok(r) => r,
+                        Err(e) => {
+                            skipped(&mut failures, rep, &name, "was not measured", &e);
+                            continue;
+                        }
+                    };
                     row.name = name;
                     row.policy = "smg_cache_aware".into();
                     row.routers = n as u32;
@@ -619,6 +669,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
         }
         .await;
         engines.shutdown(Duration::from_secs(5)).await;
+        p.notes.extend(failures);
         result?;
     }
     let mut names: Vec<String> = Vec::new();
