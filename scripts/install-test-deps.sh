@@ -6,3 +6,13 @@ cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 python3 -c "import openai, zmq, msgpack, msgspec, tokenizers, jinja2" \
   || { echo "install-test-deps: Python packages missing after install" >&2; exit 1; }
+# The chaos suite (scripts/test.sh runs it in quick mode): iproute2 (network namespaces, veth,
+# bridge) and nftables (partitions and packet loss inside the routers' namespaces). Needs root.
+if ! command -v ip >/dev/null || ! command -v nft >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq iproute2 nftables >/dev/null
+  fi
+fi
+command -v ip >/dev/null && command -v nft >/dev/null \
+  || { echo "install-test-deps: iproute2 and nftables are needed by the chaos suite" >&2; exit 1; }
