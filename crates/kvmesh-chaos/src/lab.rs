@@ -83,8 +83,18 @@ pub fn resources_of(pid: u32) -> Vec<String> {
         .filter(|n| n.starts_with(&format!("{NS_PREFIX}{pid}-")))
         .map(|n| format!("netns {n}"))
         .collect();
-    if sh(&["ip", "link", "show", &format!("kvcbr{pid}")]).is_ok() {
-        out.push(format!("bridge kvcbr{pid}"));
+    let links = sh(&["ip", "-o", "link", "show"]).unwrap_or_default();
+    for l in links.lines() {
+        let Some(name) = l
+            .split(':')
+            .nth(1)
+            .map(|n| n.trim().split('@').next().unwrap_or(n))
+        else {
+            continue;
+        };
+        if name == format!("kvcbr{pid}") || name.starts_with(&format!("kvc{pid}r")) {
+            out.push(format!("link {name}"));
+        }
     }
     out
 }
@@ -326,6 +336,11 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
+        // The veth ends in the root namespace first: a namespace's devices go away
+        // asynchronously after `ip netns delete`, and the next lab reuses the names.
+        for i in 0..self.routers {
+            let _ = sh(&["ip", "link", "delete", &format!("kvc{}r{i}", self.pid)]);
+        }
         for ns in self.namespaces.drain(..) {
             for pid in sh(&["ip", "netns", "pids", &ns])
                 .unwrap_or_default()
