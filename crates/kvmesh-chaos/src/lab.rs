@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,13 +33,35 @@ fn sh(args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// Whether a process runs (a zombie does not).
 fn pid_alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+        st.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
+    })
 }
 
-/// Removes namespaces and bridges of runners that no longer run (and kills what still runs in
-/// those namespaces). Returns what it removed.
+/// The lab's links in the root namespace: `(owner pid, name)` of the bridge `kvcbr<pid>` and
+/// the veth ends `kvc<pid>r<i>` / `kvc<pid>e`.
+fn links() -> Vec<(u32, String)> {
+    let out = sh(&["ip", "-o", "link", "show"]).unwrap_or_default();
+    out.lines()
+        .filter_map(|l| {
+            let name = l.split(':').nth(1)?.trim();
+            let name = name.split('@').next().unwrap_or(name);
+            let digits = name
+                .strip_prefix("kvcbr")
+                .or_else(|| name.strip_prefix("kvc"))?;
+            let pid: String = digits.chars().take_while(char::is_ascii_digit).collect();
+            Some((pid.parse().ok()?, name.to_string()))
+        })
+        .collect()
+}
+
+/// Removes the namespaces (killing what runs in them) and links of runners that no longer run
+/// (a runner killed with SIGKILL). Returns what it removed.
 pub fn sweep() -> Vec<String> {
+    let me = std::process::id();
     let mut removed = Vec::new();
     let list = sh(&["ip", "netns", "list"]).unwrap_or_default();
     for ns in list.lines().filter_map(|l| l.split_whitespace().next()) {
@@ -47,7 +69,7 @@ pub fn sweep() -> Vec<String> {
             continue;
         };
         let owner = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
-        if owner.is_some_and(|p| p != std::process::id() && !pid_alive(p)) {
+        if owner.is_some_and(|p| p != me && !pid_alive(p)) {
             for pid in sh(&["ip", "netns", "pids", ns]).unwrap_or_default().lines() {
                 let _ = sh(&["kill", "-9", pid.trim()]);
             }
@@ -56,25 +78,15 @@ pub fn sweep() -> Vec<String> {
             }
         }
     }
-    let links = sh(&["ip", "-o", "link", "show", "type", "bridge"]).unwrap_or_default();
-    for l in links.lines() {
-        let Some(name) = l.split(':').nth(1).map(str::trim) else {
-            continue;
-        };
-        if let Some(p) = name
-            .strip_prefix("kvcbr")
-            .and_then(|p| p.parse::<u32>().ok())
-            && p != std::process::id()
-            && !pid_alive(p)
-            && sh(&["ip", "link", "delete", name]).is_ok()
-        {
-            removed.push(format!("bridge {name}"));
+    for (p, name) in links() {
+        if p != me && !pid_alive(p) && sh(&["ip", "link", "delete", &name]).is_ok() {
+            removed.push(format!("link {name}"));
         }
     }
     removed
 }
 
-/// What a lab consists of, for [`Lab::resources`] (the cleanup check of the tests).
+/// What of runner `pid`'s lab exists on the machine (namespaces, links): empty once torn down.
 pub fn resources_of(pid: u32) -> Vec<String> {
     let mut out: Vec<String> = sh(&["ip", "netns", "list"])
         .unwrap_or_default()
@@ -83,19 +95,12 @@ pub fn resources_of(pid: u32) -> Vec<String> {
         .filter(|n| n.starts_with(&format!("{NS_PREFIX}{pid}-")))
         .map(|n| format!("netns {n}"))
         .collect();
-    let links = sh(&["ip", "-o", "link", "show"]).unwrap_or_default();
-    for l in links.lines() {
-        let Some(name) = l
-            .split(':')
-            .nth(1)
-            .map(|n| n.trim().split('@').next().unwrap_or(n))
-        else {
-            continue;
-        };
-        if name == format!("kvcbr{pid}") || name.starts_with(&format!("kvc{pid}r")) {
-            out.push(format!("link {name}"));
-        }
-    }
+    out.extend(
+        links()
+            .into_iter()
+            .filter(|(p, _)| *p == pid)
+            .map(|(_, n)| format!("link {n}")),
+    );
     out
 }
 
@@ -144,11 +149,12 @@ impl Drop for Proc {
     }
 }
 
-/// The network of one run: the bridge, its subnet, the routers' namespaces.
+/// The network of one run: the bridge, its subnet, the routers' namespaces and the engines'.
 pub struct Lab {
     pid: u32,
     net: u8,
     routers: usize,
+    next_port: std::cell::Cell<u16>,
     bridge: Option<String>,
     namespaces: Vec<String>,
     pub dir: PathBuf,
@@ -164,6 +170,7 @@ impl Lab {
             pid,
             net: (pid % 200) as u8 + 20,
             routers,
+            next_port: std::cell::Cell::new(20_000),
             bridge: None,
             namespaces: Vec::new(),
             dir,
@@ -182,16 +189,22 @@ impl Lab {
             &br,
         ])?;
         sh(&["ip", "link", "set", &br, "up"])?;
-        for i in 0..routers {
+        // Routers 0.., then the engines' namespace (index `routers`).
+        for i in 0..=routers {
             let ns = lab.ns(i);
             sh(&["ip", "netns", "add", &ns])?;
             lab.namespaces.push(ns.clone());
-            let veth = format!("kvc{pid}r{i}");
+            let veth = lab.veth(i);
             sh(&[
                 "ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
             ])?;
             sh(&["ip", "link", "set", &veth, "master", &br, "up"])?;
-            let addr = format!("{}/24", lab.router_ip(i));
+            let ip = if i == routers {
+                lab.engine_ip()
+            } else {
+                lab.router_ip(i)
+            };
+            let addr = format!("{ip}/24");
             sh(&["ip", "-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
             sh(&["ip", "-n", &ns, "link", "set", "eth0", "up"])?;
             sh(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
@@ -201,13 +214,31 @@ impl Lab {
         Ok(lab)
     }
 
-    fn ns(&self, i: usize) -> String {
-        format!("{NS_PREFIX}{}-r{i}", self.pid)
+    /// Router `i`'s namespace; `i == routers`: the engines'.
+    pub fn ns(&self, i: usize) -> String {
+        if i == self.routers {
+            format!("{NS_PREFIX}{}-engines", self.pid)
+        } else {
+            format!("{NS_PREFIX}{}-r{i}", self.pid)
+        }
     }
 
-    /// The bridge's address: engines listen there, the client connects from there.
+    fn veth(&self, i: usize) -> String {
+        if i == self.routers {
+            format!("kvc{}e", self.pid)
+        } else {
+            format!("kvc{}r{i}", self.pid)
+        }
+    }
+
+    /// The bridge's address: the client and the flood connect from there.
     pub fn host(&self) -> Ipv4Addr {
         Ipv4Addr::new(10, 213, self.net, 1)
+    }
+
+    /// The engines' address (their own namespace).
+    pub fn engine_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 213, self.net, 2)
     }
 
     pub fn router_ip(&self, i: usize) -> Ipv4Addr {
@@ -222,16 +253,17 @@ impl Lab {
         SocketAddr::new(self.router_ip(i).into(), MESH_PORT)
     }
 
-    /// A free TCP port on the host address.
-    pub fn free_port(&self) -> Result<u16, String> {
-        std::net::TcpListener::bind((self.host(), 0))
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|e| format!("no free port on {}: {e}", self.host()))
+    /// A port of the engines' namespace not handed out before (nothing else runs there).
+    pub fn free_port(&self) -> u16 {
+        let p = self.next_port.get();
+        self.next_port.set(p + 1);
+        p
     }
 
-    /// Installs the drop rules of router `i`'s namespace: packets to `drop_to` dropped, packets
-    /// to `lossy_to` dropped with probability `loss_pct`%. Replaces the rules in force.
+    /// Installs the drop rules of router `i`'s namespace: packets from `drop_to` dropped, packets
+    /// from `lossy_to` dropped with probability `loss_pct`%. Replaces the rules in force. The
+    /// rules sit on the input hook: the sender sees its packet leave (no send error, as with a
+    /// real network fault) and it never arrives.
     pub fn set_rules(
         &self,
         i: usize,
@@ -247,16 +279,16 @@ impl Lab {
         };
         let mut rules = String::new();
         if !drop_to.is_empty() {
-            rules.push_str(&format!("    ip daddr {{ {} }} drop\n", set(drop_to)));
+            rules.push_str(&format!("    ip saddr {{ {} }} drop\n", set(drop_to)));
         }
         if !lossy_to.is_empty() && loss_pct > 0 {
             rules.push_str(&format!(
-                "    ip daddr {{ {} }} numgen random mod 100 < {loss_pct} drop\n",
+                "    ip saddr {{ {} }} numgen random mod 100 < {loss_pct} drop\n",
                 set(lossy_to)
             ));
         }
         let ruleset = format!(
-            "flush ruleset\ntable inet kvmesh_chaos {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n{rules}  }}\n}}\n"
+            "flush ruleset\ntable inet kvmesh_chaos {{\n  chain inbound {{\n    type filter hook input priority 0; policy accept;\n{rules}  }}\n}}\n"
         );
         let path = self.dir.join(format!("nft-r{i}.conf"));
         std::fs::write(&path, ruleset).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -307,11 +339,12 @@ impl Lab {
         })
     }
 
-    /// Starts `kvmesh sim` on the host address.
+    /// Starts `kvmesh sim` in the engines' namespace.
     pub fn start_engine(&self, name: &str, args: &[String]) -> Result<Proc, String> {
         let mut a = vec!["sim".to_string()];
         a.extend_from_slice(args);
-        self.spawn(name, None, &a)
+        let ns = self.ns(self.routers);
+        self.spawn(name, Some(&ns), &a)
     }
 
     /// Starts `kvmesh serve` as router `i` in its namespace (HTTP on :8080, mesh on :7946).
@@ -338,8 +371,8 @@ impl Drop for Lab {
     fn drop(&mut self) {
         // The veth ends in the root namespace first: a namespace's devices go away
         // asynchronously after `ip netns delete`, and the next lab reuses the names.
-        for i in 0..self.routers {
-            let _ = sh(&["ip", "link", "delete", &format!("kvc{}r{i}", self.pid)]);
+        for i in 0..=self.routers {
+            let _ = sh(&["ip", "link", "delete", &self.veth(i)]);
         }
         for ns in self.namespaces.drain(..) {
             for pid in sh(&["ip", "netns", "pids", &ns])

@@ -300,12 +300,12 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    let host = lab.host();
+    let host = lab.engine_ip();
     let mut engine_args = Vec::new();
     let mut engine_addrs = Vec::new();
     let mut entries = Vec::new();
     for e in 0..t.engines {
-        let (http, ev, rp) = (lab.free_port()?, lab.free_port()?, lab.free_port()?);
+        let (http, ev, rp) = (lab.free_port(), lab.free_port(), lab.free_port());
         engine_addrs.push(SocketAddr::new(host.into(), http));
         engine_args.push(
             [
