@@ -1,8 +1,10 @@
 //! Garbage at a mesh port: random datagrams of every size and datagrams shaped like QUIC
 //! Initial packets (long header, version 1, connection ids, padded to 1200 bytes) whose
 //! contents are random — the decoder and the handshake path must drop them and keep serving
-//! the router's peers. Bounded in count; paced so the kernel's socket buffer is not the only
-//! thing exercised.
+//! the router's peers; and half-open handshakes: real QUIC clients (the mesh's ALPN) whose
+//! Initials reach the router through a black hole that never returns its answers, so every
+//! connection waits on the router's side until its handshake times out. Bounded in count;
+//! paced so the kernel's socket buffer is not the only thing exercised.
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration;
@@ -65,6 +67,73 @@ pub fn flood(target: SocketAddr, from: IpAddr, count: u32, seed: u64) -> Result<
         }
     }
     Ok(sent)
+}
+
+/// Opens `count` half-open QUIC handshakes from `from` to `target`: the client's packets are
+/// relayed for `hold`, the router's answers dropped. Returns how many were started and how
+/// many datagrams the router answered with (each dropped: proof that it took them up).
+pub fn half_open(
+    target: SocketAddr,
+    from: IpAddr,
+    count: u32,
+    hold: Duration,
+) -> Result<(u32, u64), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let e = |x: &dyn std::fmt::Display| format!("half-open handshakes: {x}");
+        let hole = tokio::net::UdpSocket::bind((from, 0))
+            .await
+            .map_err(|x| e(&x))?;
+        let hole_addr = hole.local_addr().map_err(|x| e(&x))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|x| e(&x))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![kvmesh_mesh::transport::ALPN.to_vec()];
+        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|x| e(&x))?;
+        let cfg = quinn::ClientConfig::new(std::sync::Arc::new(quic));
+        let client = quinn::Endpoint::client(SocketAddr::new(from, 0)).map_err(|x| e(&x))?;
+        let client_addr = client.local_addr().map_err(|x| e(&x))?;
+        // The black hole: the client's datagrams go on to the router, the router's are dropped.
+        let answers = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = answers.clone();
+        let relay = tokio::spawn(async move {
+            let mut buf = vec![0u8; 65_536];
+            while let Ok((n, src)) = hole.recv_from(&mut buf).await {
+                if src == client_addr {
+                    let _ = hole.send_to(&buf[..n], target).await;
+                } else if src == target {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        let mut started = 0;
+        for _ in 0..count {
+            if crate::aborted() {
+                break;
+            }
+            let Ok(connecting) =
+                client.connect_with(cfg.clone(), hole_addr, kvmesh_mesh::certs::SERVER_NAME)
+            else {
+                continue;
+            };
+            started += 1;
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(hold, connecting).await;
+            });
+            if started % 50 == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        tokio::time::sleep(hold).await;
+        relay.abort();
+        Ok((started, answers.load(std::sync::atomic::Ordering::Relaxed)))
+    })
 }
 
 #[cfg(test)]

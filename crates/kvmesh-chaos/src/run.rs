@@ -123,7 +123,33 @@ impl Cluster {
         }
     }
 
-    fn act(&mut self, a: &Action) -> Result<(), String> {
+    /// Executes a step; returns a note for the step's log line (may be empty).
+    fn act(&mut self, a: &Action) -> Result<String, String> {
+        if let Action::Flood {
+            router,
+            datagrams,
+            handshakes,
+        } = a
+        {
+            return self.flood(*router, *datagrams, *handshakes);
+        }
+        self.act_inner(a).map(|()| String::new())
+    }
+
+    fn flood(&self, router: usize, datagrams: u32, handshakes: u32) -> Result<String, String> {
+        let (to, from) = (self.lab.router_mesh(router), self.lab.host().into());
+        let sent = crate::flood::flood(to, from, datagrams, 0xC4A05)?;
+        let (opened, answers) = if handshakes > 0 {
+            crate::flood::half_open(to, from, handshakes, Duration::from_secs(2))?
+        } else {
+            (0, 0)
+        };
+        Ok(format!(
+            "{sent} datagrams sent; {opened} half-open handshakes, {answers} answers of the router dropped"
+        ))
+    }
+
+    fn act_inner(&mut self, a: &Action) -> Result<(), String> {
         match a {
             Action::Partition { .. } | Action::Isolate { .. } => {
                 self.blocked = blocked_pairs(a, self.n());
@@ -177,13 +203,7 @@ impl Cluster {
             Action::EngineRestart { engine } => {
                 self.engine_admin(*engine, "POST", "/admin/restart", "")
             }
-            Action::Flood { router, datagrams } => crate::flood::flood(
-                self.lab.router_mesh(*router),
-                self.lab.host().into(),
-                *datagrams,
-                0xC4A05,
-            )
-            .map(|_| ()),
+            Action::Flood { .. } => Err("a flood is run by `act`".into()),
         }
     }
 
@@ -494,12 +514,12 @@ fn timeline(
         }
         let view = lock().view();
         let start = t0.elapsed();
-        lock().act(&s.action)?;
+        let note = lock().act(&s.action)?;
         let end = t0.elapsed();
         first.get_or_insert(start);
         last_end = Some(end);
         log.push(format!(
-            "  {:>7.2} s … {:>7.2} s  {:<40} (members before: {view})",
+            "  {:>7.2} s … {:>7.2} s  {:<40} (members before: {view}) {note}",
             start.as_secs_f64(),
             end.as_secs_f64(),
             s.action.label()

@@ -195,9 +195,14 @@ pub enum Action {
     },
     /// The simulator's `/admin/restart`: new engine, empty cache, event seq back to 0.
     EngineRestart { engine: usize },
-    /// Garbage datagrams (random bytes, and QUIC Initial-shaped packets) at a router's mesh
-    /// port.
-    Flood { router: usize, datagrams: u32 },
+    /// Garbage datagrams (random bytes, and QUIC Initial-shaped packets) and half-open QUIC
+    /// handshakes (answers never returned) at a router's mesh port.
+    Flood {
+        router: usize,
+        datagrams: u32,
+        #[serde(default)]
+        handshakes: u32,
+    },
 }
 
 impl Action {
@@ -225,9 +230,11 @@ impl Action {
                 (None, false) => format!("e{engine} faults (none)"),
             },
             Action::EngineRestart { engine } => format!("e{engine} cache reset"),
-            Action::Flood { router, datagrams } => {
-                format!("flood r{router} with {datagrams} garbage datagrams")
-            }
+            Action::Flood {
+                router,
+                datagrams,
+                handshakes,
+            } => format!("flood r{router}: {datagrams} garbage datagrams, {handshakes} half-open"),
         }
     }
 }
