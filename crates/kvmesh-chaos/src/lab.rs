@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 const NS_PREFIX: &str = "kvmesh-chaos-";
 const HTTP_PORT: u16 = 8080;
 const MESH_PORT: u16 = 7946;
+/// libfaketime (Debian `libfaketime`): the clock-skew step preloads it into a router.
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 fn sh(args: &[&str]) -> Result<String, String> {
     let out = Command::new(args[0])
@@ -309,7 +311,13 @@ impl Lab {
         (0..self.routers).try_for_each(|i| self.set_rules(i, &[], &[], 0))
     }
 
-    fn spawn(&self, name: &str, ns: Option<&str>, args: &[String]) -> Result<Proc, String> {
+    fn spawn(
+        &self,
+        name: &str,
+        ns: Option<&str>,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> Result<Proc, String> {
         let log = self.dir.join(format!("{name}.log"));
         let err = File::options()
             .create(true)
@@ -327,6 +335,7 @@ impl Lab {
         let child = cmd
             .args(args)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err)
@@ -344,11 +353,13 @@ impl Lab {
         let mut a = vec!["sim".to_string()];
         a.extend_from_slice(args);
         let ns = self.ns(self.routers);
-        self.spawn(name, Some(&ns), &a)
+        self.spawn(name, Some(&ns), &a, &[])
     }
 
     /// Starts `kvmesh serve` as router `i` in its namespace (HTTP on :8080, mesh on :7946).
-    pub fn start_router(&self, i: usize, args: &[String]) -> Result<Proc, String> {
+    /// `skew_ms` ≠ 0: the router's wall clock runs that far off (libfaketime; monotonic time
+    /// untouched).
+    pub fn start_router(&self, i: usize, args: &[String], skew_ms: i64) -> Result<Proc, String> {
         let mut a = vec![
             "serve".to_string(),
             "--listen".into(),
@@ -358,7 +369,23 @@ impl Lab {
         ];
         a.extend_from_slice(args);
         let ns = self.ns(i);
-        self.spawn(&format!("r{i}"), Some(&ns), &a)
+        let mut env = Vec::new();
+        if skew_ms != 0 {
+            if !std::path::Path::new(FAKETIME).exists() {
+                return Err(format!(
+                    "{FAKETIME} missing: install libfaketime (clock skew)"
+                ));
+            }
+            env = vec![
+                ("LD_PRELOAD".to_string(), FAKETIME.to_string()),
+                (
+                    "FAKETIME".into(),
+                    format!("{:+.3}", skew_ms as f64 / 1000.0),
+                ),
+                ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+            ];
+        }
+        self.spawn(&format!("r{i}"), Some(&ns), &a, &env)
     }
 
     /// What of this lab exists on the machine (namespaces, bridge).

@@ -72,13 +72,13 @@ impl Cluster {
         Ok(())
     }
 
-    fn start_router(&mut self, i: usize) -> Result<(), String> {
+    fn start_router(&mut self, i: usize, skew_ms: i64) -> Result<(), String> {
         let mut args = self.router_args.clone();
         args.extend(["--node-id".into(), format!("r{i}")]);
         for j in (0..self.n()).filter(|&j| j != i) {
             args.extend(["--seed".into(), self.lab.router_mesh(j).to_string()]);
         }
-        let p = self.lab.start_router(i, &args)?;
+        let p = self.lab.start_router(i, &args, skew_ms)?;
         self.routers[i] = Some(p);
         let addr = self.lab.router_http(i);
         // /health answers 200 once the router is warm (its state pulled from a member).
@@ -133,7 +133,38 @@ impl Cluster {
         {
             return self.flood(*router, *datagrams, *handshakes);
         }
-        self.act_inner(a).map(|()| String::new())
+        self.act_inner(a)?;
+        match a {
+            Action::RestartRouter {
+                router, skew_ms, ..
+            } if *skew_ms != 0 => Ok(self.lag_note(*router)),
+            _ => Ok(String::new()),
+        }
+    }
+
+    /// How the other routers see `router`'s deltas: the lag (their clock − its send time) shows
+    /// the skew.
+    fn lag_note(&mut self, router: usize) -> String {
+        let name = format!("r{router}");
+        let mut notes = Vec::new();
+        for i in self.running_routers().into_iter().filter(|&i| i != router) {
+            let addr = self.lab.router_http(i);
+            let mut lag = None;
+            wait(Duration::from_secs(5), || {
+                let c = client::get_json(addr, "/admin/cluster");
+                lag = c["members"].as_array().and_then(|m| {
+                    m.iter()
+                        .find(|x| x["name"] == name.as_str())
+                        .and_then(|x| x["delta_lag_ms"].as_f64())
+                });
+                lag.is_some()
+            });
+            notes.push(format!(
+                "r{i} sees {name}'s delta lag {}",
+                lag.map_or("?".into(), |l| format!("{l:.0} ms"))
+            ));
+        }
+        notes.join(", ")
     }
 
     fn flood(&self, router: usize, datagrams: u32, handshakes: u32) -> Result<String, String> {
@@ -172,8 +203,12 @@ impl Cluster {
                 }
                 Ok(())
             }
-            Action::StartRouter { router } => self.start_router(*router),
-            Action::RestartRouter { router, graceful } => {
+            Action::StartRouter { router } => self.start_router(*router, 0),
+            Action::RestartRouter {
+                router,
+                graceful,
+                skew_ms,
+            } => {
                 self.live.routers[*router].store(false, Relaxed);
                 if let Some(mut p) = self.routers[*router].take() {
                     if *graceful {
@@ -182,7 +217,7 @@ impl Cluster {
                         p.kill();
                     }
                 }
-                self.start_router(*router)
+                self.start_router(*router, *skew_ms)
             }
             Action::KillEngine { engine } => {
                 if let Some(mut p) = self.engines[*engine].take() {
@@ -381,7 +416,7 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
         c.start_engine(e)?;
     }
     for i in 0..t.routers {
-        c.start_router(i)?;
+        c.start_router(i, 0)?;
     }
     wait(Duration::from_secs(30), || c.converged()).ok_or("the mesh never formed")?;
     let w = plan.workload.clone();

@@ -174,11 +174,15 @@ pub enum Action {
     /// Start a router (a killed one again under the same name, or a late one): returns when
     /// it is ready (warm).
     StartRouter { router: usize },
-    /// Stop a router (SIGKILL, or SIGTERM when `graceful`) and start it again, ready.
+    /// Stop a router (SIGKILL, or SIGTERM when `graceful`) and start it again, ready; with
+    /// `skew_ms`, its wall clock runs that far off from then on (libfaketime), as a router
+    /// with a bad clock would.
     RestartRouter {
         router: usize,
         #[serde(default)]
         graceful: bool,
+        #[serde(default)]
+        skew_ms: i64,
     },
     /// SIGKILL an engine.
     KillEngine { engine: usize },
@@ -216,12 +220,19 @@ impl Action {
             Action::Heal => "heal".into(),
             Action::KillRouter { router } => format!("kill -9 r{router}"),
             Action::StartRouter { router } => format!("start r{router}"),
-            Action::RestartRouter { router, graceful } => {
-                format!(
-                    "restart r{router}{}",
-                    if *graceful { " (TERM)" } else { "" }
-                )
-            }
+            Action::RestartRouter {
+                router,
+                graceful,
+                skew_ms,
+            } => format!(
+                "restart r{router}{}{}",
+                if *graceful { " (TERM)" } else { "" },
+                if *skew_ms != 0 {
+                    format!(" with its clock {skew_ms:+} ms off")
+                } else {
+                    String::new()
+                }
+            ),
             Action::KillEngine { engine } => format!("kill -9 e{engine}"),
             Action::StartEngine { engine } => format!("start e{engine}"),
             Action::EngineFaults { engine, set, clear } => match (set, clear) {
@@ -406,8 +417,16 @@ fn check_indices(a: &Action, routers: usize, engines: usize) -> Result<(), Strin
         | Action::Flap { router, .. }
         | Action::KillRouter { router }
         | Action::StartRouter { router }
-        | Action::RestartRouter { router, .. }
         | Action::Flood { router, .. } => r(*router),
+        Action::RestartRouter {
+            router, skew_ms, ..
+        } => {
+            r(*router)?;
+            if skew_ms.abs() > 60_000 {
+                return Err(format!("`{}`: skew_ms within ±60 000", a.label()));
+            }
+            Ok(())
+        }
         Action::Loss { percent } if *percent == 0 || *percent > 100 => {
             Err(format!("`{}`: percent in 1..=100", a.label()))
         }
