@@ -565,6 +565,10 @@ duration_s = 12
                 "1..=100",
             ),
             (
+                "[[step]]\nat_s = 1\ndo = \"restart_router\"\nrouter = 0\nskew_ms = 90000\n",
+                "±60 000",
+            ),
+            (
                 "[[step]]\nat_s = 1\ndo = \"engine_faults\"\nengine = 0\n",
                 "either",
             ),
