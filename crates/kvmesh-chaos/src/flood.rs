@@ -28,7 +28,7 @@ impl Rng {
 pub fn datagram(rng_seed: u64, k: u32, out: &mut Vec<u8>) {
     let mut rng = Rng(rng_seed ^ (u64::from(k) + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     out.clear();
-    let len = if k % 4 == 0 {
+    let len = if k.is_multiple_of(4) {
         1200
     } else {
         1 + (rng.next() % 1400) as usize
@@ -37,7 +37,7 @@ pub fn datagram(rng_seed: u64, k: u32, out: &mut Vec<u8>) {
         out.extend_from_slice(&rng.next().to_le_bytes());
     }
     out.truncate(len);
-    if k % 4 == 0 {
+    if k.is_multiple_of(4) {
         // Long header, Initial, version 1, 8-byte DCID and SCID, no token, a length.
         out[0] = 0xC3;
         out[1..5].copy_from_slice(&1u32.to_be_bytes());

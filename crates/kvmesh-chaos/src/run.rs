@@ -296,7 +296,7 @@ impl Cluster {
         let mut busy = Vec::new();
         for i in self.running_routers() {
             match client::metric_sum(self.lab.router_http(i), "kvmesh_in_flight") {
-                Some(v) if v == 0.0 => {}
+                Some(0.0) => {}
                 v => busy.push(format!("r{i} kvmesh_in_flight {v:?}")),
             }
         }
@@ -306,7 +306,7 @@ impl Cluster {
             }
             for m in ["vllm:num_requests_running", "vllm:num_requests_waiting"] {
                 match client::metric_sum(self.engine_addrs[e], m) {
-                    Some(v) if v == 0.0 => {}
+                    Some(0.0) => {}
                     v => busy.push(format!("e{e} {m} {v:?}")),
                 }
             }
