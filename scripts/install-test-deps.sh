@@ -15,3 +15,15 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 chromium --version >/dev/null 2>&1 \
   || { echo "install-test-deps: chromium missing after install" >&2; exit 1; }
+# The chaos suite (scripts/test.sh runs it in quick mode): iproute2 (network namespaces, veth,
+# bridge), nftables (partitions and packet loss inside the routers' namespaces) and libfaketime
+# (the clock-skew scenario). Needs root.
+FAKETIME_SO=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+if ! command -v ip >/dev/null || ! command -v nft >/dev/null || [ ! -e "$FAKETIME_SO" ]; then
+  if command -v apt-get >/dev/null; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq iproute2 nftables libfaketime >/dev/null
+  fi
+fi
+command -v ip >/dev/null && command -v nft >/dev/null && [ -e "$FAKETIME_SO" ] \
+  || { echo "install-test-deps: iproute2, nftables and libfaketime are needed by the chaos suite" >&2; exit 1; }

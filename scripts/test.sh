@@ -7,3 +7,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 cargo build --locked --workspace --bins
 cargo test --locked --workspace -- --test-threads="${KVMESH_TEST_THREADS:-2}"
+# The chaos suite in quick mode (chaos/README.md): real routers and engines in network
+# namespaces, partitions, loss, kills, gray engines; fails when an invariant breaks. Root
+# (namespaces, nftables) is required; logs and reports in target/chaos/.
+target/debug/kvmesh chaos run --quick chaos/*.toml

@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 mod bench_cmd;
+mod chaos_cmd;
 mod fleet;
 mod nginx;
 mod serve_cmd;
@@ -34,6 +35,10 @@ enum Cmd {
     /// Benchmark policies side by side on a local simulated fleet (or given targets): JSON,
     /// markdown and SVG reports, with the virtual-time evaluator and its oracle.
     Bench(bench_cmd::BenchArgs),
+    /// The chaos suite: scripted partitions, loss, kills and gray engines across real
+    /// processes, with invariants checked (chaos/README.md).
+    #[command(subcommand)]
+    Chaos(chaos_cmd::ChaosCmd),
     /// Configuration helpers.
     #[command(subcommand)]
     Config(ConfigCmd),
@@ -129,6 +134,7 @@ fn main() -> ExitCode {
         },
         Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(up_cmd::run(args))),
         Cmd::Bench(args) => runtime().and_then(|rt| rt.block_on(bench_cmd::run(args))),
+        Cmd::Chaos(cmd) => runtime().and_then(|rt| rt.block_on(chaos_cmd::run(cmd))),
         Cmd::Cert { out, nodes } => kvmesh_mesh::certs::generate(&nodes)
             .and_then(|c| kvmesh_mesh::certs::write_dir(&out, &c))
             .map(|()| {
