@@ -334,7 +334,10 @@ impl Lab {
         };
         let child = cmd
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                "warn,kvmesh_mesh=info,kvmesh_gateway::cluster=info",
+            )
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

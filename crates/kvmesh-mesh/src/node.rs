@@ -285,6 +285,12 @@ async fn run(
             if *cur == live {
                 false
             } else {
+                for m in live.iter().filter(|m| !cur.contains(m)) {
+                    tracing::info!(member = %m.name, addr = %m.addr, incarnation = m.bump, "mesh member up");
+                }
+                for m in cur.iter().filter(|m| !live.contains(m)) {
+                    tracing::info!(member = %m.name, addr = %m.addr, incarnation = m.bump, "mesh member down");
+                }
                 *cur = live;
                 true
             }

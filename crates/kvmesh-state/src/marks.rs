@@ -226,9 +226,24 @@ impl MarkMap {
 
     /// A digest of the marks (equal digests: equal maps, with the odds of a 64-bit hash).
     pub fn digest(&self) -> u64 {
+        self.digest_from_bucket(0)
+    }
+
+    /// A digest of the marks that outlive the next whole expiry bucket after `now_us`: what
+    /// routers compare. Marks about to lapse are left out, so routers whose clocks differ by
+    /// less than a bucket (1 s) agree except while a bucket boundary lies between their
+    /// clocks (a fraction skew / 1 s of the time), instead of whenever any mark expires
+    /// between them; and nobody repairs a mark that lapses within two seconds anyway.
+    pub fn digest_beyond(&self, now_us: u64) -> u64 {
+        self.digest_from_bucket(now_us / MARK_BUCKET_US + 2)
+    }
+
+    fn digest_from_bucket(&self, first: u64) -> u64 {
         digest_of(
             b"kvmesh/marks/v2",
-            self.buckets().into_iter().map(|(b, h)| part(b, h, 0, 0)),
+            self.buckets
+                .range(first..)
+                .map(|(&b, &(x, n))| part(b, x ^ n.rotate_left(48), 0, 0)),
         )
     }
 }
@@ -236,6 +251,38 @@ impl MarkMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn routers_compare_only_marks_that_outlive_the_next_second() {
+        let s = MARK_BUCKET_US;
+        let far = MarkDelta {
+            engine: 1,
+            keys: vec![1, 2],
+            expiry_us: 10 * s + 5,
+        };
+        let (mut a, mut b) = (MarkMap::new(100), MarkMap::new(100));
+        a.merge(&far);
+        b.merge(&far);
+        // Only A still holds a mark lapsing at 6.5 s (B's clock, ahead, expired it).
+        a.merge(&MarkDelta {
+            engine: 1,
+            keys: vec![3],
+            expiry_us: 6 * s + s / 2,
+        });
+        assert_ne!(a.digest(), b.digest());
+        // At 5.2 s on A and 5.4 s on B: both leave out buckets before 7 s.
+        assert_eq!(
+            a.digest_beyond(5 * s + s / 5),
+            b.digest_beyond(5 * s + 2 * s / 5)
+        );
+        // A mark that outlives the next second counts.
+        a.merge(&MarkDelta {
+            engine: 1,
+            keys: vec![4],
+            expiry_us: 8 * s,
+        });
+        assert_ne!(a.digest_beyond(5 * s), b.digest_beyond(5 * s));
+    }
 
     #[test]
     fn join_is_max_expiry_and_expiry_is_deterministic() {

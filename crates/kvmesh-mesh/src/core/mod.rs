@@ -265,12 +265,13 @@ impl MeshCore {
         self.membership.errors()
     }
 
-    /// The digests of the replicated state (expired marks dropped first).
+    /// The digests of the replicated state (expired marks dropped first; marks that lapse
+    /// within the next whole second left out: see `MarkMap::digest_beyond`).
     pub fn digest(&mut self, now_us: u64) -> StateDigest {
         self.st.marks.expire(now_us);
         StateDigest {
             load: self.st.load.digest(),
-            marks: self.st.marks.digest(),
+            marks: self.st.marks.digest_beyond(now_us),
             registry: self.st.registry.digest(),
         }
     }
@@ -630,6 +631,16 @@ impl MeshCore {
         // digests, not N² snapshots.
         if !joined.is_empty() && !self.warm {
             self.want_state(now);
+        }
+        // A member that (re)joins a warm node — a healed partition, a restart — compares
+        // digests with it at once: one round trip repairs both sides, instead of waiting for
+        // anti-entropy to pick it at random.
+        if self.warm {
+            for a in &joined {
+                self.counters.anti_entropy_rounds += 1;
+                let msg = self.digest_msg(now, true);
+                self.send_to(*a, Vec::new(), vec![msg], false, now);
+            }
         }
         self.rebalance(now);
     }
