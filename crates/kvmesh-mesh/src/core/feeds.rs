@@ -26,6 +26,9 @@ const HANDOVER_ASKED: usize = 2;
 /// A feed's head is announced when it moved, and at least every this many periods (a lost
 /// announcement of a feed that went quiet is repaired then).
 const HEAD_REFRESH_TICKS: u32 = 10;
+/// ... and once more this many periods after it last moved (a feed gone quiet whose last
+/// batch and its announcement were both lost is repaired then, not at the refresh).
+const SETTLED_TICKS: u32 = 2;
 
 /// A live router: stable id and incarnation.
 pub type Live = (NodeId, u64);
@@ -310,6 +313,13 @@ impl Feeds {
         vec![Delta::FeedSnapshot(out.snapshot())]
     }
 
+    /// Members joined: every owned feed's head goes out with the next period, to every
+    /// receiver (the newcomers would otherwise learn a quiet feed's head only at its refresh,
+    /// `HEAD_REFRESH_TICKS` periods later).
+    pub(super) fn refresh_heads(&mut self) {
+        self.announced.clear();
+    }
+
     /// Every anti-entropy period: heads to announce (with their receivers: the live routers
     /// that do not own the engine), pulls of unsynced feeds, handovers that waited too long,
     /// retired feeds aging.
@@ -325,10 +335,17 @@ impl Feeds {
         for (&engine, out) in &self.outs {
             let a = self.announced.entry(engine).or_insert((u64::MAX, 0));
             a.1 += 1;
-            if a.0 == out.head() && a.1 < HEAD_REFRESH_TICKS {
+            // A head is announced when it moved, once more two periods after it settled (the
+            // announcement of a feed's last batch may have been lost with the batch: without
+            // a next batch nobody would see the gap until the refresh), and every
+            // `HEAD_REFRESH_TICKS` periods.
+            let moved = a.0 != out.head();
+            if !moved && a.1 != SETTLED_TICKS && a.1 < HEAD_REFRESH_TICKS {
                 continue;
             }
-            *a = (out.head(), 0);
+            if moved || a.1 >= HEAD_REFRESH_TICKS {
+                *a = (out.head(), 0);
+            }
             let owners = self.owners_of(engine, &ids);
             let receivers: Vec<NodeId> = ids
                 .iter()

@@ -635,6 +635,9 @@ impl MeshCore {
         // A member that (re)joins a warm node — a healed partition, a restart — compares
         // digests with it at once: one round trip repairs both sides, instead of waiting for
         // anti-entropy to pick it at random.
+        if !joined.is_empty() {
+            self.feeds.refresh_heads();
+        }
         if self.warm {
             for a in &joined {
                 self.counters.anti_entropy_rounds += 1;
