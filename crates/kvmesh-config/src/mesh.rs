@@ -39,7 +39,8 @@ pub struct MeshConfig {
     /// An in-flight change (a request routed or finished) is sent this many µs × routers
     /// after the router's previous envelope instead of waiting for the flush: peers see a
     /// finished request before its client's next turn reaches them, and a router's envelope
-    /// rate stays about 1 / this whatever the cluster size. 0 = with the flush.
+    /// rate stays about 1 / this. Up to 16 routers; beyond, changes go with the flush (each
+    /// router holds a small share of the load). 0 = always with the flush.
     pub load_flush_us: u64,
     /// A router compares digests with a random peer this often and both send what differs;
     /// ingest owners announce their feeds' heads (repairs what was lost), ms.
