@@ -8,7 +8,8 @@ use std::path::Path;
 const SIZE: (u32, u32) = (900, 520);
 
 fn color(i: usize) -> RGBColor {
-    const C: [RGBColor; 8] = [
+    // matplotlib's tab20, dark shades first: 20 contenders stay distinct.
+    const C: [RGBColor; 20] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
         RGBColor(44, 160, 44),
@@ -17,8 +18,26 @@ fn color(i: usize) -> RGBColor {
         RGBColor(140, 86, 75),
         RGBColor(227, 119, 194),
         RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+        RGBColor(174, 199, 232),
+        RGBColor(255, 187, 120),
+        RGBColor(152, 223, 138),
+        RGBColor(255, 152, 150),
+        RGBColor(197, 176, 213),
+        RGBColor(196, 156, 148),
+        RGBColor(247, 182, 210),
+        RGBColor(199, 199, 199),
+        RGBColor(219, 219, 141),
+        RGBColor(158, 218, 229),
     ];
     C[i % C.len()]
+}
+
+/// The size of a line chart with a legend of `n` series in its lower right corner: taller
+/// with more series, so that the legend leaves the curves visible.
+fn lines_size(n: usize) -> (u32, u32) {
+    (SIZE.0 + 100, SIZE.1.max(300 + 21 * n as u32))
 }
 
 fn err<E: std::fmt::Display>(e: E) -> String {
@@ -46,7 +65,7 @@ pub fn write_all(report: &Report, dir: &Path) -> Result<Vec<String>, String> {
 
 /// TTFT CDF per contender (median run).
 fn ttft_cdf(r: &Report, path: &Path) -> Result<(), String> {
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    let root = SVGBackend::new(path, lines_size(r.contenders.len())).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let xmax = r
         .contenders
@@ -95,47 +114,66 @@ fn ttft_cdf(r: &Report, path: &Path) -> Result<(), String> {
     root.present().map_err(err)
 }
 
-/// One bar per label.
+/// Width of the plots with one row per contender, and of their label column (contender names
+/// are long: `cache_aware x8 no-mesh`, `smg cache_aware ×3 meshed`).
+const ROWS_WIDTH: u32 = 1000;
+const ROW_LABELS: u32 = 260;
+const ROW_HEIGHT: u32 = 26;
+
+/// The size of a plot with one row per item: it grows with the contenders, so that every
+/// label stays readable however many there are.
+fn rows_size(n: usize) -> (u32, u32) {
+    (ROWS_WIDTH, 140 + ROW_HEIGHT * n.max(1) as u32)
+}
+
+/// Row `i` of `n` counted from the top (the first contender on top).
+fn row_y(i: usize, n: usize) -> f64 {
+    (n - 1 - i) as f64
+}
+
+/// One horizontal bar per label, the labels in a column on the left.
 fn bars(
     path: &Path,
     title: &str,
-    ydesc: &str,
+    xdesc: &str,
     items: &[(String, f64)],
-    ymax: f64,
+    xmax: f64,
     percent: bool,
 ) -> Result<(), String> {
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
     let n = items.len().max(1);
+    let root = SVGBackend::new(path, rows_size(n)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
     let labels: Vec<String> = items.iter().map(|(l, _)| l.clone()).collect();
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
         .margin(20)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..n as f64, 0f64..ymax)
+        .x_label_area_size(40)
+        .y_label_area_size(ROW_LABELS)
+        .build_cartesian_2d(0f64..xmax, 0f64..n as f64)
         .map_err(err)?;
     chart
         .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n * 2 + 1)
-        .x_label_formatter(&|x| {
-            let f = x.fract();
-            if (f - 0.5).abs() < 0.01 {
-                labels.get(*x as usize).cloned().unwrap_or_default()
+        .disable_y_mesh()
+        .y_labels(n * 2 + 1)
+        .y_label_style(("sans-serif", 14))
+        .y_label_formatter(&|y| {
+            if (y.fract() - 0.5).abs() < 0.01 {
+                let row = *y as usize;
+                labels
+                    .get(n - 1 - row.min(n - 1))
+                    .cloned()
+                    .unwrap_or_default()
             } else {
                 String::new()
             }
         })
-        .y_desc(ydesc)
+        .x_desc(xdesc)
         .draw()
         .map_err(err)?;
     chart
         .draw_series(items.iter().enumerate().map(|(i, (_, v))| {
-            Rectangle::new(
-                [(i as f64 + 0.15, 0.0), (i as f64 + 0.85, *v)],
-                color(i).filled(),
-            )
+            let y = row_y(i, n);
+            Rectangle::new([(0.0, y + 0.15), (*v, y + 0.85)], color(i).filled())
         }))
         .map_err(err)?;
     chart
@@ -145,7 +183,11 @@ fn bars(
             } else {
                 format!("{v:.0}")
             };
-            Text::new(txt, (i as f64 + 0.3, *v + ymax * 0.02), ("sans-serif", 15))
+            Text::new(
+                txt,
+                (*v + xmax * 0.01, row_y(i, n) + 0.75),
+                ("sans-serif", 14),
+            )
         }))
         .map_err(err)?;
     root.present().map_err(err)
@@ -191,7 +233,7 @@ fn hit_rate(r: &Report, path: &Path) -> Result<(), String> {
 
 /// Client-side hit rate over the run (tenths of the run) per contender.
 fn hit_rate_over_time(r: &Report, path: &Path) -> Result<(), String> {
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    let root = SVGBackend::new(path, lines_size(r.contenders.len())).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let xmax = r
         .contenders
@@ -235,17 +277,17 @@ fn hit_rate_over_time(r: &Report, path: &Path) -> Result<(), String> {
     root.present().map_err(err)
 }
 
-/// Requests per engine, grouped by contender.
+/// Requests per engine, grouped by contender: a row per contender, a thin bar per engine.
 fn load_spread(r: &Report, path: &Path) -> Result<(), String> {
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(err)?;
     let n = r.contenders.len().max(1);
-    let ymax = r
+    let root = SVGBackend::new(path, rows_size(n)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let xmax = r
         .contenders
         .iter()
         .flat_map(|c| c.per_engine.iter().map(|(_, v)| *v as f64))
         .fold(1.0f64, f64::max)
-        * 1.2;
+        * 1.1;
     let labels: Vec<String> = r
         .contenders
         .iter()
@@ -253,35 +295,41 @@ fn load_spread(r: &Report, path: &Path) -> Result<(), String> {
         .collect();
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "Requests per engine by contender (bars: engine 0, 1, ... left to right)",
+            "Requests per engine by contender (bars: engine 0, 1, ... top to bottom)",
             ("sans-serif", 20),
         )
         .margin(20)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..n as f64, 0f64..ymax)
+        .x_label_area_size(40)
+        .y_label_area_size(ROW_LABELS + 40)
+        .build_cartesian_2d(0f64..xmax, 0f64..n as f64)
         .map_err(err)?;
     chart
         .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n * 2 + 1)
-        .x_label_formatter(&|x| {
-            if (x.fract() - 0.5).abs() < 0.01 {
-                labels.get(*x as usize).cloned().unwrap_or_default()
+        .disable_y_mesh()
+        .y_labels(n * 2 + 1)
+        .y_label_style(("sans-serif", 14))
+        .y_label_formatter(&|y| {
+            if (y.fract() - 0.5).abs() < 0.01 {
+                let row = *y as usize;
+                labels
+                    .get(n - 1 - row.min(n - 1))
+                    .cloned()
+                    .unwrap_or_default()
             } else {
                 String::new()
             }
         })
-        .y_desc("requests")
+        .x_desc("requests")
         .draw()
         .map_err(err)?;
     for (i, c) in r.contenders.iter().enumerate() {
         let k = c.per_engine.len().max(1) as f64;
-        let w = 0.8 / k;
+        let h = 0.8 / k;
+        let top = row_y(i, n) + 0.9;
         chart
             .draw_series(c.per_engine.iter().enumerate().map(|(e, (_, v))| {
-                let x0 = i as f64 + 0.1 + e as f64 * w;
-                Rectangle::new([(x0, 0.0), (x0 + w * 0.9, *v as f64)], color(e).filled())
+                let y1 = top - e as f64 * h;
+                Rectangle::new([(0.0, y1 - h * 0.9), (*v as f64, y1)], color(e).filled())
             }))
             .map_err(err)?;
     }
