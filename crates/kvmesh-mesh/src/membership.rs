@@ -187,7 +187,14 @@ impl Membership {
     }
 
     fn drain(&mut self, now_us: u64) {
+        let me = self.foca.identity().addr;
         while let Some((to, data)) = self.rt.to_send() {
+            // A member held down at this node's own address (its previous incarnation, after
+            // a restart) is announced to like any down member: the packet would come back to
+            // us as "data from ourselves". Not sent.
+            if to.addr == me {
+                continue;
+            }
             self.effects.push(Effect::Send(to.addr, data));
         }
         while let Some((after, timer)) = self.rt.to_schedule() {
