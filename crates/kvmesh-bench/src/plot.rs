@@ -131,6 +131,15 @@ fn row_y(i: usize, n: usize) -> f64 {
     (n - 1 - i) as f64
 }
 
+/// The label of the row whose middle is at `y` (rows counted from the top), "" between rows.
+fn row_label(labels: &[String], y: f64) -> String {
+    let n = labels.len();
+    if n == 0 || (y.fract() - 0.5).abs() >= 0.01 {
+        return String::new();
+    }
+    labels[n - 1 - (y as usize).min(n - 1)].clone()
+}
+
 /// One horizontal bar per label, the labels in a column on the left.
 fn bars(
     path: &Path,
@@ -156,17 +165,7 @@ fn bars(
         .disable_y_mesh()
         .y_labels(n * 2 + 1)
         .y_label_style(("sans-serif", 14))
-        .y_label_formatter(&|y| {
-            if (y.fract() - 0.5).abs() < 0.01 {
-                let row = *y as usize;
-                labels
-                    .get(n - 1 - row.min(n - 1))
-                    .cloned()
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .y_label_formatter(&|y| row_label(&labels, *y))
         .x_desc(xdesc)
         .draw()
         .map_err(err)?;
@@ -308,17 +307,7 @@ fn load_spread(r: &Report, path: &Path) -> Result<(), String> {
         .disable_y_mesh()
         .y_labels(n * 2 + 1)
         .y_label_style(("sans-serif", 14))
-        .y_label_formatter(&|y| {
-            if (y.fract() - 0.5).abs() < 0.01 {
-                let row = *y as usize;
-                labels
-                    .get(n - 1 - row.min(n - 1))
-                    .cloned()
-                    .unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .y_label_formatter(&|y| row_label(&labels, *y))
         .x_desc("requests")
         .draw()
         .map_err(err)?;

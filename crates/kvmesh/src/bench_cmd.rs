@@ -3,6 +3,7 @@
 //! virtual-time evaluator over the same jobs (every policy and the oracle); a report as
 //! `report.json`, `report.md` and SVG plots under `--out`.
 
+use crate::bench_routers::{self, contender_name};
 use crate::fleet;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -72,12 +73,12 @@ pub struct BenchArgs {
          `oracle` is always reported, from the virtual-time evaluator) [default: {}; full: {}]",
         q().policies.join(","), f().policies.join(",")))]
     pub policies: Vec<String>,
-    #[arg(long = "routers", value_name = "N[:mesh|:no-mesh]", value_parser = parse_routers, help = format!(
+    #[arg(long = "routers", value_name = "N[:mesh|:no-mesh]", value_parser = bench_routers::parse, help = format!(
         "Routers per contender, repeatable: every policy (and SMG) runs with each, interleaved in \
          every repeat. `3` = 3 meshed routers (independent with --no-mesh), `3:no-mesh` = 3 \
          independent replicas, `3:mesh` = meshed even with --no-mesh; 0 = clients straight to \
          the engines [default: {}]", q().routers))]
-    pub routers: Vec<RouterSpec>,
+    pub routers: Vec<bench_routers::RouterSpec>,
     /// Routers given as a bare count run as independent replicas (no shared state).
     #[arg(long)]
     pub no_mesh: bool,
@@ -116,37 +117,6 @@ pub struct BenchArgs {
     pub eval_only: bool,
 }
 
-/// `--routers N[:mesh|:no-mesh]`: a router count and whether they mesh (`None`: as
-/// `--no-mesh` says).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RouterSpec {
-    /// Routers.
-    pub n: u32,
-    /// Meshed, independent, or as the global flag says.
-    pub mesh: Option<bool>,
-}
-
-fn parse_routers(v: &str) -> Result<RouterSpec, String> {
-    let (n, mesh) = match v.split_once(':') {
-        None => (v, None),
-        Some((n, "mesh")) => (n, Some(true)),
-        Some((n, "no-mesh")) => (n, Some(false)),
-        Some((_, m)) => {
-            return Err(format!(
-                "`{m}`: expected `mesh` or `no-mesh` after the colon"
-            ));
-        }
-    };
-    let n = n
-        .trim()
-        .parse::<u32>()
-        .map_err(|e| format!("`{n}`: not a router count ({e})"))?;
-    if n > 64 {
-        return Err(format!("{n} routers: at most 64 on one machine"));
-    }
-    Ok(RouterSpec { n, mesh })
-}
-
 struct Plan {
     s: BenchSettings,
     sticky_clients: bool,
@@ -163,21 +133,7 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     let mut s = if a.quick { q() } else { f() };
     let mut notes = Vec::new();
     s.engines = a.engines.unwrap_or(s.engines).max(1);
-    let specs = if a.routers.is_empty() {
-        vec![RouterSpec {
-            n: s.routers,
-            mesh: None,
-        }]
-    } else {
-        a.routers.clone()
-    };
-    let mut routers: Vec<(u32, bool)> = Vec::new();
-    for r in specs {
-        let v = (r.n, r.n > 1 && r.mesh.unwrap_or(!a.no_mesh));
-        if !routers.contains(&v) {
-            routers.push(v);
-        }
-    }
+    let routers = bench_routers::resolve(&a.routers, s.routers, a.no_mesh);
     s.routers = routers[0].0;
     s.repeats = a.repeats.unwrap_or(s.repeats).max(1);
     s.seed = a.seed.unwrap_or(s.seed);
@@ -410,18 +366,6 @@ async fn measure(
         eprintln!("{name}: {} errors, first: {e}", row.errors);
     }
     Ok(row)
-}
-
-fn contender_name(policy: PolicyKind, routers: u32, mesh: bool) -> String {
-    match routers {
-        0 => "direct (no router)".into(),
-        1 => policy.as_str().to_string(),
-        n => format!(
-            "{} x{n} {}",
-            policy.as_str(),
-            if mesh { "mesh" } else { "no-mesh" }
-        ),
-    }
 }
 
 /// Notes a contender left out of one repeat.
@@ -772,35 +716,4 @@ fn commit() -> String {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn router_specs_parse_and_refuse_clearly() {
-        assert_eq!(parse_routers("3"), Ok(RouterSpec { n: 3, mesh: None }));
-        assert_eq!(
-            parse_routers("3:mesh"),
-            Ok(RouterSpec {
-                n: 3,
-                mesh: Some(true)
-            })
-        );
-        assert_eq!(
-            parse_routers("8:no-mesh"),
-            Ok(RouterSpec {
-                n: 8,
-                mesh: Some(false)
-            })
-        );
-        assert!(parse_routers("3:meshed").unwrap_err().contains("meshed"));
-        assert!(
-            parse_routers("x")
-                .unwrap_err()
-                .contains("not a router count")
-        );
-        assert!(parse_routers("65").is_err());
-    }
 }
