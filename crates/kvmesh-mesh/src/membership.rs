@@ -83,11 +83,15 @@ pub struct Membership {
 fn config(n: u32) -> Config {
     let mut c = Config::new_lan(NonZeroU32::new(n.max(1)).unwrap_or(NonZeroU32::MIN));
     c.max_packet_size = NonZeroUsize::new(MAX_PACKET).unwrap_or(NonZeroUsize::MIN);
-    // A healed partition is found by announcing to members declared down: every second to two
-    // of them (foca's LAN default is 65 s; down members stay known for foca's 24 h). Two
-    // datagrams a second while any member is down.
+    // A healed partition is found by announcing to members declared down: every 250 ms to two
+    // of them (foca's LAN default is 65 s; down members stay known for foca's 24 h). Eight
+    // small datagrams a second while any member is down. Each announce that reaches the other
+    // side starts a rejoin (TurnUndead, a renewed identity, an announce back): the whole
+    // exchange takes a few of these periods, so the period is what a heal waits for
+    // (cluster_sim, 32 nodes: membership agreed 1.6–3.0 s after the heal at 1 s, 0.7–1.05 s
+    // at 250 ms).
     c.periodic_announce_to_down_members = Some(PeriodicParams {
-        frequency: Duration::from_secs(1),
+        frequency: Duration::from_millis(250),
         num_members: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
     });
     c

@@ -111,6 +111,9 @@ fn tls_err(e: impl std::fmt::Display) -> TransportError {
     TransportError::Tls(e.to_string())
 }
 
+/// A connection silent this long is closed; a handshake taking longer is given up.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+
 fn configs(tls: &NodeTls) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TransportError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
@@ -135,8 +138,13 @@ fn configs(tls: &NodeTls) -> Result<(quinn::ServerConfig, quinn::ClientConfig), 
     client.alpn_protocols = vec![ALPN.to_vec()];
     let mut transport = quinn::TransportConfig::default();
     transport
-        .max_idle_timeout(Some(Duration::from_secs(30).try_into().map_err(tls_err)?))
-        .keep_alive_interval(Some(Duration::from_secs(5)))
+        // A connection that heard nothing for 2 s is closed, and the next send opens a new one.
+        // A connection that lived through a partition is otherwise stuck after the heal: all
+        // it sent was lost, its congestion window is full and its probe timeout has doubled
+        // with every probe lost, so nothing goes out until that timer fires — as late after
+        // the heal as the partition lasted. Keep-alives every 400 ms keep a quiet one open.
+        .max_idle_timeout(Some(IDLE_TIMEOUT.try_into().map_err(tls_err)?))
+        .keep_alive_interval(Some(Duration::from_millis(400)))
         .max_concurrent_bidi_streams(64u32.into())
         .max_concurrent_uni_streams(256u32.into());
     let transport = Arc::new(transport);
@@ -270,7 +278,7 @@ impl Transport {
             .endpoint
             .connect(peer, SERVER_NAME)
             .map_err(|e| err(e.to_string()))?;
-        let conn = match tokio::time::timeout(Duration::from_secs(5), connecting).await {
+        let conn = match tokio::time::timeout(IDLE_TIMEOUT, connecting).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 self.counters.handshake_failures.fetch_add(1, Relaxed);

@@ -66,6 +66,10 @@ pub enum Control {
         mark_buckets: Vec<(u64, u64)>,
         /// Answer with your digests.
         reply: bool,
+        /// The two routers have just met (a join, a healed partition): the receiver also sends
+        /// the marks it made in the last moments, which it would otherwise take for in flight
+        /// — they were flushed to members the sender was not one of.
+        met: bool,
     },
     /// A joining router wants the sender's whole state (it is warm once it has it).
     WantState,

@@ -320,6 +320,31 @@ impl Feeds {
         self.announced.clear();
     }
 
+    /// The heads of every owned feed that `to` receive (they do not own its engine): what
+    /// routers that just joined are told at once.
+    pub(super) fn heads_for(
+        &self,
+        live: &[Live],
+        to: &BTreeSet<NodeId>,
+    ) -> Vec<(NodeId, FeedHead)> {
+        let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+        let mut v = Vec::new();
+        for (&engine, out) in &self.outs {
+            let owners = self.owners_of(engine, &ids);
+            let head = FeedHead {
+                engine,
+                feed: out.id(),
+                head: out.head(),
+            };
+            v.extend(
+                to.iter()
+                    .filter(|n| !owners.contains(n))
+                    .map(|n| (*n, head)),
+            );
+        }
+        v
+    }
+
     /// Every anti-entropy period: heads to announce (with their receivers: the live routers
     /// that do not own the engine), pulls of unsynced feeds, handovers that waited too long,
     /// retired feeds aging.

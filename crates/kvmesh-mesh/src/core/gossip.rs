@@ -18,6 +18,7 @@ impl MeshCore {
                 load_nodes,
                 mark_buckets,
                 reply,
+                met,
             } => {
                 let mine = self.digest(now_us);
                 let mut parts = Vec::new();
@@ -47,7 +48,8 @@ impl MeshCore {
                 if digest.marks != mine.marks {
                     differs = true;
                     // Buckets where marks made in the last moments land are left out: their
-                    // deltas are in flight, not lost.
+                    // deltas are in flight, not lost — unless the two have just met, when
+                    // those deltas went to the members the peer was not one of.
                     let theirs: BTreeMap<u64, u64> = mark_buckets.into_iter().collect();
                     let settle = self.cfg.flush_us.saturating_mul(10).max(1_000_000);
                     let young = |b: u64| {
@@ -65,7 +67,7 @@ impl MeshCore {
                         .marks
                         .buckets()
                         .into_iter()
-                        .filter(|(b, h)| theirs.get(b) != Some(h) && !young(*b))
+                        .filter(|(b, h)| theirs.get(b) != Some(h) && (met || !young(*b)))
                         .map(|(b, _)| b)
                         .collect();
                     if !want.is_empty() {
@@ -79,7 +81,7 @@ impl MeshCore {
                     parts.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
                 }
                 let ctl = if reply && differs {
-                    vec![self.digest_msg(now_us, false)]
+                    vec![self.digest_msg(now_us, false, met)]
                 } else {
                     Vec::new()
                 };
@@ -219,17 +221,19 @@ impl MeshCore {
             return;
         };
         self.counters.anti_entropy_rounds += 1;
-        let msg = self.digest_msg(now_us, true);
+        let msg = self.digest_msg(now_us, true, false);
         self.send_to(peer, Vec::new(), vec![msg], false, now_us);
     }
 
     /// This node's digests with the detail a peer needs to send only what differs.
-    pub(super) fn digest_msg(&mut self, now_us: u64, reply: bool) -> Control {
+    /// `met`: the peer has just joined (see [`Control::Digest`]).
+    pub(super) fn digest_msg(&mut self, now_us: u64, reply: bool, met: bool) -> Control {
         Control::Digest {
             digest: self.digest(now_us),
             load_nodes: self.st.load.node_digests(),
             mark_buckets: self.st.marks.buckets(),
             reply,
+            met,
         }
     }
 

@@ -618,9 +618,11 @@ impl MeshCore {
                 self.lag.remove(n);
             }
         }
+        let mut joined_ids = BTreeSet::new();
         for (n, m) in &live {
             if self.peers.get(n).is_none_or(|x| x.bump != m.bump) {
                 joined.push(m.addr);
+                joined_ids.insert(*n);
             }
         }
         self.peers = live;
@@ -642,10 +644,25 @@ impl MeshCore {
         if !joined.is_empty() {
             self.feeds.refresh_heads();
         }
+        // The heads of the feeds this node owns go to the newcomers with the next flush, not
+        // the next period: a router back from a partition pulls what it missed at once.
+        let mut heads: BTreeMap<NodeId, Vec<_>> = BTreeMap::new();
+        for (n, h) in self.feeds.heads_for(&self.live(), &joined_ids) {
+            heads.entry(n).or_default().push(h);
+        }
+        for (n, h) in heads {
+            if let Some(m) = self.peers.get(&n) {
+                self.direct
+                    .entry(m.addr)
+                    .or_default()
+                    .1
+                    .push(Control::Heads(h));
+            }
+        }
         if self.warm {
             for a in &joined {
                 self.counters.anti_entropy_rounds += 1;
-                let msg = self.digest_msg(now, true);
+                let msg = self.digest_msg(now, true, true);
                 self.send_to(*a, Vec::new(), vec![msg], false, now);
             }
         }
