@@ -1,7 +1,8 @@
 //! The whole mesh node (foca membership + replicated state + ingest ownership + feeds +
 //! dissemination) simulated in virtual time: 32 nodes over a lossy, delaying, duplicating,
 //! reordering network, for 50 seeds. Each seed: the cluster forms; engines publish KV events
-//! that their owners read while routers write load and marks; two routers are killed (one
+//! that their owners read while routers write load and marks and add, update and remove
+//! registry engines; two routers are killed (one
 //! comes back with a new incarnation); the cluster is split in halves and healed. After the
 //! heal every live node must agree — same membership, identical state digests, every
 //! engine's blocks exactly in every node's index, every engine read by a live owner — and
@@ -9,8 +10,14 @@
 
 use kvmesh_mesh::core::CoreConfig;
 use kvmesh_mesh::core::sim::{NetConfig, Sim};
+use kvmesh_state::EngineRecord;
 
 const N: usize = 32;
+
+/// Engines of the replicated registry (ids apart from the sim's event engines), added,
+/// updated and removed by random routers all along: about 1 400 changes a seed, half of
+/// them removes, which the registry must not keep.
+const REGISTRY_ENGINES: u64 = 8;
 
 fn cfg() -> CoreConfig {
     CoreConfig {
@@ -49,6 +56,26 @@ fn activity(s: &mut Sim) {
         // Long-lived marks, so that the check after the heal sees them all.
         n.core
             .local_mark(e, vec![key | 1, key | 3], 0, now + 600_000_000);
+    }
+    if s.rng.below(4) == 0 {
+        let i = alive[s.rng.below(alive.len() as u64) as usize];
+        let engine = (1 << 40) + s.rng.below(REGISTRY_ENGINES);
+        let remove = s.rng.below(2) == 0;
+        let weight_milli = 500 * (1 + s.rng.below(4) as u32);
+        if let Some(n) = s.nodes[i].as_mut() {
+            if remove {
+                n.core.local_engine_remove(engine);
+            } else {
+                let record = EngineRecord {
+                    url: format!("http://engine-{engine}"),
+                    weight_milli,
+                    kv_events: String::new(),
+                    kv_replay: String::new(),
+                    models: vec!["m".into()],
+                };
+                n.core.local_engine_add(engine, record, now);
+            }
+        }
     }
 }
 
@@ -106,7 +133,15 @@ fn scenario(seed: u64) -> (f64, f64) {
     // engine, no load entry of a dead router.
     let live = s.alive().len();
     for n in s.nodes.iter().flatten() {
-        let (load, marks, _registry, feed_blocks) = n.core.sizes();
+        let (load, marks, registry, feed_blocks) = n.core.sizes();
+        // The registry: its adds present (at most one per engine and router run that wrote
+        // it concurrently) and one counter interval per router run (33: router 3 restarted),
+        // not a tombstone per remove.
+        let runs = N + 1;
+        assert!(
+            registry <= (REGISTRY_ENGINES as usize + 1) * runs,
+            "seed {seed}: {registry} registry entries"
+        );
         assert!(
             load <= live * s.engines.len(),
             "seed {seed}: {load} load entries"

@@ -11,7 +11,8 @@
 //! * [`marks`]: speculative prefix marks — (engine, block key) → expiry, join = max,
 //!   expired marks dropped deterministically, a per-engine bound.
 //! * [`registry`]: the engine registry — an add-wins observed-remove set of engines with
-//!   last-writer-wins attributes ((time, node) stamps, no arbitrary tie).
+//!   last-writer-wins attributes ((time, node) stamps, no arbitrary tie) and a causal context
+//!   instead of tombstones (memory: the engines present + a counter interval per router run).
 //! * [`ownership`]: which `r` routers read an engine's KV events (rendezvous hashing over the
 //!   live routers' stable ids).
 //! * [`feeds`]: precise prefix feeds — an engine's KV-event ops as its ingest owner derived
@@ -38,7 +39,7 @@ pub use ids::{NodeId, Version};
 pub use load::{LoadBatch, LoadDelta, LoadMap};
 pub use marks::{MarkDelta, MarkMap};
 pub use ownership::{owners, owns};
-pub use registry::{Dot, EngineRecord, RegistryDelta, RegistrySet, Stamp};
+pub use registry::{Dot, EngineRecord, RegistryAdd, RegistryDelta, RegistrySet, Span, Stamp};
 pub use wire::{
     Control, Delta, Envelope, EnvelopeV1, FeedHead, MAX_ENVELOPE_BYTES, StateDigest, WireError,
     decode, encode,

@@ -239,28 +239,25 @@ fn eight_routers_over_a_lossy_network_converge_after_heal() {
         for step in 0..400u64 {
             let lossy = step < 300; // the network heals at step 300
             // Each router acts.
-            for r in 0..N {
+            for (r, router) in routers.iter_mut().enumerate() {
                 let me = node(r as u8);
                 let engine = rng.below(6);
                 let d = match rng.below(10) {
-                    0..=4 => Delta::Load(routers[r].load.set_local(
-                        me,
-                        1,
-                        engine,
-                        rng.below(40) as u32,
-                    )),
+                    0..=4 => {
+                        Delta::Load(router.load.set_local(me, 1, engine, rng.below(40) as u32))
+                    }
                     5..=6 => Delta::Mark(MarkDelta {
                         engine,
                         keys: (0..rng.below(8) + 1).map(|_| rng.below(64)).collect(),
                         expiry_us: 10_000 + rng.below(1_000),
                     }),
-                    7..=8 => Delta::Registry(routers[r].registry.add(
+                    7..=8 => Delta::Registry(router.registry.add(
                         me,
                         step,
                         engine,
                         record(engine, 1000 + rng.below(3) as u32 * 500),
                     )),
-                    _ => match routers[r].registry.remove(engine) {
+                    _ => match router.registry.remove(engine) {
                         Some(d) => Delta::Registry(d),
                         None => continue,
                     },
@@ -313,7 +310,21 @@ fn eight_routers_over_a_lossy_network_converge_after_heal() {
         for (i, r) in routers.iter().enumerate() {
             assert_eq!(r.digest(), first, "seed {seed}: router {i} diverged");
         }
-        // Bounded: marks expire, a departed router's load goes.
+        // Bounded: the registry keeps its adds present (at most one per engine and router)
+        // and one counter interval per router, however many adds were removed; marks
+        // expire, a departed router's load goes.
+        for r in &routers {
+            assert!(
+                r.registry.adds() <= 6 * N,
+                "seed {seed}: {} adds",
+                r.registry.adds()
+            );
+            assert!(
+                r.registry.context_len() <= N,
+                "seed {seed}: {} intervals",
+                r.registry.context_len()
+            );
+        }
         let mut r0 = routers[0].clone();
         r0.marks.expire(20_000);
         assert!(r0.marks.is_empty());

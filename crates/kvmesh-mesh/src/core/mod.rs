@@ -22,7 +22,7 @@ use crate::membership::{Effect, Membership, MeshId};
 use bytes::Bytes;
 use kvmesh_state::{
     Control, Delta, EngineRecord, FeedApply, FeedIn, FeedOut, FeedSnapshot, LoadMap, MarkDelta,
-    MarkMap, NodeId, RegistryDelta, RegistrySet, StateDigest,
+    MarkMap, NodeId, RegistrySet, StateDigest,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -276,12 +276,12 @@ impl MeshCore {
         }
     }
 
-    /// Entries held: (load, marks, registry engines + tombstones, feed blocks).
+    /// Entries held: (load, marks, registry adds + context intervals, feed blocks).
     pub fn sizes(&self) -> (usize, usize, usize, usize) {
         (
             self.st.load.len(),
             self.st.marks.len(),
-            self.st.registry.engines().count() + self.st.registry.tombstones(),
+            self.st.registry.adds() + self.st.registry.context_len(),
             self.feeds.blocks(),
         )
     }
@@ -718,18 +718,18 @@ impl MeshCore {
                 }
             }
             Delta::Registry(r) => {
-                if self.st.registry.merge(&r) {
+                // A delta may touch several engines (a whole state's fragment).
+                let mut touched = BTreeSet::new();
+                if self.st.registry.merge_noting(&r, &mut touched) {
                     self.counters.deltas_applied += 1;
-                    let engine = match &r {
-                        RegistryDelta::Add { engine, .. }
-                        | RegistryDelta::Remove { engine, .. } => *engine,
-                    };
+                }
+                for engine in touched {
                     let a = match self.st.registry.get(engine) {
-                        Some(rec) if self.st.registry.contains(engine) => Apply::EngineUpsert {
+                        Some(rec) => Apply::EngineUpsert {
                             engine,
                             record: rec.clone(),
                         },
-                        _ => Apply::EngineRemoved { engine },
+                        None => Apply::EngineRemoved { engine },
                     };
                     self.out.push(Output::Apply(a));
                 }
