@@ -184,6 +184,7 @@ impl MeshNode {
                         match class {
                             Class::Datagram => core.handle_datagram(&payload, now()),
                             Class::Delta => core.handle_envelope(from, &payload, now()),
+                            Class::Connected => core.peer_connected(from, now()),
                         }
                     }
                     i = input_rx.recv() => {

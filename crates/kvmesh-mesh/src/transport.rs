@@ -62,6 +62,9 @@ pub enum Class {
     Datagram,
     /// Unidirectional streams (delta batches).
     Delta,
+    /// A connection with the peer was just established (no payload): after a silence long
+    /// enough to close the previous one — a healed partition — the two compare states.
+    Connected,
 }
 
 /// Something a peer sent.
@@ -94,7 +97,7 @@ pub struct Counters {
 
 fn ix(c: Class) -> usize {
     match c {
-        Class::Datagram => 0,
+        Class::Datagram | Class::Connected => 0,
         Class::Delta => 1,
     }
 }
@@ -200,6 +203,7 @@ impl Transport {
                     Ok(conn) => {
                         let peer = conn.remote_address();
                         t.lock().insert(peer, conn.clone());
+                        t.connected(peer);
                         t.read_loop(conn).await;
                     }
                     Err(e) => {
@@ -250,6 +254,14 @@ impl Transport {
         }
     }
 
+    fn connected(&self, from: SocketAddr) {
+        let _ = self.tx.try_send(Inbound {
+            from,
+            class: Class::Connected,
+            payload: Bytes::new(),
+        });
+    }
+
     fn deliver(&self, from: SocketAddr, class: Class, payload: Bytes) {
         let c = &self.counters;
         c.received[ix(class)].fetch_add(1, Relaxed);
@@ -287,6 +299,7 @@ impl Transport {
             Err(_) => return Err(err("handshake timed out".into())),
         };
         self.lock().insert(peer, conn.clone());
+        self.connected(peer);
         let t = self.clone();
         let reader = conn.clone();
         tokio::spawn(async move { t.read_loop(reader).await });

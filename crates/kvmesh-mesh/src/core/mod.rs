@@ -366,6 +366,23 @@ impl MeshCore {
         self.drain_membership();
     }
 
+    /// A new connection with `from` (the transport closes one silent for a while, so after a
+    /// partition too short for SWIM to declare anyone down the link comes back as a new
+    /// connection): if it is a member, the two meet as after a join — digests compared at
+    /// once, the newest marks included, the heads of the feeds this node owns sent.
+    pub fn peer_connected(&mut self, from: SocketAddr, now_us: u64) {
+        self.at(now_us);
+        let Some(id) = self
+            .peers
+            .iter()
+            .find(|(_, m)| m.addr == from)
+            .map(|(n, _)| *n)
+        else {
+            return;
+        };
+        self.meet(&BTreeSet::from([id]), now_us);
+    }
+
     /// An envelope from the network (hostile bytes: bounded, never panics, counted).
     pub fn handle_envelope(&mut self, from: SocketAddr, bytes: &[u8], now_us: u64) {
         self.at(now_us);
@@ -576,7 +593,6 @@ impl MeshCore {
 
     fn drain_membership(&mut self) {
         let mut changed = false;
-        let mut joined: Vec<SocketAddr> = Vec::new();
         for e in self.membership.take_effects() {
             match e {
                 Effect::Send(to, data) => self.out.push(Output::Datagram(to, data)),
@@ -621,7 +637,6 @@ impl MeshCore {
         let mut joined_ids = BTreeSet::new();
         for (n, m) in &live {
             if self.peers.get(n).is_none_or(|x| x.bump != m.bump) {
-                joined.push(m.addr);
                 joined_ids.insert(*n);
             }
         }
@@ -635,19 +650,28 @@ impl MeshCore {
         // A cold node asks one member for its whole state (again every anti-entropy period
         // until it has one); members never push whole states, so a healed partition costs
         // digests, not N² snapshots.
-        if !joined.is_empty() && !self.warm {
+        if !joined_ids.is_empty() && !self.warm {
             self.want_state(now);
         }
-        // A member that (re)joins a warm node — a healed partition, a restart — compares
-        // digests with it at once: one round trip repairs both sides, instead of waiting for
-        // anti-entropy to pick it at random.
-        if !joined.is_empty() {
+        if !joined_ids.is_empty() {
             self.feeds.refresh_heads();
         }
-        // The heads of the feeds this node owns go to the newcomers with the next flush, not
-        // the next period: a router back from a partition pulls what it missed at once.
+        self.meet(&joined_ids, now);
+        self.rebalance(now);
+    }
+
+    /// Members this node has just met (a join, a rejoin after a partition, a new connection
+    /// after a silence): a warm node compares digests with each at once — one round trip
+    /// repairs both sides, the newest marks included (they were flushed to members the other
+    /// was not one of), instead of waiting for anti-entropy to pick them at random; and the
+    /// heads of the feeds this node owns go to them with the next flush, so that a router back
+    /// from a partition pulls what it missed at once.
+    fn meet(&mut self, ids: &BTreeSet<NodeId>, now_us: u64) {
+        if ids.is_empty() {
+            return;
+        }
         let mut heads: BTreeMap<NodeId, Vec<_>> = BTreeMap::new();
-        for (n, h) in self.feeds.heads_for(&self.live(), &joined_ids) {
+        for (n, h) in self.feeds.heads_for(&self.live(), ids) {
             heads.entry(n).or_default().push(h);
         }
         for (n, h) in heads {
@@ -659,14 +683,18 @@ impl MeshCore {
                     .push(Control::Heads(h));
             }
         }
-        if self.warm {
-            for a in &joined {
-                self.counters.anti_entropy_rounds += 1;
-                let msg = self.digest_msg(now, true, true);
-                self.send_to(*a, Vec::new(), vec![msg], false, now);
-            }
+        if !self.warm {
+            return;
         }
-        self.rebalance(now);
+        let addrs: Vec<SocketAddr> = ids
+            .iter()
+            .filter_map(|n| self.peers.get(n).map(|m| m.addr))
+            .collect();
+        for a in addrs {
+            self.counters.anti_entropy_rounds += 1;
+            let msg = self.digest_msg(now_us, true, true);
+            self.send_to(a, Vec::new(), vec![msg], false, now_us);
+        }
     }
 
     fn rebalance(&mut self, now_us: u64) {

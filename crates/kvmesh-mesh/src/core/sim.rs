@@ -178,6 +178,18 @@ impl Sim {
         self.collect(i);
     }
 
+    /// Nodes `i` and `j` open a new connection to each other, as the transport does when a
+    /// link comes back after a silence (`MeshCore::peer_connected` on both sides).
+    pub fn reconnect(&mut self, i: usize, j: usize) {
+        let now = self.now;
+        for (a, b) in [(i, j), (j, i)] {
+            if let Some(n) = self.nodes[a].as_mut() {
+                n.core.peer_connected(addr(b), now);
+                self.collect(a);
+            }
+        }
+    }
+
     /// Kills node `i` without a word.
     pub fn kill(&mut self, i: usize) {
         self.nodes[i] = None;
