@@ -194,7 +194,10 @@ async fn connect_errors_are_reported_as_such_by_both_protocols() {
         .expect("addr");
     let h1 = PoolUpstream::new(PoolConfig::default());
     let h2 = H2Upstream::new(PoolConfig::default());
-    for (name, up) in [("http1", &h1 as &dyn Upstream), ("http2", &h2 as &dyn Upstream)] {
+    for (name, up) in [
+        ("http1", &h1 as &dyn Upstream),
+        ("http2", &h2 as &dyn Upstream),
+    ] {
         let e = tokio::time::timeout(BOUND, up.send(request(addr)))
             .await
             .expect("bounded")
@@ -204,5 +207,8 @@ async fn connect_errors_are_reported_as_such_by_both_protocols() {
         assert!(e.message.contains(&addr.to_string()), "{name}: {e}");
         assert_eq!(up.connects(), Some(0), "{name}");
     }
-    assert!(!h2.is_open(&addr.to_string()), "a failed connect is not kept");
+    assert!(
+        !h2.is_open(&addr.to_string()),
+        "a failed connect is not kept"
+    );
 }

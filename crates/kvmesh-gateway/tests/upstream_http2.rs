@@ -28,7 +28,10 @@ fn connects(router: &kvmesh_gateway::GatewayServer) -> u64 {
 }
 
 async fn h2_requests(c: &HttpClient, sim_base: &str) -> f64 {
-    metric(&scrape(c, sim_base).await, "kvmesh_sim_http2_requests_total")
+    metric(
+        &scrape(c, sim_base).await,
+        "kvmesh_sim_http2_requests_total",
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,7 +41,13 @@ async fn requests_and_streams_pass_over_http2_and_http1_stays_http1() {
     let c = client();
 
     // HTTP/1.1 (the default) to the first engine: the engine sees no HTTP/2 request.
-    let h1 = start_router_with(serve_cfg(&engines[..1]), MODEL, 1).await;
+    assert_eq!(
+        ServeConfig::default().upstream.protocol,
+        UpstreamProtocol::Http1
+    );
+    let mut cfg = serve_cfg(&engines[..1]);
+    cfg.upstream.protocol = UpstreamProtocol::Http1;
+    let h1 = start_router_with(cfg, MODEL, 1).await;
     let r = post_json(
         &c,
         &format!("{}/v1/chat/completions", h1.base_url()),

@@ -158,7 +158,11 @@ impl H2Pool {
 
     /// The open connection to `authority`, or a new one (one connect for all the requests
     /// that wait for it). `stale`: a connection found closed, to be replaced.
-    async fn sender(&self, authority: &str, stale: Option<u64>) -> Result<(Sender, u64), UpstreamError> {
+    async fn sender(
+        &self,
+        authority: &str,
+        stale: Option<u64>,
+    ) -> Result<(Sender, u64), UpstreamError> {
         let now = Instant::now();
         let mut dropped: Vec<Conn> = Vec::new();
         let (connecting, id) = {
@@ -187,7 +191,8 @@ impl H2Pool {
                         _ => {
                             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                             let c = self.open(authority);
-                            dropped.push(std::mem::replace(&mut h.conn, Conn::Connecting(c.clone())));
+                            dropped
+                                .push(std::mem::replace(&mut h.conn, Conn::Connecting(c.clone())));
                             h.id = id;
                             (c, id)
                         }
@@ -259,7 +264,11 @@ async fn connect(
     connects.fetch_add(1, Ordering::Relaxed);
     let (tx, conn) = tokio::time::timeout(timeout, builder.handshake(TokioIo::new(stream)))
         .await
-        .map_err(|_| err(format!("{authority}: no HTTP/2 handshake within {timeout:?}")))?
+        .map_err(|_| {
+            err(format!(
+                "{authority}: no HTTP/2 handshake within {timeout:?}"
+            ))
+        })?
         .map_err(|e| err(format!("{authority}: HTTP/2 handshake: {e}")))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
