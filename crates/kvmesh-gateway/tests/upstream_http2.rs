@@ -183,6 +183,40 @@ async fn a_restarted_engine_is_reconnected() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_reset_by_a_crash_is_replaced() {
+    let sims = start_sims(1, |_| instant_sim_cfg(MODEL)).await;
+    // The router reaches the engine through a forwarder that can die like a killed process:
+    // every connection reset at once, no GOAWAY.
+    let target = sims[0].http_addr;
+    let proxy = CrashProxy::start("127.0.0.1:0".parse().expect("addr"), target).await;
+    let engine = proxy.url();
+    let router = start_router_with(h2_cfg(std::slice::from_ref(&engine)), MODEL, 1).await;
+    let url = format!("{}/v1/chat/completions", router.base_url());
+    let c = client();
+    let r = post_json(&c, &url, &chat_body(MODEL, "before", 8, false)).await;
+    assert!(r.ok(), "{r:?}");
+    assert_eq!(connects(&router), 1);
+
+    proxy.crash();
+    let addr = proxy.addr;
+    drop(proxy);
+    let _proxy = CrashProxy::start(addr, target).await;
+    wait_until("a request after the crash", Duration::from_secs(20), || {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            post_json(&c, &url, &chat_body(MODEL, "after", 8, false))
+                .await
+                .ok()
+        }
+    })
+    .await;
+    assert_eq!(connects(&router), 2, "one new connection after the reset");
+    assert_eq!(h2_requests(&c, &sims[0].base_url()).await, 2.0);
+    router.shutdown().await;
+    stop_sims(sims).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_leaving_mid_stream_resets_its_stream_and_the_engine_aborts() {
     // Real time: a 4,000-token answer takes ~22 s, far longer than the waits below, so the
     // request can only leave the engine early by being cancelled.
