@@ -251,7 +251,10 @@ pub struct ServeLimits {
     /// Time a client has to send a request's headers; also closes keep-alive connections idle
     /// that long (hyper's header-read timeout, which needs the timer set here).
     pub header_read_timeout: Duration,
-    /// Also serve HTTP/2 cleartext with prior knowledge (h2c) on the same port.
+    /// Also serve HTTP/2 cleartext with prior knowledge (h2c) on the same port (the simulator;
+    /// the router serves HTTP/1.1 only). The header-read timeout then applies once the first
+    /// bytes told the protocol apart: a connection that sends nothing is held until it closes
+    /// or the server drains, bounded in number by `max_connections`.
     pub http2: bool,
 }
 
