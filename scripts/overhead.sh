@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Router overhead: requests/s, added p50/p99 latency, CPU and write calls per request of
-# `kvmesh serve` (round_robin, and precise cache-aware routing) against the engine directly,
+# `kvmesh serve` (round_robin over HTTP/1.1 and over HTTP/2 to the engine, and precise
+# cache-aware routing) against the engine directly,
 # nginx `proxy_pass` and SGLang's gateway `smg` (when installed) in front of the same engine.
 #
 #   scripts/overhead.sh              # quick: 3 rounds x 10 s per target and variant (~6 min + build)
@@ -12,8 +13,9 @@
 #   2. builds `kvmesh` in release (cargo build --release -p kvmesh) unless --bin/--no-build;
 #   3. starts one `kvmesh sim --profile instant --time-scale 1 --kv-events ...` (zero model
 #      time: what is measured is HTTP overhead), and in front of it: `kvmesh serve --policy
-#      round_robin` ("kvmesh"), `kvmesh serve --policy precise` reading the sim's KV events
-#      ("kvmesh-precise"), nginx (generated config in a temp dir, upstream keepalive,
+#      round_robin` ("kvmesh"), the same with `--upstream-http2` (h2c to the sim, which serves
+#      HTTP/1.1 and h2c on one port: "kvmesh-h2"), `kvmesh serve --policy precise` reading the
+#      sim's KV events ("kvmesh-precise"), nginx (generated config in a temp dir, upstream keepalive,
 #      unbuffered) and, when the `smg` command is found (pip install smg; or --smg PATH),
 #      `smg launch --policy round_robin` ("smg");
 #   4. for each round, for each variant (non-streaming, streaming), runs the same closed-loop wrk
@@ -42,6 +44,7 @@ OUT=""
 PORT_BASE=18100
 POLICY=round_robin
 PRECISE=1
+H2=1
 SMG=""
 SMG_WANTED=auto
 DURATION_SET=0
@@ -61,6 +64,7 @@ usage: scripts/overhead.sh [flags]
   --stream-max-tokens N   max_tokens of the streaming variant (default ${STREAM_MAX_TOKENS})
   --policy NAME           routing policy of the "kvmesh" target (default ${POLICY})
   --no-precise            skip the "kvmesh-precise" target (kvmesh serve --policy precise)
+  --no-h2                 skip the "kvmesh-h2" target (kvmesh serve --upstream-http2)
   --smg PATH              SGLang's gateway command for the "smg" target (default: smg on PATH)
   --no-smg                skip the "smg" target even when smg is installed
   --bin PATH              use this kvmesh binary (no build)
@@ -87,6 +91,7 @@ while [[ $# -gt 0 ]]; do
     --stream-max-tokens) STREAM_MAX_TOKENS="${2:?}"; shift ;;
     --policy) POLICY="${2:?}"; shift ;;
     --no-precise) PRECISE=0 ;;
+    --no-h2) H2=0 ;;
     --smg) SMG="${2:?}"; SMG_WANTED=yes; shift ;;
     --no-smg) SMG_WANTED=no ;;
     --bin) BIN="${2:?}"; BUILD=0; shift ;;
@@ -216,6 +221,7 @@ KVMESH_PORT="$(pick_port)"; TAKEN+="$KVMESH_PORT "
 EVENTS_PORT="$(pick_port)"; TAKEN+="$EVENTS_PORT "
 PRECISE_PORT="$(pick_port)"; TAKEN+="$PRECISE_PORT "
 SMG_PORT="$(pick_port)"; TAKEN+="$SMG_PORT "
+H2_PORT="$(pick_port)"; TAKEN+="$H2_PORT "
 SMG_PROM_PORT="$(pick_port)"; TAKEN+="$SMG_PROM_PORT "
 
 wait_http() { # wait_http NAME PID URL [GREP]: bounded wait until URL answers 200 (and matches)
@@ -251,6 +257,15 @@ if [[ $PRECISE == 1 ]]; then
     --policy precise >"$OUT/logs/kvmesh-precise.log" 2>&1 &
   PRECISE_PID=$!; PIDS+=("$PRECISE_PID")
   wait_http kvmesh-precise "$PRECISE_PID" "http://127.0.0.1:$PRECISE_PORT/v1/models" "$MODEL"
+fi
+
+H2_PID=""
+if [[ $H2 == 1 ]]; then
+  log "kvmesh serve on 127.0.0.1:$H2_PORT (policy $POLICY, HTTP/2 to the engine)"
+  "$BIN" serve --listen "127.0.0.1:$H2_PORT" --engine "http://127.0.0.1:$SIM_PORT" \
+    --policy "$POLICY" --upstream-http2 >"$OUT/logs/kvmesh-h2.log" 2>&1 &
+  H2_PID=$!; PIDS+=("$H2_PID")
+  wait_http kvmesh-h2 "$H2_PID" "http://127.0.0.1:$H2_PORT/v1/models" "$MODEL"
 fi
 
 SMG_PID=""
@@ -318,12 +333,14 @@ declare -A URL=(
   [direct]="http://127.0.0.1:$SIM_PORT"
   [nginx]="http://127.0.0.1:$NGINX_PORT"
   [kvmesh]="http://127.0.0.1:$KVMESH_PORT"
+  [kvmesh-h2]="http://127.0.0.1:$H2_PORT"
   [kvmesh-precise]="http://127.0.0.1:$PRECISE_PORT"
   [smg]="http://127.0.0.1:$SMG_PORT"
 )
 declare -A PROXY_PID=([direct]="" [nginx]="$NGINX_PID" [kvmesh]="$KVMESH_PID"
-  [kvmesh-precise]="$PRECISE_PID" [smg]="$SMG_PID")
+  [kvmesh-h2]="$H2_PID" [kvmesh-precise]="$PRECISE_PID" [smg]="$SMG_PID")
 TARGETS=(direct nginx kvmesh)
+[[ -z "$H2_PID" ]] || TARGETS+=(kvmesh-h2)
 [[ -z "$PRECISE_PID" ]] || TARGETS+=(kvmesh-precise)
 [[ -z "$SMG_PID" ]] || TARGETS+=(smg)
 
@@ -425,6 +442,11 @@ LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
 
 curl -sf --max-time 5 "${URL[kvmesh]}/metrics" >"$OUT/kvmesh-metrics.txt" || true
 curl -sf --max-time 5 "${URL[direct]}/metrics" >"$OUT/sim-metrics.txt" || true
+H2_REQUESTS="$(awk '/^kvmesh_sim_http2_requests_total/ {print $2}' "$OUT/sim-metrics.txt" 2>/dev/null)"
+H2_REQUESTS="${H2_REQUESTS:-0}"
+if [[ -n "$H2_PID" && "$H2_REQUESTS" == 0 ]]; then
+  die "kvmesh-h2: the sim received no request over HTTP/2"
+fi
 for t in "${TARGETS[@]}"; do
   [[ -z "${PROXY_PID[$t]}" ]] || kill -0 "${PROXY_PID[$t]}" 2>/dev/null || die "$t died during the load"
 done
@@ -435,7 +457,7 @@ SMG_VERSION=""
 [[ -z "$SMG" ]] || SMG_VERSION="$( ("$SMG" --version 2>&1 || true) | head -1)"
 TARGET_LIST="${TARGETS[*]}"
 export OUT COMMAND MODE DURATION ROUNDS CONNECTIONS THREADS WARMUP STREAM_MAX_TOKENS POLICY \
-  LOAD_BEFORE LOAD_AFTER BIN_SRC MODEL SMG_VERSION TARGET_LIST
+  LOAD_BEFORE LOAD_AFTER BIN_SRC MODEL SMG_VERSION TARGET_LIST H2_REQUESTS
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 DIRTY="$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l | tr -d ' ')" || DIRTY=0
 NPROC="$(nproc)"
@@ -544,6 +566,9 @@ L.append(f"- load: wrk ({E['WRK_VERSION']}) {E['THREADS']} threads, {E['CONNECTI
 smg = f"; smg: `{E['SMG_VERSION'] or 'smg'} launch --policy round_robin`" if "smg" in targets else ""
 precise = ("; kvmesh-precise: `kvmesh serve --policy precise` reading the sim's KV events"
            if "kvmesh-precise" in targets else "")
+if "kvmesh-h2" in targets:
+    precise = (f"; kvmesh-h2: `kvmesh serve --policy {E['POLICY']} --upstream-http2` (h2c to the "
+               f"sim: {int(float(E['H2_REQUESTS'])):,} requests reached it over HTTP/2)") + precise
 L.append(f"- engine: `kvmesh sim --profile instant --time-scale 1 --kv-events ...` (zero model time); "
          f"kvmesh: `kvmesh serve --policy {E['POLICY']}`{precise}; nginx {E['NGINX_VERSION']} `proxy_pass` "
          f"(upstream keepalive, `proxy_buffering off`, config in nginx.conf){smg}; all on 127.0.0.1, "

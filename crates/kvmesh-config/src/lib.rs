@@ -19,7 +19,10 @@ pub use kvmesh_policy::{PolicyConfig, PolicyKind, RoutingConfig};
 pub use mesh::MeshConfig;
 pub use prefix::{ModelConfig, PrefixConfig};
 pub use reference::reference_markdown;
-pub use serve::{DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, valid_base_url};
+pub use serve::{
+    DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, UpstreamConfig,
+    UpstreamProtocol, valid_base_url,
+};
 pub use sim::{
     EngineModelConfig, FaultConfig, KvEventsConfig, KvEventsFormat, SimConfig, TimingOverrides,
 };

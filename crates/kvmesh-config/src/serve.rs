@@ -25,6 +25,8 @@ pub struct ServeConfig {
     pub models: BTreeMap<String, ModelConfig>,
     /// The mesh of routers (off: this router runs alone).
     pub mesh: MeshConfig,
+    /// The connections to the engines (HTTP/1.1 or HTTP/2).
+    pub upstream: UpstreamConfig,
     /// Timeouts towards the engines.
     pub timeouts: TimeoutConfig,
     /// Retries on another engine.
@@ -69,6 +71,7 @@ impl Default for ServeConfig {
             prefix: PrefixConfig::default(),
             models: BTreeMap::new(),
             mesh: MeshConfig::default(),
+            upstream: UpstreamConfig::default(),
             timeouts: TimeoutConfig::default(),
             retry: RetryConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
@@ -219,6 +222,28 @@ impl Default for DnsEntry {
             kv_replay_port: 0,
         }
     }
+}
+
+/// The connections to the engines.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// `"http1"`: pooled keep-alive HTTP/1.1 connections, one per request in flight (vLLM's
+    /// and SGLang's servers speak HTTP/1.1 only). `"http2"`: HTTP/2 cleartext with prior
+    /// knowledge (h2c, no upgrade), one multiplexed connection per engine shared by all its
+    /// requests; only for engines or sidecars that serve h2c (vLLM's uvicorn does not).
+    pub protocol: UpstreamProtocol,
+}
+
+/// The protocol spoken to the engines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 with keep-alive.
+    #[default]
+    Http1,
+    /// HTTP/2 cleartext with prior knowledge (h2c).
+    Http2,
 }
 
 /// Timeouts towards the engines, ms.
@@ -427,5 +452,16 @@ mod tests {
         assert!(EngineEntry::parse("ftp://x").is_err());
         assert!(EngineEntry::parse("url=http://x:1,weight=-1").is_err());
         assert!(EngineEntry::parse("http://x:1/v1").is_err());
+    }
+
+    #[test]
+    fn upstream_protocol_from_toml() {
+        let parse = |t: &str| crate::KvmeshConfig::from_toml_str(t, "test");
+        let c = parse("").expect("defaults");
+        assert_eq!(c.serve.upstream.protocol, UpstreamProtocol::Http1);
+        let c = parse("[serve.upstream]\nprotocol = \"http2\"\n").expect("http2");
+        assert_eq!(c.serve.upstream.protocol, UpstreamProtocol::Http2);
+        let e = parse("[serve.upstream]\nprotocol = \"h2\"\n").expect_err("unknown protocol");
+        assert!(e.to_string().contains("protocol"), "{e}");
     }
 }

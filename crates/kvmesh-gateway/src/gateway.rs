@@ -7,13 +7,13 @@ use crate::metrics::GatewayMetrics;
 use crate::recent::Recent;
 use crate::registry::Registry;
 use crate::tasks::Tasks;
-use crate::upstream::{PoolConfig, PoolUpstream, Upstream};
+use crate::upstream::{H2Upstream, PoolConfig, PoolUpstream, Upstream};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kvmesh_config::ServeConfig;
+use kvmesh_config::{ServeConfig, UpstreamProtocol};
 use kvmesh_policy::{AtomicRetryBudget, EjectionGuard, mix64};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +42,8 @@ pub struct Gateway {
     pub registry: Registry,
     /// HTTP client of the probes (health checks, discovery, scrapes).
     pub client: Client<HttpConnector, Full<Bytes>>,
-    /// Where requests are forwarded (the in-task connection pool, or a mock in tests).
+    /// Where requests are forwarded (the in-task HTTP/1.1 pool or the HTTP/2 connections, as
+    /// `upstream.protocol` says, or a mock in tests).
     pub upstream: Arc<dyn Upstream>,
     /// Metrics.
     pub metrics: GatewayMetrics,
@@ -90,10 +91,14 @@ impl Gateway {
             ejection: EjectionGuard::new(&cfg.routing.health.ejection),
             retry_budget: AtomicRetryBudget::new(&cfg.routing.retry_budget, clock.now_us()),
             upstream: upstream.unwrap_or_else(|| {
-                Arc::new(PoolUpstream::new(PoolConfig {
+                let pool = PoolConfig {
                     connect_timeout: Duration::from_millis(cfg.timeouts.connect_ms),
                     ..PoolConfig::default()
-                }))
+                };
+                match cfg.upstream.protocol {
+                    UpstreamProtocol::Http1 => Arc::new(PoolUpstream::new(pool)),
+                    UpstreamProtocol::Http2 => Arc::new(H2Upstream::new(pool)),
+                }
             }),
             client,
             metrics: GatewayMetrics::default(),

@@ -179,6 +179,7 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
     let limits = kvmesh_http::ServeLimits {
         max_connections: gw.cfg.max_connections,
         header_read_timeout: Duration::from_millis(gw.cfg.header_read_timeout_ms),
+        http2: false,
     };
     let task = tokio::spawn(kvmesh_http::serve(
         listener,

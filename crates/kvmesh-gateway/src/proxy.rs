@@ -125,6 +125,9 @@ pub async fn handle(
     resp
 }
 
+/// What `prepare` gives: the route, the consistent-hash key, the parsed body.
+type Prepared = (Arc<ModelRoute>, Option<u64>, Option<ParsedRequest>);
+
 /// Step 2: the route and the consistent-hash key; the parsed body when a route is
 /// cache-aware (parsed once for model, user and prompt).
 fn prepare(
@@ -132,7 +135,7 @@ fn prepare(
     endpoint: Endpoint,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<(Arc<ModelRoute>, Option<u64>, Option<ParsedRequest>), ApiError> {
+) -> Result<Prepared, ApiError> {
     let snap = gw.registry.snapshot();
     // Cache-aware routes need the prompt: parse the whole body once and read the model from
     // it. Otherwise (or when it does not parse as such a request) peek at the model only;

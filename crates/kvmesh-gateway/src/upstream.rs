@@ -1,5 +1,6 @@
 //! The upstream HTTP client behind a trait: a pool of HTTP/1.1 connections driven by the
-//! request's own task in production ([`PoolUpstream`]), hyper's pooled client
+//! request's own task in production ([`PoolUpstream`]), one multiplexed HTTP/2 connection per
+//! engine for engines that serve h2c ([`H2Upstream`], in `h2c.rs`), hyper's pooled client
 //! ([`HyperUpstream`], kept for comparison) and a scripted mock beside them ([`MockUpstream`])
 //! so that the request path — retries, breakers, budget, timeouts, cancellation — is tested on
 //! tokio's paused time without sockets.
@@ -27,6 +28,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+mod h2c;
+pub use h2c::H2Upstream;
+
 /// Errors of a body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -38,6 +42,11 @@ pub type UpstreamFuture =
 pub trait Upstream: Send + Sync + 'static {
     /// Sends `req` (absolute URI: `http://host:port/path`).
     fn send(&self, req: Request<Full<Bytes>>) -> UpstreamFuture;
+
+    /// TCP connections to engines opened so far, when this upstream counts them.
+    fn connects(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A failure before the response head.
@@ -61,7 +70,7 @@ impl std::fmt::Display for UpstreamError {
 // once with its `TrackedBody`, cheaper than one more allocation per request.
 #[allow(clippy::large_enum_variant)]
 pub enum UpstreamBody {
-    /// From hyper's client.
+    /// From hyper's client ([`HyperUpstream`], and [`H2Upstream`]'s streams).
     Hyper(Incoming),
     /// From [`PoolUpstream`]: the body and the connection it drives.
     Pooled(PooledBody),
@@ -217,6 +226,10 @@ impl Upstream for PoolUpstream {
     fn send(&self, req: Request<Full<Bytes>>) -> UpstreamFuture {
         let pool = self.0.clone();
         Box::pin(pool.send(req))
+    }
+
+    fn connects(&self) -> Option<u64> {
+        Some(PoolUpstream::connects(self))
     }
 }
 

@@ -183,3 +183,32 @@ async fn idle_connections_of_an_engine_no_longer_used_expire() {
     assert_eq!(pool.idle(&a.addr.to_string()), 0, "expired and closed");
     assert_eq!(pool.idle(&b.addr.to_string()), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_errors_are_reported_as_such_by_both_protocols() {
+    // A port nothing listens on: bound and released.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let h1 = PoolUpstream::new(PoolConfig::default());
+    let h2 = H2Upstream::new(PoolConfig::default());
+    for (name, up) in [
+        ("http1", &h1 as &dyn Upstream),
+        ("http2", &h2 as &dyn Upstream),
+    ] {
+        let e = tokio::time::timeout(BOUND, up.send(request(addr)))
+            .await
+            .expect("bounded")
+            .err()
+            .unwrap_or_else(|| panic!("{name}: nothing listens"));
+        assert!(e.connect, "{name}: {e}");
+        assert!(e.message.contains(&addr.to_string()), "{name}: {e}");
+        assert_eq!(up.connects(), Some(0), "{name}");
+    }
+    assert!(
+        !h2.is_open(&addr.to_string()),
+        "a failed connect is not kept"
+    );
+}

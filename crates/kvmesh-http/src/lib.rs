@@ -7,7 +7,8 @@ use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use kvmesh_openai::ApiError;
 use std::convert::Infallible;
 use std::future::Future;
@@ -158,8 +159,10 @@ pub fn bearer_ok(h: &HeaderMap, token: &str) -> bool {
         .is_some_and(|(_, t)| constant_time_eq(t.trim().as_bytes(), token.as_bytes()))
 }
 
-/// Serves HTTP/1.1 until `shutdown` resolves, then stops accepting and waits up to `drain`
-/// for open connections (and the requests on them) to finish.
+/// Serves HTTP/1.1 (and, with [`ServeLimits::http2`], HTTP/2 cleartext with prior knowledge on
+/// the same port) until `shutdown` resolves, then stops accepting and waits up to `drain` for
+/// open connections (and the requests on them) to finish; HTTP/2 connections are sent a
+/// GOAWAY.
 pub async fn serve<S, H, F>(
     listener: TcpListener,
     state: Arc<S>,
@@ -174,10 +177,19 @@ pub async fn serve<S, H, F>(
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
+    // Both protocols: the connection preface tells them apart (h2c prior knowledge, no
+    // upgrade). HTTP/1.1 only keeps hyper's plain server, without the peek at the preface.
+    let both = limits.http2.then(|| {
+        let mut b = auto::Builder::new(TokioExecutor::new());
+        b.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout);
+        b.http2().timer(TokioTimer::new());
+        b
+    });
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -201,12 +213,23 @@ pub async fn serve<S, H, F>(
                     let fut = handler(st.clone(), req);
                     async move { Ok::<_, Infallible>(fut.await) }
                 });
-                let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                    drop(slot);
-                });
+                let io = TokioIo::new(stream);
+                match &both {
+                    Some(b) => {
+                        let conn = graceful.watch(b.serve_connection(io, svc).into_owned());
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                            drop(slot);
+                        });
+                    }
+                    None => {
+                        let conn = graceful.watch(h1.serve_connection(io, svc));
+                        tokio::spawn(async move {
+                            let _ = conn.await;
+                            drop(slot);
+                        });
+                    }
+                }
             }
             _ = &mut shutdown => break,
         }
@@ -228,6 +251,11 @@ pub struct ServeLimits {
     /// Time a client has to send a request's headers; also closes keep-alive connections idle
     /// that long (hyper's header-read timeout, which needs the timer set here).
     pub header_read_timeout: Duration,
+    /// Also serve HTTP/2 cleartext with prior knowledge (h2c) on the same port (the simulator;
+    /// the router serves HTTP/1.1 only). The header-read timeout then applies once the first
+    /// bytes told the protocol apart: a connection that sends nothing is held until it closes
+    /// or the server drains, bounded in number by `max_connections`.
+    pub http2: bool,
 }
 
 impl Default for ServeLimits {
@@ -235,6 +263,7 @@ impl Default for ServeLimits {
         ServeLimits {
             max_connections: 10_000,
             header_read_timeout: Duration::from_secs(30),
+            http2: false,
         }
     }
 }

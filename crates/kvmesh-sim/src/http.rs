@@ -17,6 +17,9 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Routes one request.
 pub async fn route(st: Arc<AppState>, req: Request<Incoming>) -> Response<Body> {
+    if req.version() == http::Version::HTTP_2 {
+        st.metrics.http2_request();
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let res = match (&method, path.as_str()) {

@@ -182,7 +182,11 @@ pub async fn start(cfg: SimConfig) -> Result<SimServer, SimError> {
         http::route,
         rx,
         Duration::from_secs(30),
-        kvmesh_http::ServeLimits::default(),
+        // HTTP/1.1 as vLLM serves it, and h2c on the same port for routers that speak it.
+        kvmesh_http::ServeLimits {
+            http2: true,
+            ..kvmesh_http::ServeLimits::default()
+        },
     ));
     tracing::info!(%http_addr, "kvmesh sim listening");
     Ok(SimServer {

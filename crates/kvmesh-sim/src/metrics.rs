@@ -35,6 +35,7 @@ pub struct SimMetrics {
     restarts: AtomicU64,
     rejected: AtomicU64,
     events_dropped: AtomicU64,
+    http2_requests: AtomicU64,
     /// `process_start_time_seconds` (f64 bits): set at start and by every simulated restart,
     /// as a restarted vLLM process reports a new one (routers use it to detect restarts).
     start_time_bits: AtomicU64,
@@ -59,6 +60,7 @@ impl SimMetrics {
             restarts: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             events_dropped: AtomicU64::new(0),
+            http2_requests: AtomicU64::new(0),
             start_time_bits: AtomicU64::new(unix_now().to_bits()),
             engine: Mutex::new((EngineStats::default(), EngineStats::default())),
         }
@@ -94,6 +96,11 @@ impl SimMetrics {
     /// A request was rejected as invalid (4xx).
     pub fn rejected(&self) {
         self.rejected.fetch_add(1, Relaxed);
+    }
+
+    /// A request arrived over HTTP/2 (h2c).
+    pub fn http2_request(&self) {
+        self.http2_requests.fetch_add(1, Relaxed);
     }
 
     /// A KV-event batch was dropped by fault injection.
@@ -244,6 +251,11 @@ impl SimMetrics {
             "kvmesh_sim_dropped_event_batches_total",
             "KV-event batches dropped by fault injection.",
             self.events_dropped.load(Relaxed),
+        );
+        counter(
+            "kvmesh_sim_http2_requests_total",
+            "HTTP requests received over HTTP/2 (h2c prior knowledge).",
+            self.http2_requests.load(Relaxed),
         );
         counter(
             "kvmesh_sim_engine_steps_total",

@@ -1,7 +1,9 @@
 //! `kvmesh serve`: flags, their merge over the config file, and the run loop.
 
 use clap::Args;
-use kvmesh_config::{DnsEntry, EngineEntry, KvmeshConfig, PolicyKind, ServeConfig};
+use kvmesh_config::{
+    DnsEntry, EngineEntry, KvmeshConfig, PolicyKind, ServeConfig, UpstreamProtocol,
+};
 use std::path::PathBuf;
 
 fn d() -> ServeConfig {
@@ -61,6 +63,11 @@ pub struct ServeArgs {
     /// Turn the circuit breakers off.
     #[arg(long)]
     pub no_breakers: bool,
+    /// Speak HTTP/2 cleartext with prior knowledge (h2c) to the engines: one multiplexed
+    /// connection per engine. Only for engines or sidecars that serve h2c; vLLM and SGLang
+    /// serve HTTP/1.1 only (the default).
+    #[arg(long)]
+    pub upstream_http2: bool,
     /// Tokenizer of cache-aware routing: a tokenizer.json or its directory (empty = bundled
     /// Qwen3); it must be the engines' for precise routing.
     #[arg(long, value_name = "PATH")]
@@ -122,6 +129,9 @@ impl ServeArgs {
         }
         if self.no_breakers {
             c.routing.health.breaker.enabled = false;
+        }
+        if self.upstream_http2 {
+            c.upstream.protocol = UpstreamProtocol::Http2;
         }
         if let Some(t) = &self.tokenizer {
             c.prefix.tokenizer = t.clone();

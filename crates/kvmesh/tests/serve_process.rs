@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use std::process::Command;
+use std::time::Duration;
 
 #[test]
 fn official_openai_client_through_the_router() {
@@ -226,4 +227,46 @@ fn cert_writes_a_ca_and_a_pair_per_node_that_load() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("bad node name"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The sim's `kvmesh_sim_http2_requests_total`.
+fn sim_http2_requests(sim: &Proc) -> f64 {
+    let page = http(
+        "GET",
+        &format!("{}/metrics", sim.base()),
+        &[],
+        "",
+        Duration::from_secs(10),
+    )
+    .expect("sim metrics");
+    page.body
+        .lines()
+        .find(|l| l.starts_with("kvmesh_sim_http2_requests_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP/2 counter in {}", page.body))
+}
+
+#[test]
+fn serve_upstream_http2_speaks_h2c_to_the_engine() {
+    let sim = Proc::start(&["--model", "test-model", "--profile", "instant"]);
+    let chat =
+        r#"{"model":"test-model","messages":[{"role":"user","content":"hi"}],"max_tokens":4}"#;
+    let base = sim.base();
+    // HTTP/1.1 by default, then the flag: the engine counts one request over HTTP/2.
+    for (flags, h2) in [(&[][..], 0.0), (&["--upstream-http2"][..], 1.0)] {
+        let mut args = vec!["--engine", base.as_str()];
+        args.extend_from_slice(flags);
+        let router = Proc::spawn("serve", &args);
+        let r = http(
+            "POST",
+            &format!("{}/v1/chat/completions", router.base()),
+            &[],
+            chat,
+            Duration::from_secs(30),
+        )
+        .expect("answer");
+        assert_eq!(r.status, 200, "{flags:?}: {}", r.body);
+        assert_eq!(sim_http2_requests(&sim), h2, "{flags:?}");
+    }
 }

@@ -86,6 +86,10 @@ pub fn serve_cfg(engines: &[String]) -> ServeConfig {
     h.slow_start.window_ms = 3_000;
     c.timeouts.first_byte_ms = 20_000;
     c.timeouts.total_ms = 60_000;
+    // `KVMESH_TEST_UPSTREAM=http2` runs the suite's routers over HTTP/2 to the engines.
+    if std::env::var("KVMESH_TEST_UPSTREAM").is_ok_and(|v| v == "http2") {
+        c.upstream.protocol = kvmesh_config::UpstreamProtocol::Http2;
+    }
     c
 }
 
