@@ -163,11 +163,32 @@ impl MeshNode {
         let task = tokio::spawn(async move {
             let mut reseed = tokio::time::interval(Duration::from_secs(1));
             reseed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Whether the previous turn ran a due tick without waiting (never twice in a row).
+            let mut ticked = false;
             loop {
-                let wait = {
-                    let due = lock(&c).next_due();
-                    Duration::from_micros(due.saturating_sub(now()).min(1_000_000))
+                // What is due now runs now: an in-flight change is due `load_flush_us` after
+                // the previous envelope, and a timer would add up to a millisecond (tokio
+                // rounds deadlines up to the next one) to every change a peer waits for.
+                let (wait, due_now) = {
+                    let mut core = lock(&c);
+                    let n = now();
+                    let due = core.next_due();
+                    if due <= n && !ticked {
+                        core.tick(n);
+                        (Duration::ZERO, true)
+                    } else {
+                        (
+                            Duration::from_micros(due.saturating_sub(n).min(1_000_000)),
+                            false,
+                        )
+                    }
                 };
+                ticked = due_now;
+                if due_now {
+                    let outs = lock(&c).take_outputs();
+                    run(&t, outs, &apply_tx, &members_tx, &c).await;
+                    continue;
+                }
                 tokio::select! {
                     _ = &mut stopped => {
                         let outs = {
