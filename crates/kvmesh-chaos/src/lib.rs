@@ -12,6 +12,7 @@
 //! scenario: lab up, workload, steps on schedule, measurements, verdict).
 
 pub mod client;
+pub mod delay;
 pub mod flood;
 pub mod lab;
 pub mod run;
