@@ -89,7 +89,10 @@ fn links() -> Vec<(u32, String)> {
 }
 
 /// Removes the namespaces (killing what runs in them) and links of runners that no longer run
-/// (a runner killed with SIGKILL). Returns what it removed.
+/// (a runner killed with SIGKILL). Returns what it removed. A dead runner's delay leaves
+/// nothing else to sweep: its agents were threads of it (gone with it; the kernel unbinds their
+/// queues, and `--queue-bypass` lets packets through meanwhile) and its iptables rules live in
+/// its namespaces, deleted here.
 pub fn sweep() -> Vec<String> {
     let me = std::process::id();
     let mut removed = Vec::new();
@@ -193,6 +196,8 @@ pub struct Lab {
     namespaces: Vec<String>,
     /// Routers whose namespace has delay rules, with the agent holding their packets.
     delays: std::sync::Mutex<Vec<(usize, delay::Agent)>>,
+    /// The final counters of the agents stopped since [`Lab::take_stopped_delays`].
+    stopped: std::sync::Mutex<Vec<(usize, delay::Counts)>>,
     pub dir: PathBuf,
     pub exe: PathBuf,
 }
@@ -210,6 +215,7 @@ impl Lab {
             bridge: None,
             namespaces: Vec::new(),
             delays: Default::default(),
+            stopped: Default::default(),
             dir,
             exe,
         };
@@ -324,9 +330,12 @@ impl Lab {
                 set(lossy_to)
             ));
         }
-        // Only this table is replaced: the delay rules (iptables-nft's `ip filter` table) stay.
+        // Only this chain's rules are replaced: the delay rules (iptables-nft's `ip filter`
+        // table) stay. The chain is flushed, never deleted: unregistering a hook makes the
+        // kernel drop every packet queued to NFQUEUE in the namespace (nfqnl_nf_hook_drop), i.e.
+        // the packets a delay agent holds.
         let ruleset = format!(
-            "table inet kvmesh_chaos\ndelete table inet kvmesh_chaos\ntable inet kvmesh_chaos {{\n  chain inbound {{\n    type filter hook input priority 0; policy accept;\n{rules}  }}\n}}\n"
+            "table inet kvmesh_chaos {{\n  chain inbound {{\n    type filter hook input priority 0; policy accept;\n  }}\n}}\nflush chain inet kvmesh_chaos inbound\ntable inet kvmesh_chaos {{\n  chain inbound {{\n{rules}  }}\n}}\n"
         );
         let path = self.dir.join(format!("nft-r{i}.conf"));
         std::fs::write(&path, ruleset).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -410,7 +419,12 @@ impl Lab {
         // Rules first: packets then pass the input hook undelayed; the agent then releases
         // what it holds.
         self.iptables(i, &["-F", "INPUT"])?;
-        drop(agents);
+        let mut stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        for mut a in agents {
+            a.stop();
+            stopped.push((i, a.stats().counts()));
+        }
+        drop(stopped);
         let left = self.iptables(i, &["-S", "INPUT"])?;
         if left.contains("NFQUEUE") {
             return Err(format!("r{i}: NFQUEUE rules left after clearing: {left}"));
@@ -426,6 +440,12 @@ impl Lab {
             .iter()
             .map(|(i, a)| (*i, a.stats().counts()))
             .collect()
+    }
+
+    /// The final counters of the agents stopped (by heal or a new delay) since the last call:
+    /// every held packet released by then.
+    pub fn take_stopped_delays(&self) -> Vec<(usize, delay::Counts)> {
+        std::mem::take(&mut *self.stopped.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Removes every rule in every router's namespace and stops the delay agents.

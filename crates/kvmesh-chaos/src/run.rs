@@ -133,10 +133,10 @@ impl Cluster {
         Ok(())
     }
 
-    /// What the delay agents did, for the heal's log line.
+    /// What the delay agents stopped by the last step did, for its log line.
     fn delay_note(&self) -> String {
         self.lab
-            .delay_counts()
+            .take_stopped_delays()
             .iter()
             .map(|(i, c)| format!("r{i} delay agent: {c}"))
             .collect::<Vec<_>>()
@@ -169,13 +169,10 @@ impl Cluster {
         {
             return self.flood(*router, *datagrams, *handshakes);
         }
-        let before = match a {
-            Action::Heal | Action::Delay { .. } => self.delay_note(),
-            _ => String::new(),
-        };
         self.act_inner(a)?;
-        if !before.is_empty() {
-            return Ok(before);
+        let delays = self.delay_note();
+        if !delays.is_empty() {
+            return Ok(delays);
         }
         match a {
             Action::RestartRouter {

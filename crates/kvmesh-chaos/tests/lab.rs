@@ -19,6 +19,12 @@ fn lab(routers: usize, tag: &str) -> Lab {
 
 /// How many of `n` UDP datagrams router 0 gets through to router 1.
 fn delivered(lab: &Lab, n: u32) -> u32 {
+    delivered_then(lab, n, || {})
+}
+
+/// [`delivered`], with `then` run once the datagrams are sent (the receiver gives up after
+/// 1.5 s without one).
+fn delivered_then(lab: &Lab, n: u32, then: impl FnOnce()) -> u32 {
     let (to, ns0, ns1) = (lab.router_ip(1), lab.ns(0), lab.ns(1));
     let recv = format!(
         "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('{to}',9999))\n\
@@ -42,6 +48,7 @@ fn delivered(lab: &Lab, n: u32) -> u32 {
         .status()
         .unwrap();
     assert!(st.success());
+    then();
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
     rx.wait().unwrap();
@@ -157,6 +164,9 @@ fn a_delay_holds_every_datagram_then_releases_it_and_heal_removes_its_rule_and_a
     assert_eq!(l.delay_counts().len(), 1);
     l.heal().unwrap();
     assert!(l.delay_counts().is_empty());
+    let stopped = l.take_stopped_delays();
+    assert_eq!(stopped.len(), 2, "{stopped:?}");
+    assert!(stopped.iter().all(|(_, c)| c.errors == 0), "{stopped:?}");
     let rule = Command::new("ip")
         .args(["netns", "exec", &l.ns(1), "iptables", "-S", "INPUT"])
         .output()
@@ -164,6 +174,16 @@ fn a_delay_holds_every_datagram_then_releases_it_and_heal_removes_its_rule_and_a
     assert!(!String::from_utf8_lossy(&rule.stdout).contains("NFQUEUE"));
     assert_eq!(delivered(&l, 200), 200);
     assert!(!resources_of(pid).iter().any(|r| r.contains("delay agent")));
+
+    // Healed while packets are held for 2 s: the receiver, which gives up after 1.5 s
+    // without a datagram, gets every one — heal releases them at once, drops none.
+    l.set_delay(1, &[0], Duration::from_millis(2000), Duration::ZERO)
+        .unwrap();
+    assert_eq!(delivered_then(&l, 50, || l.heal().unwrap()), 50);
+    let stopped = l.take_stopped_delays();
+    assert_eq!(stopped.len(), 1);
+    let c = stopped[0].1;
+    assert_eq!((c.held, c.released, c.errors), (50, 50, 0), "{c}");
 
     // Dropped with a delay in force: agent and namespaces go.
     l.set_delay(1, &[0], Duration::from_millis(100), Duration::ZERO)
