@@ -133,6 +133,20 @@ impl Cluster {
         Ok(())
     }
 
+    /// `r0←r1 51.2` …: each running router's `delta_lag_ms` of each member.
+    fn lags(&mut self) -> String {
+        let mut out = Vec::new();
+        for i in self.running_routers() {
+            let c = client::get_json(self.lab.router_http(i), "/admin/cluster");
+            for m in c["members"].as_array().into_iter().flatten() {
+                if let (Some(name), Some(lag)) = (m["name"].as_str(), m["delta_lag_ms"].as_f64()) {
+                    out.push(format!("r{i}←{name} {lag:.1}"));
+                }
+            }
+        }
+        format!("{} ms", out.join(", "))
+    }
+
     /// What the delay agents stopped by the last step did, for its log line.
     fn delay_note(&self) -> String {
         self.lab
@@ -169,10 +183,22 @@ impl Cluster {
         {
             return self.flood(*router, *datagrams, *handshakes);
         }
+        // Delay: the one-way lag of the last envelope each router received from each member
+        // (cluster time, one host: the network delay shows in it), before and under it.
+        let lags = match a {
+            Action::Delay { .. } => format!("delta lags before: {}", self.lags()),
+            Action::Heal if self.delay.is_some() => {
+                format!("delta lags under the delay: {}", self.lags())
+            }
+            _ => String::new(),
+        };
         self.act_inner(a)?;
-        let delays = self.delay_note();
-        if !delays.is_empty() {
-            return Ok(delays);
+        let notes: Vec<String> = [lags, self.delay_note()]
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect();
+        if !notes.is_empty() {
+            return Ok(notes.join("; "));
         }
         match a {
             Action::RestartRouter {
