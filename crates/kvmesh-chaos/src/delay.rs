@@ -448,7 +448,7 @@ fn request(fd: &OwnedFd, seq: u32, queue: u16, attrs: &[(u16, &[u8])]) -> Result
                 Msg::Ack { seq: s, errno } if s == seq => {
                     return Err(format!(
                         "the kernel refused the NFQUEUE configuration: {}",
-                        std::io::Error::from_raw_os_error(-errno)
+                        std::io::Error::from_raw_os_error(errno.wrapping_neg())
                     ));
                 }
                 _ => {}
@@ -532,7 +532,8 @@ fn release(fd: &OwnedFd, queue: u16, ids: &[u32], stats: &Stats) {
 fn serve(fd: &OwnedFd, queue: u16, mut hold: Hold, stop: &AtomicBool, stats: &Stats) {
     let mut buf = vec![0u8; 65536];
     while !stop.load(Ordering::SeqCst) {
-        loop {
+        // At most 256 datagrams before the releases: a flood cannot starve them.
+        for _ in 0..256 {
             match recv(fd, &mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
