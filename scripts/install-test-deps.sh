@@ -16,14 +16,17 @@ fi
 chromium --version >/dev/null 2>&1 \
   || { echo "install-test-deps: chromium missing after install" >&2; exit 1; }
 # The chaos suite (scripts/test.sh runs it in quick mode): iproute2 (network namespaces, veth,
-# bridge), nftables (partitions and packet loss inside the routers' namespaces) and libfaketime
-# (the clock-skew scenario). Needs root.
+# bridge), nftables (partitions and packet loss inside the routers' namespaces), iptables
+# (iptables-nft: the NFQUEUE rules of the delay step — the kernel has no nftables `queue`
+# statement nor netem) and libfaketime (the clock-skew scenario). Needs root.
 FAKETIME_SO=/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
-if ! command -v ip >/dev/null || ! command -v nft >/dev/null || [ ! -e "$FAKETIME_SO" ]; then
+if ! command -v ip >/dev/null || ! command -v nft >/dev/null || ! command -v iptables >/dev/null \
+  || [ ! -e "$FAKETIME_SO" ]; then
   if command -v apt-get >/dev/null; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq iproute2 nftables libfaketime >/dev/null
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq iproute2 nftables iptables libfaketime >/dev/null
   fi
 fi
-command -v ip >/dev/null && command -v nft >/dev/null && [ -e "$FAKETIME_SO" ] \
-  || { echo "install-test-deps: iproute2, nftables and libfaketime are needed by the chaos suite" >&2; exit 1; }
+command -v ip >/dev/null && command -v nft >/dev/null && command -v iptables >/dev/null \
+  && [ -e "$FAKETIME_SO" ] \
+  || { echo "install-test-deps: iproute2, nftables, iptables and libfaketime are needed by the chaos suite" >&2; exit 1; }

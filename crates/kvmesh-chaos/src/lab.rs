@@ -4,7 +4,13 @@
 //! Everything is named after the runner's pid and removed on drop — on success, failure,
 //! panic and Ctrl-C — and [`sweep`] removes what a runner killed with SIGKILL left.
 //!
-//! Needs root, iproute2 and nftables (`scripts/install-test-deps.sh` installs them).
+//! Delay: an iptables-nft NFQUEUE rule per router namespace and a [`delay::Agent`] thread
+//! bound to that queue inside it (crate::delay).
+//!
+//! Needs root, iproute2 and nftables, and iptables for delay (`scripts/install-test-deps.sh`
+//! installs them).
+
+use crate::delay;
 
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -17,6 +23,28 @@ const HTTP_PORT: u16 = 8080;
 const MESH_PORT: u16 = 7946;
 /// libfaketime (Debian `libfaketime`): the clock-skew step preloads it into a router.
 const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// The NFQUEUE number of the delay rules (queues are per network namespace).
+pub const DELAY_QUEUE: u16 = 7946;
+
+/// Whether `iptables` (iptables-nft: the NFQUEUE xt target through nft_compat) can run: the
+/// delay step needs it, the kernel's nftables `queue` statement being absent here.
+pub fn check_iptables() -> Result<(), String> {
+    match Command::new("iptables")
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "`iptables --version` failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!(
+            "iptables: {e} — the delay step needs iptables (Debian package `iptables`, the \
+             iptables-nft variant; scripts/install-test-deps.sh installs it)"
+        )),
+    }
+}
 
 fn sh(args: &[&str]) -> Result<String, String> {
     let out = Command::new(args[0])
@@ -61,7 +89,10 @@ fn links() -> Vec<(u32, String)> {
 }
 
 /// Removes the namespaces (killing what runs in them) and links of runners that no longer run
-/// (a runner killed with SIGKILL). Returns what it removed.
+/// (a runner killed with SIGKILL). Returns what it removed. A dead runner's delay leaves
+/// nothing else to sweep: its agents were threads of it (gone with it; the kernel unbinds their
+/// queues, and `--queue-bypass` lets packets through meanwhile) and its iptables rules live in
+/// its namespaces, deleted here.
 pub fn sweep() -> Vec<String> {
     let me = std::process::id();
     let mut removed = Vec::new();
@@ -88,7 +119,8 @@ pub fn sweep() -> Vec<String> {
     removed
 }
 
-/// What of runner `pid`'s lab exists on the machine (namespaces, links): empty once torn down.
+/// What of runner `pid`'s lab exists on the machine (namespaces — with the iptables rules in
+/// them —, links and, for this process, delay agents): empty once torn down.
 pub fn resources_of(pid: u32) -> Vec<String> {
     let mut out: Vec<String> = sh(&["ip", "netns", "list"])
         .unwrap_or_default()
@@ -103,6 +135,9 @@ pub fn resources_of(pid: u32) -> Vec<String> {
             .filter(|(p, _)| *p == pid)
             .map(|(_, n)| format!("link {n}")),
     );
+    if pid == std::process::id() && delay::running() > 0 {
+        out.push(format!("{} delay agent(s) running", delay::running()));
+    }
     out
 }
 
@@ -159,6 +194,10 @@ pub struct Lab {
     next_port: std::cell::Cell<u16>,
     bridge: Option<String>,
     namespaces: Vec<String>,
+    /// Routers whose namespace has delay rules, with the agent holding their packets.
+    delays: std::sync::Mutex<Vec<(usize, delay::Agent)>>,
+    /// The final counters of the agents stopped since [`Lab::take_stopped_delays`].
+    stopped: std::sync::Mutex<Vec<(usize, delay::Counts)>>,
     pub dir: PathBuf,
     pub exe: PathBuf,
 }
@@ -175,6 +214,8 @@ impl Lab {
             next_port: std::cell::Cell::new(20_000),
             bridge: None,
             namespaces: Vec::new(),
+            delays: Default::default(),
+            stopped: Default::default(),
             dir,
             exe,
         };
@@ -289,8 +330,12 @@ impl Lab {
                 set(lossy_to)
             ));
         }
+        // Only this chain's rules are replaced: the delay rules (iptables-nft's `ip filter`
+        // table) stay. The chain is flushed, never deleted: unregistering a hook makes the
+        // kernel drop every packet queued to NFQUEUE in the namespace (nfqnl_nf_hook_drop), i.e.
+        // the packets a delay agent holds.
         let ruleset = format!(
-            "flush ruleset\ntable inet kvmesh_chaos {{\n  chain inbound {{\n    type filter hook input priority 0; policy accept;\n{rules}  }}\n}}\n"
+            "table inet kvmesh_chaos {{\n  chain inbound {{\n    type filter hook input priority 0; policy accept;\n  }}\n}}\nflush chain inet kvmesh_chaos inbound\ntable inet kvmesh_chaos {{\n  chain inbound {{\n{rules}  }}\n}}\n"
         );
         let path = self.dir.join(format!("nft-r{i}.conf"));
         std::fs::write(&path, ruleset).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -306,9 +351,109 @@ impl Lab {
         .map(|_| ())
     }
 
-    /// Removes every rule in every router's namespace.
+    fn iptables(&self, i: usize, args: &[&str]) -> Result<String, String> {
+        let ns = self.ns(i);
+        let mut a = vec!["ip", "netns", "exec", &ns, "iptables", "-w"];
+        a.extend_from_slice(args);
+        sh(&a)
+    }
+
+    /// Delays the UDP packets router `i` receives from `from` by `delay` ± `jitter`: an agent
+    /// bound to NFQUEUE [`DELAY_QUEUE`] in its namespace, then an iptables-nft rule on the
+    /// input path (the receiving side, as the loss rules) sending those packets to the queue,
+    /// `--queue-bypass`: with no agent bound they pass undelayed. Replaces router `i`'s delay.
+    pub fn set_delay(
+        &self,
+        i: usize,
+        from: &[usize],
+        delay: Duration,
+        jitter: Duration,
+    ) -> Result<(), String> {
+        self.clear_delay(i)?;
+        if from.is_empty() {
+            return Ok(());
+        }
+        check_iptables()?;
+        let agent = delay::Agent::start(&self.ns(i), DELAY_QUEUE, delay, jitter)?;
+        self.delays
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((i, agent));
+        let sources = from
+            .iter()
+            .map(|&j| self.router_ip(j).to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let q = DELAY_QUEUE.to_string();
+        self.iptables(
+            i,
+            &[
+                "-A",
+                "INPUT",
+                "-p",
+                "udp",
+                "-s",
+                &sources,
+                "-j",
+                "NFQUEUE",
+                "--queue-num",
+                &q,
+                "--queue-bypass",
+            ],
+        )
+        .map(|_| ())
+    }
+
+    /// Router `i`'s delay rules removed and its agent stopped (held packets accepted at once);
+    /// checks that no NFQUEUE rule is left.
+    fn clear_delay(&self, i: usize) -> Result<(), String> {
+        let agents: Vec<delay::Agent> = {
+            let mut d = self.delays.lock().unwrap_or_else(|e| e.into_inner());
+            let (mine, rest) = d.drain(..).partition(|(r, _)| *r == i);
+            *d = rest;
+            mine.into_iter().map(|(_, a)| a).collect()
+        };
+        if agents.is_empty() {
+            return Ok(());
+        }
+        // Rules first: packets then pass the input hook undelayed; the agent then releases
+        // what it holds.
+        self.iptables(i, &["-F", "INPUT"])?;
+        let mut stopped = self.stopped.lock().unwrap_or_else(|e| e.into_inner());
+        for mut a in agents {
+            a.stop();
+            stopped.push((i, a.stats().counts()));
+        }
+        drop(stopped);
+        let left = self.iptables(i, &["-S", "INPUT"])?;
+        if left.contains("NFQUEUE") {
+            return Err(format!("r{i}: NFQUEUE rules left after clearing: {left}"));
+        }
+        Ok(())
+    }
+
+    /// Each delay agent's counters, e.g. `r1: 120 held, 120 released, …`.
+    pub fn delay_counts(&self) -> Vec<(usize, delay::Counts)> {
+        self.delays
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(i, a)| (*i, a.stats().counts()))
+            .collect()
+    }
+
+    /// The final counters of the agents stopped (by heal or a new delay) since the last call:
+    /// every held packet released by then.
+    pub fn take_stopped_delays(&self) -> Vec<(usize, delay::Counts)> {
+        std::mem::take(&mut *self.stopped.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Removes every rule in every router's namespace and stops the delay agents.
     pub fn heal(&self) -> Result<(), String> {
-        (0..self.routers).try_for_each(|i| self.set_rules(i, &[], &[], 0))
+        (0..self.routers).try_for_each(|i| {
+            self.set_rules(i, &[], &[], 0)?;
+            self.clear_delay(i)
+        })
     }
 
     fn spawn(
@@ -399,6 +544,14 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
+        // The delay agents first (threads of this process): their rules go with the namespaces.
+        for i in 0..self.routers {
+            let _ = self.clear_delay(i);
+        }
+        self.delays
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         // The veth ends in the root namespace first: a namespace's devices go away
         // asynchronously after `ip netns delete`, and the next lab reuses the names.
         for i in 0..=self.routers {

@@ -6,12 +6,13 @@
 //! verdict table).
 //!
 //! Shell: [`lab`] (one network namespace per router on a bridge, nftables rules for partitions
-//! and loss, the `kvmesh serve` / `kvmesh sim` processes, cleanup on every path), [`client`]
+//! and loss, iptables NFQUEUE rules and [`delay`] agents for delay, the `kvmesh serve` / `kvmesh sim` processes, cleanup on every path), [`client`]
 //! (a bounded workload that retries on another router, as a DNS client would), [`flood`]
 //! (garbage datagrams and half-open QUIC handshakes at a mesh port) and [`run`] (drives a
 //! scenario: lab up, workload, steps on schedule, measurements, verdict).
 
 pub mod client;
+pub mod delay;
 pub mod flood;
 pub mod lab;
 pub mod run;

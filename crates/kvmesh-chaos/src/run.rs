@@ -5,7 +5,7 @@
 
 use crate::client::{self, Live};
 use crate::lab::{Lab, Proc};
-use crate::scenario::{Action, Plan, Scenario, blocked_pairs};
+use crate::scenario::{Action, Plan, Scenario, blocked_pairs, delayed_pairs};
 use crate::verdict::{self, Observations, Row};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -52,7 +52,16 @@ struct Cluster {
     engine_addrs: Vec<SocketAddr>,
     blocked: Vec<(usize, usize)>,
     loss: u32,
+    /// The delay in force.
+    delay: Option<Delay>,
     live: Arc<Live>,
+}
+
+/// A delay in force: `ms` ± `jitter_ms` on the packets between each pair.
+struct Delay {
+    ms: u32,
+    jitter_ms: u32,
+    pairs: Vec<(usize, usize)>,
 }
 
 impl Cluster {
@@ -107,6 +116,47 @@ impl Cluster {
         Ok(())
     }
 
+    /// Each router's delay rule: the peers whose packets it holds on arrival.
+    fn apply_delay(&self) -> Result<(), String> {
+        let Some(d) = &self.delay else {
+            return Ok(());
+        };
+        let ms = |v: u32| Duration::from_millis(u64::from(v));
+        for i in 0..self.n() {
+            let from: Vec<usize> = d
+                .pairs
+                .iter()
+                .filter_map(|&(a, b)| (a == i).then_some(b).or((b == i).then_some(a)))
+                .collect();
+            self.lab.set_delay(i, &from, ms(d.ms), ms(d.jitter_ms))?;
+        }
+        Ok(())
+    }
+
+    /// `r0←r1 51.2` …: each running router's `delta_lag_ms` of each member.
+    fn lags(&mut self) -> String {
+        let mut out = Vec::new();
+        for i in self.running_routers() {
+            let c = client::get_json(self.lab.router_http(i), "/admin/cluster");
+            for m in c["members"].as_array().into_iter().flatten() {
+                if let (Some(name), Some(lag)) = (m["name"].as_str(), m["delta_lag_ms"].as_f64()) {
+                    out.push(format!("r{i}←{name} {lag:.1}"));
+                }
+            }
+        }
+        format!("{} ms", out.join(", "))
+    }
+
+    /// What the delay agents stopped by the last step did, for its log line.
+    fn delay_note(&self) -> String {
+        self.lab
+            .take_stopped_delays()
+            .iter()
+            .map(|(i, c)| format!("r{i} delay agent: {c}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     fn engine_admin(&self, e: usize, method: &str, path: &str, body: &str) -> Result<(), String> {
         let r = client::request(
             self.engine_addrs[e],
@@ -133,7 +183,23 @@ impl Cluster {
         {
             return self.flood(*router, *datagrams, *handshakes);
         }
+        // Delay: the one-way lag of the last envelope each router received from each member
+        // (cluster time, one host: the network delay shows in it), before and under it.
+        let lags = match a {
+            Action::Delay { .. } => format!("delta lags before: {}", self.lags()),
+            Action::Heal if self.delay.is_some() => {
+                format!("delta lags under the delay: {}", self.lags())
+            }
+            _ => String::new(),
+        };
         self.act_inner(a)?;
+        let notes: Vec<String> = [lags, self.delay_note()]
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect();
+        if !notes.is_empty() {
+            return Ok(notes.join("; "));
+        }
         match a {
             Action::RestartRouter {
                 router, skew_ms, ..
@@ -190,9 +256,22 @@ impl Cluster {
                 self.loss = *percent;
                 self.apply_rules()
             }
+            Action::Delay {
+                ms,
+                jitter_ms,
+                between,
+            } => {
+                self.delay = Some(Delay {
+                    ms: *ms,
+                    jitter_ms: *jitter_ms,
+                    pairs: delayed_pairs(between.as_deref(), self.n()),
+                });
+                self.apply_delay()
+            }
             Action::Heal => {
                 self.blocked.clear();
                 self.loss = 0;
+                self.delay = None;
                 self.lab.heal()
             }
             Action::Flap { .. } => Err("flap is expanded when the scenario is planned".into()),
@@ -328,6 +407,13 @@ pub fn run_plan(plan: Plan, opts: &Options) -> Result<Row, String> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let n = plan.topology.routers + plan.topology.late_routers;
+    if plan
+        .steps
+        .iter()
+        .any(|s| matches!(s.action, Action::Delay { .. }))
+    {
+        crate::lab::check_iptables()?;
+    }
     let lab = Lab::new(n, dir.clone(), opts.exe.clone())?;
     let pid = std::process::id();
     let result = run_in(lab, plan, &dir);
@@ -408,6 +494,7 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
         engine_addrs,
         blocked: Vec::new(),
         loss: 0,
+        delay: None,
         live: live.clone(),
         lab,
         plan: plan.clone(),

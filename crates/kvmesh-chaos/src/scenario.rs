@@ -167,6 +167,17 @@ pub enum Action {
     },
     /// `percent`% of packets between any two routers dropped at random, each way.
     Loss { percent: u32 },
+    /// Every UDP packet between two routers held `ms` ± `jitter_ms` (uniform) before it is
+    /// delivered, each way (a round trip gains 2 × `ms`), arrival order kept: between the
+    /// pairs of `between`, or between any two routers when it is absent. NFQUEUE, not netem
+    /// (chaos/README.md). Replaces a delay in force; `heal` removes it.
+    Delay {
+        ms: u32,
+        #[serde(default)]
+        jitter_ms: u32,
+        #[serde(default)]
+        between: Option<Vec<[usize; 2]>>,
+    },
     /// Every network rule removed.
     Heal,
     /// SIGKILL a router.
@@ -217,6 +228,28 @@ impl Action {
             Action::Isolate { router } => format!("isolate r{router}"),
             Action::Flap { router, times, .. } => format!("flap r{router} ×{times}"),
             Action::Loss { percent } => format!("loss {percent}%"),
+            Action::Delay {
+                ms,
+                jitter_ms,
+                between,
+            } => format!(
+                "delay {ms}{} ms {}",
+                if *jitter_ms > 0 {
+                    format!(" ± {jitter_ms}")
+                } else {
+                    String::new()
+                },
+                match between {
+                    None => "between all routers".to_string(),
+                    Some(p) => format!(
+                        "between {}",
+                        p.iter()
+                            .map(|[a, b]| format!("r{a}–r{b}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                }
+            ),
             Action::Heal => "heal".into(),
             Action::KillRouter { router } => format!("kill -9 r{router}"),
             Action::StartRouter { router } => format!("start r{router}"),
@@ -430,6 +463,34 @@ fn check_indices(a: &Action, routers: usize, engines: usize) -> Result<(), Strin
         Action::Loss { percent } if *percent == 0 || *percent > 100 => {
             Err(format!("`{}`: percent in 1..=100", a.label()))
         }
+        Action::Delay {
+            ms,
+            jitter_ms,
+            between,
+        } => {
+            if !(1..=2000).contains(ms) {
+                return Err(format!("`{}`: ms in 1..=2000", a.label()));
+            }
+            if jitter_ms > ms {
+                return Err(format!("`{}`: jitter_ms ≤ ms", a.label()));
+            }
+            if let Some(pairs) = between {
+                if pairs.is_empty() {
+                    return Err(format!(
+                        "`{}`: `between` lists pairs of routers (omit it for all)",
+                        a.label()
+                    ));
+                }
+                for &[x, y] in pairs {
+                    r(x)?;
+                    r(y)?;
+                    if x == y {
+                        return Err(format!("`{}`: a pair of one router r{x}", a.label()));
+                    }
+                }
+            }
+            Ok(())
+        }
         Action::KillEngine { engine }
         | Action::StartEngine { engine }
         | Action::EngineRestart { engine } => en(*engine),
@@ -442,6 +503,20 @@ fn check_indices(a: &Action, routers: usize, engines: usize) -> Result<(), Strin
         }
         Action::Loss { .. } | Action::Heal => Ok(()),
     }
+}
+
+/// The pairs of routers whose packets a delay holds (`between`, or every pair), each
+/// `(low, high)`, sorted, without repeats.
+pub fn delayed_pairs(between: Option<&[[usize; 2]]>, routers: usize) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = match between {
+        Some(p) => p.iter().map(|&[a, b]| (a.min(b), a.max(b))).collect(),
+        None => (0..routers)
+            .flat_map(|a| (a + 1..routers).map(move |b| (a, b)))
+            .collect(),
+    };
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// Which pairs of routers may not exchange packets, from the rules in force.
@@ -564,6 +639,35 @@ duration_s = 12
                 "[[step]]\nat_s = 1\ndo = \"loss\"\npercent = 0\n",
                 "1..=100",
             ),
+            ("[[step]]\nat_s = 1\ndo = \"delay\"\nms = 0\n", "1..=2000"),
+            (
+                "[[step]]\nat_s = 1\ndo = \"delay\"\nms = 2001\n",
+                "1..=2000",
+            ),
+            (
+                "[[step]]\nat_s = 1\ndo = \"delay\"\nms = 50\njitter_ms = 60\n",
+                "jitter_ms ≤ ms",
+            ),
+            (
+                "[[step]]\nat_s = 1\ndo = \"delay\"\nms = 50\nbetween = [[0, 4]]\n",
+                "no router r4",
+            ),
+            (
+                "[[step]]\nat_s = 1\ndo = \"delay\"\nms = 50\nbetween = [[1, 1]]\n",
+                "pair of one router",
+            ),
+            (
+                "[[step]]\nat_s = 1\ndo = \"delay\"\nms = 50\nbetween = []\n",
+                "lists pairs",
+            ),
+            (
+                "[[step]]\nat_s = 1\ndo = \"delay\"\nms = 50\nbetween = [[0, 1, 2]]\n",
+                "invalid length",
+            ),
+            (
+                "[[step]]\nat_s = 1\ndo = \"delay\"\nms = 50\npercent = 3\n",
+                "unknown field",
+            ),
             (
                 "[[step]]\nat_s = 1\ndo = \"restart_router\"\nrouter = 0\nskew_ms = 90000\n",
                 "±60 000",
@@ -608,6 +712,38 @@ duration_s = 12
             a => panic!("{a:?}"),
         }
         assert_eq!(p.steps[1].action.label(), "e1 faults cleared");
+    }
+
+    #[test]
+    fn delay_steps_parse_with_defaults_and_their_pairs() {
+        let p = plan(
+            "[[step]]\nat_s = 1\ndo = \"delay\"\nms = 50\njitter_ms = 10\n\
+             [[step]]\nat_s = 2\ndo = \"delay\"\nms = 2000\nbetween = [[2, 0], [0, 2], [1, 3]]\n\
+             [[step]]\nat_s = 3\ndo = \"heal\"\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            p.steps[0].action,
+            Action::Delay {
+                ms: 50,
+                jitter_ms: 10,
+                between: None
+            }
+        );
+        assert_eq!(
+            p.steps[0].action.label(),
+            "delay 50 ± 10 ms between all routers"
+        );
+        assert_eq!(
+            p.steps[1].action.label(),
+            "delay 2000 ms between r2–r0, r0–r2, r1–r3"
+        );
+        assert_eq!(delayed_pairs(None, 3), vec![(0, 1), (0, 2), (1, 2)]);
+        assert_eq!(
+            delayed_pairs(Some(&[[2, 0], [0, 2], [1, 3]]), 4),
+            vec![(0, 2), (1, 3)]
+        );
     }
 
     #[test]

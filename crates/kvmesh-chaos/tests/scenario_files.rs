@@ -38,6 +38,7 @@ fn every_scenario_file_plans_and_the_required_ones_exist() {
         "event-seq-gap",
         "router-join",
         "loss-20",
+        "delay-50",
         "mesh-flood",
         "clock-skew",
     ] {

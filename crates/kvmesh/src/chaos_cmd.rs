@@ -7,7 +7,8 @@ use std::path::PathBuf;
 #[derive(Debug, Subcommand)]
 pub enum ChaosCmd {
     /// Run scenarios (chaos/*.toml) across real processes; exits non-zero when an invariant
-    /// breaks. Needs root (network namespaces), iproute2 and nftables.
+    /// breaks. Needs root (network namespaces), iproute2, nftables and, for delay steps,
+    /// iptables (iptables-nft).
     Run(RunArgs),
     /// Remove network namespaces, bridges and processes left by runners that are gone.
     Clean,
