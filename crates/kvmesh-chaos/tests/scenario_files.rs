@@ -36,6 +36,8 @@ fn every_scenario_file_plans_and_the_required_ones_exist() {
         "gray-engine",
         "engine-cache-reset",
         "event-seq-gap",
+        "engine-errors",
+        "engine-hang",
         "router-join",
         "loss-20",
         "delay-50",
