@@ -9,7 +9,6 @@
 //!   cargo bench -p kvmesh-gateway --bench mesh_join
 //!   KVMESH_JOIN_ENGINES=16 cargo bench -p kvmesh-gateway --bench mesh_join   # 2M entries
 
-#[allow(dead_code)]
 #[path = "../tests/common/mod.rs"]
 mod common;
 

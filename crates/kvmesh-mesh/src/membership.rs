@@ -4,8 +4,8 @@
 //! ([`crate::node`]) feeds it QUIC datagrams and a timer; tests drive it in virtual time over a
 //! simulated network.
 //!
-//! Identity: (node name, mesh address, bump). A node declared down renews its identity (bump
-//! + 1) and rejoins; a restarted node starts with a higher bump (its start time), which wins
+//! Identity: (node name, mesh address, bump). A node declared down renews its identity (its
+//! bump plus one) and rejoins; a restarted node starts with a higher bump (its start time), which wins
 //! the conflict with its old identity at the same address.
 
 use bytes::Bytes;
@@ -218,11 +218,9 @@ impl Membership {
                     }
                     self.effects.push(Effect::Down(m));
                 }
-                OwnedNotification::Rename(old, new) => {
-                    if self.live.remove(&old.addr).is_some() {
-                        self.live.insert(new.addr, new.clone());
-                        self.effects.push(Effect::Renamed(new));
-                    }
+                OwnedNotification::Rename(old, new) if self.live.remove(&old.addr).is_some() => {
+                    self.live.insert(new.addr, new.clone());
+                    self.effects.push(Effect::Renamed(new));
                 }
                 _ => {}
             }

@@ -111,7 +111,7 @@ impl Sim {
                     m.advance(now);
                     // A node that knows nobody asks the seed again every second (the shell
                     // does the same with its configured seeds).
-                    if i != 0 && m.live().next().is_none() && now % 1_000_000 == 0 {
+                    if i != 0 && m.live().next().is_none() && now.is_multiple_of(1_000_000) {
                         m.announce(addr(0), now);
                     }
                     self.collect(i);

@@ -21,7 +21,7 @@ fn target(slot: u32) -> Target {
 
 fn key(k: u64) -> BlockKey {
     // Every fourth key is an anchor (bit 0), like real chains.
-    BlockKey((k + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) & !1 | u64::from(k % 4 == 0))
+    BlockKey((k + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) & !1 | u64::from(k.is_multiple_of(4)))
 }
 
 fn op() -> impl Strategy<Value = IndexOp> {
@@ -94,7 +94,7 @@ proptest! {
         for p in &picks {
             let e = (*p % ENGINES) as usize;
             let batches = &per_engine[e];
-            let redeliver = p / ENGINES % 3 == 0 && next[e] > 0;
+            let redeliver = (p / ENGINES).is_multiple_of(3) && next[e] > 0;
             let i = if redeliver { (*p as usize / 7) % next[e] } else { next[e] };
             let Some((v, ops)) = batches.get(i) else { continue };
             let applied = sink.apply_batch(target(e as u32), *v, ops);

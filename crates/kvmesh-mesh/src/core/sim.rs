@@ -68,11 +68,21 @@ fn index_of(a: SocketAddr) -> usize {
     }
 }
 
+/// A batch of an engine's events: its ops, and the engine hash and chain position of each
+/// stored block.
+pub type SimBatch = (Vec<WireOp>, Vec<(u64, u32)>);
+/// A feed's version as applied: (epoch, n).
+pub type FeedVersion = (u32, u64);
+/// Blocks held: key → copies.
+pub type Blocks = BTreeMap<u64, u32>;
+/// A message on the simulated network: (due, order, to, from, is a datagram, bytes).
+type InFlight = (u64, u64, usize, usize, bool, Vec<u8>);
+
 /// An engine's KV-event stream: every batch kept (the sim's replay socket), and its truth.
 #[derive(Debug, Clone, Default)]
 pub struct SimEngine {
     /// (ops, engine hash and position of each stored block) per seq.
-    pub batches: Vec<(Vec<WireOp>, Vec<(u64, u32)>)>,
+    pub batches: Vec<SimBatch>,
     /// Its blocks now: key → copies.
     pub truth: BTreeMap<u64, u32>,
 }
@@ -81,7 +91,7 @@ pub struct SimEngine {
 #[derive(Debug, Clone, Default)]
 pub struct SimIndex {
     /// Per engine: last (epoch, n) applied and the blocks.
-    pub engines: HashMap<u64, ((u32, u64), BTreeMap<u64, u32>)>,
+    pub engines: HashMap<u64, (FeedVersion, Blocks)>,
     /// Marks received from peers.
     pub marks: u64,
     /// Σ others' in-flight per engine as last applied.
@@ -128,7 +138,7 @@ pub struct Sim {
     /// The core configuration of every node.
     pub cfg: CoreConfig,
     /// In flight: (due, seq, to, from, is_datagram, bytes).
-    queue: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64, usize, usize, bool, Vec<u8>)>>,
+    queue: std::collections::BinaryHeap<std::cmp::Reverse<InFlight>>,
     order: u64,
     /// Bytes delivered per node (received).
     pub bytes_in: Vec<u64>,
@@ -211,7 +221,7 @@ impl Sim {
         };
         let mut ops = Vec::new();
         let mut hashes = Vec::new();
-        if r % 4 == 0 && !en.truth.is_empty() {
+        if r.is_multiple_of(4) && !en.truth.is_empty() {
             let k = *en
                 .truth
                 .keys()
