@@ -145,6 +145,16 @@ fn main() {
         // Warm-up, then the steady window whose received bytes are counted.
         s.run(2_000_000, |s| load.tick(s));
         let before: Vec<u64> = s.bytes_in.clone();
+        let counts = |s: &Sim| {
+            s.nodes
+                .iter()
+                .flatten()
+                .fold((0u64, 0u64, 0u64), |(a, r, p), n| {
+                    let c = n.core.counters();
+                    (a + c.anti_entropy_rounds, r + c.repairs, p + c.feed_pulls)
+                })
+        };
+        let (ae0, rep0, pull0) = counts(&s);
 
         s.run(steady_s * 1_000_000, |s| load.tick(s));
         let per_router: Vec<f64> = s
@@ -153,6 +163,14 @@ fn main() {
             .zip(&before)
             .map(|(a, b)| (a - b) as f64 / steady_s as f64)
             .collect();
+        let (ae1, rep1, pull1) = counts(&s);
+        let per_s = |x: u64| x as f64 / steady_s as f64 / routers as f64;
+        println!(
+            "seed {seed}: steady window, per router per second: {:.2} anti-entropy rounds (digest exchanges started, meetings included), {:.2} repairs, {:.2} feed pulls",
+            per_s(ae1 - ae0),
+            per_s(rep1 - rep0),
+            per_s(pull1 - pull0)
+        );
         let mean = per_router.iter().sum::<f64>() / per_router.len() as f64;
         let max = per_router.iter().cloned().fold(0.0, f64::max);
         // Partition into halves under load, heal, quiet: time to agreement.
