@@ -430,6 +430,22 @@ fn recv(fd: &OwnedFd, buf: &mut [u8]) -> std::io::Result<usize> {
     }
 }
 
+/// Waits until `fd` is readable, at most `wait` (< 1 s; a signal or an error ends it early:
+/// callers loop and read, which tells them).
+fn wait_readable(fd: &OwnedFd, wait: Duration) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: wait.min(Duration::from_millis(999)).as_nanos() as _,
+    };
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+    unsafe { libc::ppoll(&raw mut p, 1, &raw const ts, std::ptr::null()) };
+}
+
 /// Sends a configuration request and waits (≤ 2 s) for its acknowledgement.
 fn request(fd: &OwnedFd, seq: u32, queue: u16, attrs: &[(u16, &[u8])]) -> Result<(), String> {
     let msg = message(NFQNL_MSG_CONFIG, NLM_F_ACK, seq, queue, attrs);
@@ -439,7 +455,7 @@ fn request(fd: &OwnedFd, seq: u32, queue: u16, attrs: &[(u16, &[u8])]) -> Result
     while t.elapsed() < Duration::from_secs(2) {
         let n = recv(fd, &mut buf).map_err(|e| format!("netlink recv: {e}"))?;
         if n == 0 {
-            std::thread::sleep(Duration::from_millis(2));
+            wait_readable(fd, Duration::from_millis(20));
             continue;
         }
         for m in parse(&buf[..n]) {
@@ -466,6 +482,7 @@ fn bind(netns_path: &str, queue: u16) -> Result<OwnedFd, String> {
     if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
         return Err(format!("setns {netns_path}: {}", errno()));
     }
+    // SAFETY: plain socket(2); the descriptor is checked and owned just below.
     let raw = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, NETLINK_NETFILTER) };
     if raw < 0 {
         return Err(format!("netlink socket: {}", errno()));
@@ -576,17 +593,7 @@ fn serve(fd: &OwnedFd, queue: u16, mut hold: Hold, stop: &AtomicBool, stats: &St
                 t.saturating_duration_since(now)
             })
             .min(Duration::from_millis(20));
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: wait.as_nanos() as _,
-        };
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, a valid timespec, no signal mask.
-        unsafe { libc::ppoll(&raw mut p, 1, &raw const ts, std::ptr::null()) };
+        wait_readable(fd, wait);
     }
     let rest = hold.drain();
     release(fd, queue, &rest, stats);

@@ -222,6 +222,15 @@ impl PoolUpstream {
     }
 }
 
+/// The `host:port` an upstream request goes to (a connect error without one: the engine's
+/// URL is malformed, another engine may do).
+fn authority_of(req: &Request<Full<Bytes>>) -> Result<http::uri::Authority, UpstreamError> {
+    req.uri().authority().cloned().ok_or_else(|| UpstreamError {
+        connect: true,
+        message: format!("no host in the upstream URI {}", req.uri()),
+    })
+}
+
 impl Upstream for PoolUpstream {
     fn send(&self, req: Request<Full<Bytes>>) -> UpstreamFuture {
         let pool = self.0.clone();
@@ -238,12 +247,7 @@ impl Pool {
         self: Arc<Self>,
         mut req: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let Some(authority) = req.uri().authority().cloned() else {
-            return Err(UpstreamError {
-                connect: true,
-                message: format!("no host in the upstream URI {}", req.uri()),
-            });
-        };
+        let authority = authority_of(&req)?;
         // Origin-form request line, and the Host header hyper's client would have set.
         let mut parts = http::uri::Parts::default();
         parts.path_and_query = req.uri().path_and_query().cloned();

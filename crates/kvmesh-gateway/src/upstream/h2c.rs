@@ -9,7 +9,9 @@
 //! (`RST_STREAM(CANCEL)`), which the engine sees as the client gone; the other streams of the
 //! connection go on.
 
-use super::{PoolConfig, Upstream, UpstreamBody, UpstreamError, UpstreamFuture, lock};
+use super::{
+    PoolConfig, Upstream, UpstreamBody, UpstreamError, UpstreamFuture, authority_of, lock,
+};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
@@ -116,12 +118,7 @@ impl H2Pool {
         self: Arc<Self>,
         mut req: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let Some(authority) = req.uri().authority().cloned() else {
-            return Err(UpstreamError {
-                connect: true,
-                message: format!("no host in the upstream URI {}", req.uri()),
-            });
-        };
+        let authority = authority_of(&req)?;
         // The absolute URI gives `:scheme` and `:authority`; HTTP/2 has no Host header.
         *req.version_mut() = Version::HTTP_2;
         req.headers_mut().remove(http::header::HOST);
