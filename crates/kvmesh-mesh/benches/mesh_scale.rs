@@ -12,6 +12,8 @@
 //!
 //!   cargo bench -p kvmesh-mesh --bench mesh_scale
 //!   KVMESH_SCALE_MODE=approximate cargo bench -p kvmesh-mesh --bench mesh_scale
+//!   KVMESH_SCALE_KINDS=1 …   # also the steady window's bytes by kind (decodes every envelope)
+//!   KVMESH_SCALE_FIRST_SEED=4 …   # seeds from 4 (runs of one seed side by side)
 //!   KVMESH_SCALE_ROUTERS=32 KVMESH_SCALE_ENGINES=1024 KVMESH_SCALE_RATE=2000 \
 //!     KVMESH_SCALE_SEEDS=3 cargo bench -p kvmesh-mesh --bench mesh_scale
 
@@ -102,7 +104,8 @@ fn main() {
         }
     );
     let mut heals = Vec::new();
-    for seed in 1..=seeds {
+    let first_seed = env("KVMESH_SCALE_FIRST_SEED", 1);
+    for seed in first_seed..first_seed + seeds {
         let wall = Instant::now();
         let cfg = CoreConfig {
             cluster_id: 1,
@@ -155,6 +158,9 @@ fn main() {
                 })
         };
         let (ae0, rep0, pull0) = counts(&s);
+        if std::env::var("KVMESH_SCALE_KINDS").is_ok_and(|v| v == "1") {
+            s.by_kind = Some(Default::default());
+        }
 
         s.run(steady_s * 1_000_000, |s| load.tick(s));
         let per_router: Vec<f64> = s
@@ -171,6 +177,25 @@ fn main() {
             per_s(rep1 - rep0),
             per_s(pull1 - pull0)
         );
+        if let Some(kinds) = s.by_kind.take() {
+            let total: u64 = kinds.values().sum();
+            let mut v: Vec<_> = kinds.into_iter().collect();
+            v.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
+            let shares: Vec<String> = v
+                .iter()
+                .map(|(k, b)| {
+                    format!(
+                        "{k} {:.0} KB/s ({:.0}%)",
+                        *b as f64 / steady_s as f64 / routers as f64 / 1e3,
+                        100.0 * *b as f64 / total.max(1) as f64
+                    )
+                })
+                .collect();
+            println!(
+                "seed {seed}: received per router by kind: {}",
+                shares.join(", ")
+            );
+        }
         let mean = per_router.iter().sum::<f64>() / per_router.len() as f64;
         let max = per_router.iter().cloned().fold(0.0, f64::max);
         // Partition into halves under load, heal, quiet: time to agreement.

@@ -60,6 +60,53 @@ pub struct FeedBatch {
     pub ops: Vec<WireOp>,
 }
 
+/// Several batches of one feed, as they travel (its id once, not per batch: a flush carries
+/// the batches of every engine its sender is the first owner of, all of one feed id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FeedBatches {
+    /// The feed.
+    pub feed: FeedId,
+    /// (engine, n, stale, ops) of each batch, in the sender's order.
+    pub items: Vec<(u64, u64, bool, Vec<WireOp>)>,
+}
+
+impl FeedBatches {
+    /// Groups batches by feed, keeping their order within each group.
+    pub fn compact(batches: impl IntoIterator<Item = FeedBatch>) -> Vec<FeedBatches> {
+        let mut out: Vec<FeedBatches> = Vec::new();
+        for b in batches {
+            let item = (b.engine, b.n, b.stale, b.ops);
+            match out.iter_mut().find(|g| g.feed == b.feed) {
+                Some(g) => g.items.push(item),
+                None => out.push(FeedBatches {
+                    feed: b.feed,
+                    items: vec![item],
+                }),
+            }
+        }
+        out
+    }
+
+    /// The batches it carries.
+    pub fn batches(self) -> impl Iterator<Item = FeedBatch> {
+        let feed = self.feed;
+        self.items
+            .into_iter()
+            .map(move |(engine, n, stale, ops)| FeedBatch {
+                engine,
+                feed,
+                n,
+                stale,
+                ops,
+            })
+    }
+
+    /// Ops carried (an envelope's weight).
+    pub fn ops(&self) -> usize {
+        self.items.iter().map(|i| 1 + i.3.len()).sum()
+    }
+}
+
 /// One block in a snapshot: the router's key, the engine's own hash and the block's position
 /// in its chain (so that a new owner can follow the engine's stream from there), the copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

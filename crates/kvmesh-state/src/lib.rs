@@ -33,7 +33,8 @@ pub mod registry;
 pub mod wire;
 
 pub use feeds::{
-    FeedApply, FeedBatch, FeedId, FeedIn, FeedOut, FeedPull, FeedSnapshot, SnapBlock, WireOp,
+    FeedApply, FeedBatch, FeedBatches, FeedId, FeedIn, FeedOut, FeedPull, FeedSnapshot, SnapBlock,
+    WireOp,
 };
 pub use ids::{NodeId, Version};
 pub use load::{LoadBatch, LoadDelta, LoadMap};
@@ -42,7 +43,7 @@ pub use ownership::{owners, owns};
 pub use registry::{Dot, EngineRecord, RegistryAdd, RegistryDelta, RegistrySet, Span, Stamp};
 pub use wire::{
     Control, Delta, Envelope, EnvelopeV1, FeedHead, MAX_ENVELOPE_BYTES, StateDigest, WireError,
-    decode, encode,
+    decode, encode, encoded_len,
 };
 
 /// A 64-bit digest of a sorted sequence of hashable parts (blake3, stable across platforms).

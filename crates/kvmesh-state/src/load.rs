@@ -31,36 +31,47 @@ pub struct LoadBatch {
     pub node: NodeId,
     /// Its incarnation.
     pub incarnation: u64,
-    /// (engine, counter within the incarnation, in flight).
-    pub items: Vec<(u64, u64, u32)>,
+    /// (engine, counter within the incarnation − the previous item's (the first: − 0), in
+    /// flight). A router's changes are numbered one by one, so a flush's counters differ by
+    /// little: a byte each on the wire instead of the counter's three to five.
+    pub items: Vec<(u64, i64, u32)>,
 }
 
 impl LoadBatch {
     /// Groups deltas by (router, incarnation), keeping their order within each group.
     pub fn compact(deltas: impl IntoIterator<Item = LoadDelta>) -> Vec<LoadBatch> {
-        let mut out: Vec<LoadBatch> = Vec::new();
+        // Per batch: the counter of its last item.
+        let mut out: Vec<(LoadBatch, u64)> = Vec::new();
         for d in deltas {
-            let item = (d.engine, d.version.counter, d.in_flight);
+            let c = d.version.counter;
             match out
                 .iter_mut()
-                .find(|b| b.node == d.node && b.incarnation == d.version.incarnation)
+                .find(|(b, _)| b.node == d.node && b.incarnation == d.version.incarnation)
             {
-                Some(b) => b.items.push(item),
-                None => out.push(LoadBatch {
-                    node: d.node,
-                    incarnation: d.version.incarnation,
-                    items: vec![item],
-                }),
+                Some((b, last)) => {
+                    b.items
+                        .push((d.engine, c.wrapping_sub(*last) as i64, d.in_flight));
+                    *last = c;
+                }
+                None => out.push((
+                    LoadBatch {
+                        node: d.node,
+                        incarnation: d.version.incarnation,
+                        items: vec![(d.engine, c as i64, d.in_flight)],
+                    },
+                    c,
+                )),
             }
         }
-        out
+        out.into_iter().map(|(b, _)| b).collect()
     }
 
     /// The deltas it carries.
     pub fn deltas(&self) -> impl Iterator<Item = LoadDelta> + '_ {
-        self.items
-            .iter()
-            .map(move |&(engine, counter, in_flight)| LoadDelta {
+        let mut counter = 0u64;
+        self.items.iter().map(move |&(engine, diff, in_flight)| {
+            counter = counter.wrapping_add(diff as u64);
+            LoadDelta {
                 node: self.node,
                 engine,
                 version: Version {
@@ -68,7 +79,8 @@ impl LoadBatch {
                     counter,
                 },
                 in_flight,
-            })
+            }
+        })
     }
 }
 

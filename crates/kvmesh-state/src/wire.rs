@@ -3,7 +3,7 @@
 //! treats every byte as hostile: bounded input size and allocation (`with_limit`), no panic,
 //! a typed error the caller counts.
 
-use crate::feeds::{FeedBatch, FeedId, FeedPull, FeedSnapshot};
+use crate::feeds::{FeedBatch, FeedBatches, FeedId, FeedPull, FeedSnapshot};
 use crate::ids::{NodeId, Version};
 use crate::load::{LoadBatch, LoadDelta};
 use crate::marks::MarkDelta;
@@ -28,6 +28,8 @@ pub enum Delta {
     Feed(FeedBatch),
     /// An engine's whole block set from an ingest owner.
     FeedSnapshot(FeedSnapshot),
+    /// Batches of one feed (what is sent: see [`FeedBatches`]).
+    FeedBatches(FeedBatches),
 }
 
 /// Digests of the replicated state's parts, compared in anti-entropy.
@@ -138,6 +140,12 @@ fn config() -> bincode::config::Configuration<
     bincode::config::Limit<MAX_ENVELOPE_BYTES>,
 > {
     bincode::config::standard().with_limit::<MAX_ENVELOPE_BYTES>()
+}
+
+/// The encoded size of one part of an envelope (a delta, a control message), as it travels
+/// inside one: what byte accounting by kind measures.
+pub fn encoded_len<T: Serialize>(v: &T) -> usize {
+    bincode::serde::encode_to_vec(v, config()).map_or(0, |b| b.len())
 }
 
 /// Encodes an envelope.

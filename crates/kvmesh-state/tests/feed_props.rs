@@ -5,8 +5,8 @@
 
 use kvmesh_state::feeds::apply_ops;
 use kvmesh_state::{
-    Delta, Envelope, EnvelopeV1, FeedApply, FeedBatch, FeedId, FeedIn, FeedOut, NodeId, WireOp,
-    decode, encode,
+    Delta, Envelope, EnvelopeV1, FeedApply, FeedBatch, FeedBatches, FeedId, FeedIn, FeedOut,
+    NodeId, WireOp, decode, encode,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -125,7 +125,13 @@ proptest! {
     ) {
         let mut src = FeedOut::new(5, feed(), 1_000);
         let batches = produce(&mut src, &script);
+        // Grouped by feed as they travel, the batches come back the same, in order.
+        let grouped = FeedBatches::compact(batches.clone());
+        prop_assert_eq!(grouped.len(), 1);
+        let back: Vec<FeedBatch> = grouped.iter().cloned().flat_map(FeedBatches::batches).collect();
+        prop_assert_eq!(&back, &batches);
         let mut deltas: Vec<Delta> = batches.into_iter().map(Delta::Feed).collect();
+        deltas.extend(grouped.into_iter().map(Delta::FeedBatches));
         deltas.push(Delta::FeedSnapshot(src.snapshot()));
         let env = Envelope::V1(EnvelopeV1 { cluster_id: 3, from: NodeId(1), snapshot: false, sent_us: 1, deltas, control: vec![] });
         let bytes = encode(&env).expect("encode");

@@ -68,6 +68,7 @@ pub(super) fn status(c: &Cluster) -> serde_json::Value {
         "ownership_moves": k.ownership_moves,
         "feed_batches": k.feed_batches,
         "feed_pulls": k.feed_pulls,
+        "marks_kept_local": k.marks_kept,
         "dropped_marks": c.dropped_marks.load(Relaxed),
         "bytes": {
             "swim_sent": t.bytes_sent[0].load(Relaxed),
@@ -86,7 +87,7 @@ struct MeshMetrics {
     members: i64,
     owned: i64,
     max_lag_s: f64,
-    counters: [(&'static str, &'static str, u64); 6],
+    counters: [(&'static str, &'static str, u64); 7],
     envelopes: [(&'static str, u64); 3],
     bytes: [(&'static str, &'static str, u64); 4],
 }
@@ -131,6 +132,11 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
                 "kvmesh_mesh_feed_pulls",
                 "Feed batches or snapshots asked of an owner (a gap, a new source)",
                 k.feed_pulls,
+            ),
+            (
+                "kvmesh_mesh_marks_kept_local",
+                "Speculative marks not sent: their engine's KV events, in sync here, say the same",
+                k.marks_kept,
             ),
             (
                 "kvmesh_mesh_handshake_failures",

@@ -23,12 +23,56 @@ pub const HANDOVER_TICKS: u32 = 3;
 pub const RETIRED_TICKS: u32 = 5;
 /// Owners asked for a handover at most.
 const HANDOVER_ASKED: usize = 2;
-/// A feed's head is announced when it moved, and at least every this many periods (a lost
-/// announcement of a feed that went quiet is repaired then).
+/// A feed's head is announced to its receivers when it has settled (not moved for a whole
+/// period: every batch up to it has been flushed, so a receiver behind it lost one), once more
+/// [`SETTLED_AGAIN_TICKS`] periods later, and every `HEAD_REFRESH_TICKS` periods the head it
+/// had a period earlier (a feed that keeps moving shows a lost batch by the next one's gap;
+/// announcing the newest head would race its batch, still in the outbox or on another stream,
+/// and make receivers pull what is already on its way).
 const HEAD_REFRESH_TICKS: u32 = 10;
-/// ... and once more this many periods after it last moved (a feed gone quiet whose last
-/// batch and its announcement were both lost is repaired then, not at the refresh).
-const SETTLED_TICKS: u32 = 2;
+/// See [`HEAD_REFRESH_TICKS`].
+const SETTLED_AGAIN_TICKS: u32 = 3;
+
+/// An owned feed's head over the last anti-entropy periods (see [`HEAD_REFRESH_TICKS`]).
+#[derive(Debug, Clone, Copy)]
+struct HeadWatch {
+    /// The head at the previous period (`u64::MAX`: none yet).
+    prev: u64,
+    /// Periods it has not moved.
+    still: u32,
+    /// Periods since it was last announced.
+    since: u32,
+}
+
+impl HeadWatch {
+    const NEW: HeadWatch = HeadWatch {
+        prev: u64::MAX,
+        still: 0,
+        since: HEAD_REFRESH_TICKS,
+    };
+
+    /// One period passed with the feed at `head`; the head to announce, if any. `first`: this
+    /// node is the engine's first owner (its receivers' source); the other owners' feeds are
+    /// followed only by routers whose view of the members differs, told at the refresh.
+    fn period(&mut self, head: u64, first: bool) -> Option<u64> {
+        let prev = self.prev;
+        self.still = if head == prev { self.still + 1 } else { 0 };
+        self.prev = head;
+        self.since = self.since.saturating_add(1);
+        let settled = first && (self.still == 1 || self.still == SETTLED_AGAIN_TICKS);
+        let h = if settled {
+            Some(head)
+        } else if self.since >= HEAD_REFRESH_TICKS && prev != u64::MAX {
+            Some(prev)
+        } else {
+            None
+        };
+        if h.is_some() {
+            self.since = 0;
+        }
+        h
+    }
+}
 
 /// A live router: stable id and incarnation.
 pub type Live = (NodeId, u64);
@@ -45,8 +89,8 @@ pub(super) struct Feeds {
     handover: HashMap<u64, u32>,
     /// Former feeds kept for a handover: periods left.
     retired: HashMap<u64, (FeedOut, u32)>,
-    /// Per owned engine: the head last announced and the periods since.
-    announced: HashMap<u64, (u64, u32)>,
+    /// Per owned engine: what its head did over the last periods.
+    announced: HashMap<u64, HeadWatch>,
 }
 
 impl Feeds {
@@ -313,11 +357,13 @@ impl Feeds {
         vec![Delta::FeedSnapshot(out.snapshot())]
     }
 
-    /// Members joined: every owned feed's head goes out with the next period, to every
-    /// receiver (the newcomers would otherwise learn a quiet feed's head only at its refresh,
-    /// `HEAD_REFRESH_TICKS` periods later).
+    /// Members joined: every owned feed's head (as of the previous period) goes out with the
+    /// next period, to every receiver (a newcomer the meeting's heads missed would otherwise
+    /// learn a quiet feed's head only at its refresh, `HEAD_REFRESH_TICKS` periods later).
     pub(super) fn refresh_heads(&mut self) {
-        self.announced.clear();
+        for a in self.announced.values_mut() {
+            a.since = HEAD_REFRESH_TICKS;
+        }
     }
 
     /// The heads of every owned feed that `to` receive (they do not own its engine): what
@@ -358,20 +404,12 @@ impl Feeds {
         let mut heads = Vec::new();
         self.announced.retain(|e, _| self.outs.contains_key(e));
         for (&engine, out) in &self.outs {
-            let a = self.announced.entry(engine).or_insert((u64::MAX, 0));
-            a.1 += 1;
-            // A head is announced when it moved, once more two periods after it settled (the
-            // announcement of a feed's last batch may have been lost with the batch: without
-            // a next batch nobody would see the gap until the refresh), and every
-            // `HEAD_REFRESH_TICKS` periods.
-            let moved = a.0 != out.head();
-            if !moved && a.1 != SETTLED_TICKS && a.1 < HEAD_REFRESH_TICKS {
-                continue;
-            }
-            if moved || a.1 >= HEAD_REFRESH_TICKS {
-                *a = (out.head(), 0);
-            }
             let owners = self.owners_of(engine, &ids);
+            let first = owners.first() == Some(&self.me);
+            let a = self.announced.entry(engine).or_insert(HeadWatch::NEW);
+            let Some(head) = a.period(out.head(), first) else {
+                continue;
+            };
             let receivers: Vec<NodeId> = ids
                 .iter()
                 .copied()
@@ -383,7 +421,7 @@ impl Feeds {
                     FeedHead {
                         engine,
                         feed: out.id(),
-                        head: out.head(),
+                        head,
                     },
                 ));
             }

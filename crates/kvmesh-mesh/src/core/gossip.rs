@@ -261,15 +261,27 @@ impl MeshCore {
         snapshot: bool,
         now_us: u64,
     ) -> Vec<Bytes> {
-        // In-flight counts travel grouped by router (its id and incarnation once).
-        let (loads, rest): (Vec<Delta>, Vec<Delta>) = deltas
+        // In-flight counts travel grouped by router (its id and incarnation once), feed
+        // batches by feed (its id once).
+        let mut loads = Vec::new();
+        let mut batches = Vec::new();
+        let mut rest = Vec::new();
+        for d in deltas {
+            match d {
+                Delta::Load(l) => loads.push(l),
+                Delta::Feed(b) => batches.push(b),
+                d => rest.push(d),
+            }
+        }
+        let deltas = kvmesh_state::LoadBatch::compact(loads)
             .into_iter()
-            .partition(|d| matches!(d, Delta::Load(_)));
-        let loads = kvmesh_state::LoadBatch::compact(loads.into_iter().filter_map(|d| match d {
-            Delta::Load(l) => Some(l),
-            _ => None,
-        }));
-        let deltas = loads.into_iter().map(Delta::LoadBatch).chain(rest);
+            .map(Delta::LoadBatch)
+            .chain(
+                kvmesh_state::FeedBatches::compact(batches)
+                    .into_iter()
+                    .map(Delta::FeedBatches),
+            )
+            .chain(rest);
         let mut chunks: Vec<Vec<Delta>> = Vec::new();
         let mut cur = Vec::new();
         let mut weight = 0usize;
@@ -280,6 +292,7 @@ impl MeshCore {
                 Delta::Feed(b) => 1 + b.ops.len() / 8,
                 Delta::Mark(m) => 1 + m.keys.len() / 8,
                 Delta::LoadBatch(b) => 1 + b.items.len() / 4,
+                Delta::FeedBatches(b) => 1 + b.ops() / 8,
                 _ => 1,
             };
             cur.push(d);

@@ -10,7 +10,7 @@
 //!   `flush_us` as one envelope per member (a unidirectional stream in the shell);
 //! * every `anti_entropy_us` this node sends its digests to one random member, which answers
 //!   with the parts that differ and its own digests, so both sides repair in one round trip;
-//!   feed sources announce their heads to every member, and receivers that are behind pull;
+//!   feed sources announce their settled heads to every member, and receivers behind pull;
 //! * a member that joins gets this node's whole state at once; a joining node is warm (ready)
 //!   at the first whole state it receives, or after `warm_bound_us`.
 
@@ -140,6 +140,9 @@ pub struct CoreCounters {
     pub feed_pulls: u64,
     /// Feed batches this node produced as an owner.
     pub feed_batches: u64,
+    /// Speculative marks kept local (their engine's feed is in sync: see
+    /// [`MeshCore::local_mark`]).
+    pub marks_kept: u64,
 }
 
 /// Per peer: when its last envelope arrived and how old it was.
@@ -466,6 +469,14 @@ impl MeshCore {
     /// only approximate marks about to lapse (a conversation's follow-up, or a sibling of a
     /// shared prompt, re-marks a long prefix of which only the last blocks are new; the prefix
     /// a speculative mark found is confirmed by KV events in every router's index already).
+    ///
+    /// A speculative mark that extends a prefix the engine was found holding (`known > 0`), on
+    /// an engine whose feed this router has in sync, does not travel at all: the engine's own
+    /// events reach every router's index a few ms after its prefill, and meanwhile a sibling
+    /// at another router finds the engine by the prefix the decision found. A new prompt's
+    /// mark (`known == 0`) travels: until the events come it is how siblings at other routers
+    /// find the engine. Warm extensions were half of what a router received under precise
+    /// routing (`--bench mesh_scale` with `KVMESH_SCALE_KINDS=1`).
     pub fn local_mark(&mut self, engine: u64, keys: Vec<u64>, known: usize, expiry_us: u64) {
         let ttl = expiry_us.saturating_sub(self.now);
         let fresh_enough = expiry_us.saturating_sub(ttl / 2);
@@ -476,6 +487,10 @@ impl MeshCore {
             .mark_ttls_us
             .iter()
             .any(|&t| t > ttl.saturating_add(1_000));
+        if speculative && known > 0 && self.feeds.feed_in(engine).is_some_and(|f| !f.is_stale()) {
+            self.counters.marks_kept += 1;
+            return;
+        }
         let keys: Vec<u64> = keys
             .into_iter()
             .enumerate()
@@ -760,6 +775,11 @@ impl MeshCore {
                         None => Apply::EngineRemoved { engine },
                     };
                     self.out.push(Output::Apply(a));
+                }
+            }
+            Delta::FeedBatches(g) => {
+                for b in g.batches() {
+                    self.merge(Delta::Feed(b), now_us);
                 }
             }
             Delta::Feed(b) => {

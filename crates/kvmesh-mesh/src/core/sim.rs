@@ -142,6 +142,8 @@ pub struct Sim {
     order: u64,
     /// Bytes delivered per node (received).
     pub bytes_in: Vec<u64>,
+    /// When set, bytes delivered by kind, all nodes together (see [`Sim::tally`]).
+    pub by_kind: Option<BTreeMap<&'static str, u64>>,
     seed: u64,
 }
 
@@ -161,6 +163,7 @@ impl Sim {
             queue: std::collections::BinaryHeap::new(),
             order: 0,
             bytes_in: vec![0; n],
+            by_kind: None,
             seed,
         }
     }
@@ -357,6 +360,9 @@ impl Sim {
                 let now = self.now;
                 if let Some(n) = self.nodes[to].as_mut() {
                     self.bytes_in[to] += bytes.len() as u64;
+                    if let Some(k) = self.by_kind.as_mut() {
+                        tally(k, dgram, &bytes, self.cfg.cluster_id);
+                    }
                     if dgram {
                         n.core.handle_datagram(&bytes, now);
                     } else {
@@ -497,4 +503,48 @@ impl Sim {
         let d = self.digests();
         d.windows(2).all(|w| w[0] == w[1])
     }
+}
+
+/// Adds a delivered packet's bytes to `kinds`: SWIM datagrams, each delta and control message
+/// by its kind, and what the envelope adds around them.
+fn tally(kinds: &mut BTreeMap<&'static str, u64>, dgram: bool, bytes: &[u8], cluster_id: u64) {
+    use kvmesh_state::{Control, Delta, encoded_len};
+    let mut add = |k: &'static str, n: usize| *kinds.entry(k).or_insert(0) += n as u64;
+    if dgram {
+        add("swim datagrams", bytes.len());
+        return;
+    }
+    let Ok(env) = kvmesh_state::decode(bytes, cluster_id) else {
+        add("undecodable", bytes.len());
+        return;
+    };
+    let mut parts = 0;
+    for d in &env.deltas {
+        let n = encoded_len(d);
+        parts += n;
+        add(
+            match d {
+                Delta::Load(_) | Delta::LoadBatch(_) => "load",
+                Delta::Mark(_) => "marks",
+                Delta::Registry(_) => "registry",
+                Delta::Feed(_) | Delta::FeedBatches(_) => "feed batches",
+                Delta::FeedSnapshot(_) => "feed snapshots",
+            },
+            n,
+        );
+    }
+    for c in &env.control {
+        let n = encoded_len(c);
+        parts += n;
+        add(
+            match c {
+                Control::Digest { .. } => "digests",
+                Control::Heads(_) => "feed heads",
+                Control::Pull(_) => "feed pulls",
+                _ => "other control",
+            },
+            n,
+        );
+    }
+    add("envelope", bytes.len().saturating_sub(parts));
 }
