@@ -207,7 +207,35 @@ fn main() {
             *g = 0;
         }
         load.busy = false;
-        let healed = s.until(120_000_000, |s| s.converged());
+        // When each part agreed first (membership, every index, ownership, digests).
+        let mut parts: [Option<u64>; 4] = [None; 4];
+        let start = s.now;
+        let healed = s.until(120_000_000, |s| {
+            let at = s.now - start;
+            let ok = [
+                s.membership_converged(),
+                s.indexes_exact(),
+                s.ownership_covered(),
+                s.digests().windows(2).all(|w| w[0] == w[1]),
+            ];
+            for (p, ok) in parts.iter_mut().zip(ok) {
+                if ok && p.is_none() {
+                    *p = Some(at);
+                }
+            }
+            if at >= 5_000_000 && at < 5_100_000 && !ok.iter().all(|x| *x) {
+                println!("seed {seed}: 5 s after the heal, agreed {ok:?} (membership, indexes, ownership, digests)\n{}", s.explain().lines().take(8).collect::<Vec<_>>().join("\n"));
+            }
+            ok.iter().all(|x| *x)
+        });
+        let secs = |t: Option<u64>| t.map_or("-".to_string(), |t| format!("{:.1}", t as f64 / 1e6));
+        println!(
+            "seed {seed}: after the heal, first agreed (s): membership {}, indexes {}, ownership {}, digests {}",
+            secs(parts[0]),
+            secs(parts[1]),
+            secs(parts[2]),
+            secs(parts[3])
+        );
         println!(
             "seed {seed}: formed {:?} s; steady state: {:.0} KB/s received per router (mean), {:.0} KB/s (max); converged {} after the heal (virtual); wall {:.1} s",
             formed.map(|t| t as f64 / 1e6),

@@ -390,9 +390,11 @@ impl FeedIn {
     }
 
     /// Follow `feed` (the engine's current source). A new feed asks for its snapshot; the
-    /// engine's blocks from the old one stay until the snapshot replaces them.
+    /// engine's blocks from the old one stay until the snapshot replaces them. An older
+    /// incarnation of the source followed is not gone back to (a view of the members that
+    /// has not yet seen the source renew its identity).
     pub fn follow(&mut self, feed: FeedId) -> Option<FeedPull> {
-        if self.feed == Some(feed) {
+        if self.feed == Some(feed) || self.newer_than(feed) {
             return None;
         }
         self.feed = Some(feed);
@@ -414,8 +416,30 @@ impl FeedIn {
         self.pending.clear();
     }
 
+    /// Whether the feed followed is a later incarnation of `feed`'s source than `feed`.
+    fn newer_than(&self, feed: FeedId) -> bool {
+        self.feed
+            .is_some_and(|f| f.source == feed.source && f.incarnation > feed.incarnation)
+    }
+
+    /// `feed` is a later incarnation of the source followed: the same router renewed its
+    /// identity (it was declared down while alive) and its feed goes on under the new one —
+    /// followed at once, before this router's view of the members has the new identity
+    /// (which can take SWIM seconds in a large cluster: until then the old feed, which no
+    /// longer moves, would be followed and the engine's blocks stay behind).
+    fn renewed(&mut self, feed: FeedId) -> Option<FeedPull> {
+        let later = self
+            .feed
+            .is_some_and(|f| f.source == feed.source && feed.incarnation > f.incarnation);
+        if later { self.follow(feed) } else { None }
+    }
+
     /// A batch arrived. Applies it (and what it unblocked) in order; asks for what is missing.
     pub fn on_batch(&mut self, b: FeedBatch, out: &mut Vec<FeedApply>) -> Option<FeedPull> {
+        if let Some(p) = self.renewed(b.feed) {
+            self.hold(b);
+            return Some(p);
+        }
         if Some(b.feed) != self.feed || b.n <= self.n && self.synced {
             return None;
         }
@@ -441,6 +465,7 @@ impl FeedIn {
     /// A snapshot arrived: replaces the engine's blocks if it is of the feed followed and newer
     /// than what was applied.
     pub fn on_snapshot(&mut self, s: &FeedSnapshot, out: &mut Vec<FeedApply>) {
+        let _ = self.renewed(s.feed);
         if Some(s.feed) != self.feed || self.synced && s.n <= self.n {
             return;
         }
@@ -469,6 +494,9 @@ impl FeedIn {
     /// The source says its feed is at `head`: a pull if this receiver is behind with nothing
     /// in hand to close the gap.
     pub fn on_head(&mut self, feed: FeedId, head: u64) -> Option<FeedPull> {
+        if let Some(p) = self.renewed(feed) {
+            return Some(p);
+        }
         if Some(feed) != self.feed {
             return None;
         }
@@ -605,5 +633,42 @@ mod tests {
         let b = src.push(&ops, &[], true, None);
         assert_eq!(src.len(), 3);
         assert!(b.stale && src.snapshot().stale);
+    }
+
+    #[test]
+    fn a_source_that_renewed_its_identity_is_followed_before_the_members_say_so() {
+        let mut src = FeedOut::new(9, feed(1), 1_000);
+        let mut rx = FeedIn::new(9);
+        let mut out = Vec::new();
+        rx.follow(feed(1));
+        rx.on_snapshot(&src.snapshot(), &mut out);
+        let b1 = src.push(&[WireOp::Stored(1)], &[(11, 0)], false, Some(1));
+        rx.on_batch(b1, &mut out);
+        // Its last batches are lost; it is declared down, renews, and goes on as incarnation 2.
+        let _lost = src.push(&[WireOp::Stored(2)], &[(12, 1)], false, Some(2));
+        let renewed = FeedId {
+            source: NodeId(1),
+            incarnation: 2,
+        };
+        let src2 = FeedOut::resume(renewed, 1_000, &src.snapshot());
+        // Its head reaches the receiver, whose view of the members still has incarnation 1.
+        let pull = rx
+            .on_head(renewed, src2.head())
+            .expect("the new feed's snapshot");
+        assert!(pull.snapshot && pull.feed == renewed);
+        assert_eq!(
+            rx.follow(feed(1)),
+            None,
+            "no going back to the old incarnation"
+        );
+        assert_eq!(rx.feed(), Some(renewed));
+        rx.on_snapshot(&src2.snapshot(), &mut out);
+        assert!(rx.is_synced());
+        assert_eq!(replay(&out), blocks(&src2.snapshot()));
+        assert_eq!(replay(&out).len(), 2, "the lost batch's block is there");
+        // Another source, or an older incarnation, changes nothing.
+        assert_eq!(rx.on_head(feed(1), 7), None);
+        assert_eq!(rx.on_head(feed(3), 7), None);
+        assert_eq!(rx.feed(), Some(renewed));
     }
 }
