@@ -223,7 +223,7 @@ fn main() {
                     *p = Some(at);
                 }
             }
-            if at >= 5_000_000 && at < 5_100_000 && !ok.iter().all(|x| *x) {
+            if (5_000_000..5_100_000).contains(&at) && !ok.iter().all(|x| *x) {
                 println!("seed {seed}: 5 s after the heal, agreed {ok:?} (membership, indexes, ownership, digests)\n{}", s.explain().lines().take(8).collect::<Vec<_>>().join("\n"));
             }
             ok.iter().all(|x| *x)

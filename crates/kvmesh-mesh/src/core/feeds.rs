@@ -56,7 +56,11 @@ impl HeadWatch {
     /// followed only by routers whose view of the members differs, told at the refresh.
     fn period(&mut self, head: u64, first: bool) -> Option<u64> {
         let prev = self.prev;
-        self.still = if head == prev { self.still + 1 } else { 0 };
+        self.still = if head == prev {
+            self.still.saturating_add(1)
+        } else {
+            0
+        };
         self.prev = head;
         self.since = self.since.saturating_add(1);
         let settled = first && (self.still == 1 || self.still == SETTLED_AGAIN_TICKS);
