@@ -131,10 +131,7 @@ fn main() {
             dup_per_mille: 1,
         };
         let mut s = Sim::new(routers, engines, cfg, net, seed);
-        s.start(0, None);
-        for i in 1..routers {
-            s.start(i, Some(0));
-        }
+        s.start_all();
         let formed = s.until(300_000_000, |s| s.membership_converged());
         let mut load = Load {
             precise,

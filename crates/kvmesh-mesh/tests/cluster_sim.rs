@@ -81,10 +81,7 @@ fn activity(s: &mut Sim) {
 
 fn scenario(seed: u64) -> (f64, f64) {
     let mut s = Sim::new(N, 24, cfg(), NetConfig::default(), seed);
-    s.start(0, None);
-    for i in 1..N {
-        s.start(i, Some(0));
-    }
+    s.start_all();
     s.run(5_000_000, activity);
     let formed = s
         .until(60_000_000, |s| s.membership_converged())

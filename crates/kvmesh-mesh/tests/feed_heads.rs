@@ -28,10 +28,7 @@ fn cfg(flush_us: u64) -> CoreConfig {
 
 fn cluster(net: NetConfig, flush_us: u64, seed: u64) -> Sim {
     let mut s = Sim::new(ROUTERS, ENGINES, cfg(flush_us), net, seed);
-    s.start(0, None);
-    for i in 1..ROUTERS {
-        s.start(i, Some(0));
-    }
+    s.start_all();
     assert!(
         s.until(30_000_000, |s| s.membership_converged()).is_some(),
         "seed {seed}: the cluster formed"

@@ -35,9 +35,7 @@ fn delays(load_flush_us: u64, changes: u32) -> Vec<u64> {
         dup_per_mille: 0,
     };
     let mut s = Sim::new(3, 4, cfg(load_flush_us), net, 11);
-    s.start(0, None);
-    s.start(1, Some(0));
-    s.start(2, Some(0));
+    s.start_all();
     assert!(
         s.until(20_000_000, |s| s.membership_converged()).is_some(),
         "the cluster formed"

@@ -31,9 +31,7 @@ fn cluster() -> Sim {
         dup_per_mille: 0,
     };
     let mut s = Sim::new(3, 4, cfg, net, 21);
-    s.start(0, None);
-    s.start(1, Some(0));
-    s.start(2, Some(0));
+    s.start_all();
     assert!(s.until(20_000_000, |s| s.membership_converged()).is_some());
     // Every engine's feed in sync everywhere.
     let engines: Vec<u64> = s.engines.keys().copied().collect();

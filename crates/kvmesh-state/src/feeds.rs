@@ -44,6 +44,13 @@ pub struct FeedId {
     pub incarnation: u64,
 }
 
+impl FeedId {
+    /// A later incarnation of `other`'s source: the same router, renewed or restarted.
+    pub fn succeeds(&self, other: FeedId) -> bool {
+        self.source == other.source && self.incarnation > other.incarnation
+    }
+}
+
 /// A batch of an engine's ops from one feed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FeedBatch {
@@ -394,7 +401,7 @@ impl FeedIn {
     /// incarnation of the source followed is not gone back to (a view of the members that
     /// has not yet seen the source renew its identity).
     pub fn follow(&mut self, feed: FeedId) -> Option<FeedPull> {
-        if self.feed == Some(feed) || self.newer_than(feed) {
+        if self.feed.is_some_and(|f| f == feed || f.succeeds(feed)) {
             return None;
         }
         self.feed = Some(feed);
@@ -416,22 +423,17 @@ impl FeedIn {
         self.pending.clear();
     }
 
-    /// Whether the feed followed is a later incarnation of `feed`'s source than `feed`.
-    fn newer_than(&self, feed: FeedId) -> bool {
-        self.feed
-            .is_some_and(|f| f.source == feed.source && f.incarnation > feed.incarnation)
-    }
-
     /// `feed` is a later incarnation of the source followed: the same router renewed its
     /// identity (it was declared down while alive) and its feed goes on under the new one —
     /// followed at once, before this router's view of the members has the new identity
     /// (which can take SWIM seconds in a large cluster: until then the old feed, which no
     /// longer moves, would be followed and the engine's blocks stay behind).
     fn renewed(&mut self, feed: FeedId) -> Option<FeedPull> {
-        let later = self
-            .feed
-            .is_some_and(|f| f.source == feed.source && feed.incarnation > f.incarnation);
-        if later { self.follow(feed) } else { None }
+        if self.feed.is_some_and(|f| feed.succeeds(f)) {
+            self.follow(feed)
+        } else {
+            None
+        }
     }
 
     /// A batch arrived. Applies it (and what it unblocked) in order; asks for what is missing.

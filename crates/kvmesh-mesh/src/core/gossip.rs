@@ -289,7 +289,6 @@ impl MeshCore {
             // Large deltas count for what they carry.
             weight += match &d {
                 Delta::FeedSnapshot(s) => 1 + s.blocks.len() / 8,
-                Delta::Feed(b) => 1 + b.ops.len() / 8,
                 Delta::Mark(m) => 1 + m.keys.len() / 8,
                 Delta::LoadBatch(b) => 1 + b.items.len() / 4,
                 Delta::FeedBatches(b) => 1 + b.ops() / 8,

@@ -16,9 +16,10 @@
 
 mod feeds;
 mod gossip;
+mod members;
 pub mod sim;
 
-use crate::membership::{Effect, Membership, MeshId};
+use crate::membership::{Membership, MeshId};
 use bytes::Bytes;
 use kvmesh_state::{
     Control, Delta, EngineRecord, FeedApply, FeedIn, FeedOut, FeedSnapshot, LoadMap, MarkDelta,
@@ -604,122 +605,6 @@ impl MeshCore {
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
         self.rng
-    }
-
-    fn drain_membership(&mut self) {
-        let mut changed = false;
-        for e in self.membership.take_effects() {
-            match e {
-                Effect::Send(to, data) => self.out.push(Output::Datagram(to, data)),
-                Effect::Up(_) | Effect::Down(_) | Effect::Renamed(_) => changed = true,
-            }
-        }
-        // Declared down while alive (a partition, a long pause), foca renewed this node's
-        // identity to rejoin: its entries are rewritten under the new incarnation, which the
-        // others accept over the tombstone of the old one.
-        let bump = self.membership.identity().bump;
-        if bump != self.incarnation {
-            self.incarnation = bump;
-            for d in self.st.load.renew(self.me, bump) {
-                self.outbox.push(Delta::Load(d));
-            }
-            let mut applies = Vec::new();
-            self.feeds.renew(bump, &mut applies);
-            self.out.extend(applies.into_iter().map(Output::Apply));
-        }
-        if !changed {
-            return;
-        }
-        let live: BTreeMap<NodeId, MeshId> = self
-            .membership
-            .live()
-            .map(|m| (NodeId::from_name(&m.name), m.clone()))
-            .collect();
-        if live == self.peers {
-            return;
-        }
-        let now = self.now;
-        let mut touched = BTreeSet::new();
-        for (n, m) in &self.peers {
-            if live.get(n).is_none_or(|x| x.bump != m.bump) {
-                // Gone (or restarted): its load entries go with its incarnation.
-                touched.extend(self.st.load.engines_of(*n));
-                self.st.load.remove_node(*n, m.bump);
-                self.departed_at.insert(*n, now);
-                self.lag.remove(n);
-            }
-        }
-        let mut joined_ids = BTreeSet::new();
-        for (n, m) in &live {
-            if self.peers.get(n).is_none_or(|x| x.bump != m.bump) {
-                joined_ids.insert(*n);
-            }
-        }
-        self.peers = live;
-        self.out.push(Output::Apply(Apply::Members));
-        for engine in touched {
-            let others = self.st.load.others(self.me, engine);
-            self.out
-                .push(Output::Apply(Apply::PeerLoad { engine, others }));
-        }
-        // A cold node asks one member for its whole state (again every anti-entropy period
-        // until it has one); members never push whole states, so a healed partition costs
-        // digests, not N² snapshots.
-        if !joined_ids.is_empty() && !self.warm {
-            self.want_state(now);
-        }
-        if !joined_ids.is_empty() {
-            self.feeds.refresh_heads();
-        }
-        self.meet(&joined_ids, now);
-        self.rebalance(now);
-    }
-
-    /// Members this node has just met (a join, a rejoin after a partition, a new connection
-    /// after a silence): a warm node compares digests with each at once — one round trip
-    /// repairs both sides, the newest marks included (they were flushed to members the other
-    /// was not one of), instead of waiting for anti-entropy to pick them at random; and the
-    /// heads of the feeds this node owns go to them with the next flush, so that a router back
-    /// from a partition pulls what it missed at once.
-    fn meet(&mut self, ids: &BTreeSet<NodeId>, now_us: u64) {
-        if ids.is_empty() {
-            return;
-        }
-        let mut heads: BTreeMap<NodeId, Vec<_>> = BTreeMap::new();
-        for (n, h) in self.feeds.heads_for(&self.live(), ids) {
-            heads.entry(n).or_default().push(h);
-        }
-        for (n, h) in heads {
-            if let Some(m) = self.peers.get(&n) {
-                self.direct
-                    .entry(m.addr)
-                    .or_default()
-                    .1
-                    .push(Control::Heads(h));
-            }
-        }
-        if !self.warm {
-            return;
-        }
-        let addrs: Vec<SocketAddr> = ids
-            .iter()
-            .filter_map(|n| self.peers.get(n).map(|m| m.addr))
-            .collect();
-        for a in addrs {
-            self.counters.anti_entropy_rounds += 1;
-            let msg = self.digest_msg(now_us, true, true);
-            self.send_to(a, Vec::new(), vec![msg], false, now_us);
-        }
-    }
-
-    fn rebalance(&mut self, now_us: u64) {
-        let live = self.live();
-        let mut pulls = Vec::new();
-        let mut applies = Vec::new();
-        let moves = self.feeds.rebalance(&live, &mut pulls, &mut applies);
-        self.counters.ownership_moves += moves;
-        self.out.extend(applies.into_iter().map(Output::Apply));
-        self.send_pulls(pulls, now_us);
     }
 
     fn send_pulls(&mut self, pulls: Vec<(NodeId, kvmesh_state::FeedPull)>, _now_us: u64) {

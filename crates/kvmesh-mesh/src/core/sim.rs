@@ -168,6 +168,14 @@ impl Sim {
         }
     }
 
+    /// Starts every node at once, node 0 the seed of the others.
+    pub fn start_all(&mut self) {
+        self.start(0, None);
+        for i in 1..self.nodes.len() {
+            self.start(i, Some(0));
+        }
+    }
+
     /// Starts (or restarts, with a higher bump) node `i`, announcing to `seed_node`.
     pub fn start(&mut self, i: usize, seed_node: Option<usize>) {
         let id = MeshId {
