@@ -6,6 +6,7 @@
 //!   full queue → batch dropped (counted)          on_decoded → ops → index (write lock)
 //!   malformed frame → counted                      Gap → replay socket (bounded) → in order
 //!   socket error → reconnect (backoff)             no replay / replay short → mark_stale
+//!   subscribed 200 ms ago → catch-up ──────────▶   replay from the next seq expected
 //!                                                  restart hint (probe saw a new process
 //!                                                  start time, no seq regression yet) → clear
 //! ```
@@ -97,6 +98,10 @@ pub fn stop(e: &Engine) {
     e.ingest.connected.store(false, Relaxed);
 }
 
+/// How long after subscribing the applier asks the replay socket for what the subscription
+/// missed (a subscription reaches the publisher within a round trip or two).
+const CATCH_UP_AFTER: Duration = Duration::from_millis(200);
+
 async fn read_loop(ctx: IngestCtx, e: Arc<Engine>, tx: mpsc::Sender<KvFrame>) {
     let limits = DecodeLimits::default();
     let mut backoff = Duration::from_millis(100);
@@ -120,8 +125,20 @@ async fn read_loop(ctx: IngestCtx, e: Arc<Engine>, tx: mpsc::Sender<KvFrame>) {
         backoff = Duration::from_millis(100);
         e.ingest.connected.store(true, Relaxed);
         tracing::info!(engine = %e.url, endpoint = %e.kv_events, "subscribed to kv events");
+        // Once the subscription has surely reached the publisher, the applier catches up on
+        // what was published before it (ZMQ's slow joiner: those batches never arrive here).
+        let mut catch_up_at = Some(tokio::time::Instant::now() + CATCH_UP_AFTER);
         loop {
-            match sub.recv_timeout(Duration::from_millis(250)).await {
+            if catch_up_at.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                catch_up_at = None;
+                e.ingest.catch_up.store(true, Relaxed);
+                e.ingest.wake.notify_one();
+            }
+            let wait = catch_up_at.map_or(Duration::from_millis(250), |t| {
+                t.saturating_duration_since(tokio::time::Instant::now())
+                    .max(Duration::from_millis(1))
+            });
+            match sub.recv_timeout(wait).await {
                 Ok(Some(frame)) => {
                     if tx.try_send(frame).is_err() {
                         e.ingest.dropped.fetch_add(1, Relaxed);
@@ -202,6 +219,9 @@ async fn apply_loop(
                 a.on_frame(f.seq, &f.batch).await;
             }
             _ = a.e.ingest.wake.notified() => {}
+        }
+        if a.e.ingest.catch_up.swap(false, Relaxed) {
+            a.catch_up().await;
         }
         // A restart hint from the probe (a new process start time) at the epoch it saw.
         if let Some(epoch) = a.e.ingest.take_restart_hint()
@@ -353,6 +373,41 @@ impl Applier {
                 self.ingest.mark_stale(self.now());
                 false
             }
+        }
+    }
+
+    /// After a (re)subscription: what the engine published since the last batch applied
+    /// (from seq 0 for a new stream), from the replay socket. Batches the live stream also
+    /// brings are recognised as duplicates; a replay that no longer reaches back that far is
+    /// a gap like any other (filled, or the engine goes stale). Nothing to fetch, or no
+    /// answer: nothing is known to be missing, nothing changes.
+    async fn catch_up(&mut self) {
+        if self.e.kv_replay.is_empty() || self.ingest.pending_gap().is_some() {
+            return;
+        }
+        let from = self.ingest.next_seq().unwrap_or(0);
+        let timeout = Duration::from_millis(self.ctx.cfg.prefix.replay_timeout_ms);
+        let batches = match replay(&self.e.kv_replay, from, timeout).await {
+            Ok(b) => b,
+            Err(err) => {
+                tracing::debug!(engine = %self.e.url, from, error = %err, "kv-event catch-up replay failed");
+                return;
+            }
+        };
+        if batches.is_empty() {
+            return;
+        }
+        let applied = self.ingest.stats().batches_applied;
+        for b in batches {
+            let Ok(db) = decode_batch(&b.payload, &self.limits) else {
+                self.e.ingest.malformed.fetch_add(1, Relaxed);
+                break;
+            };
+            self.on_frame(b.seq, &db).await;
+        }
+        if self.ingest.stats().batches_applied > applied {
+            self.e.ingest.caught_up.fetch_add(1, Relaxed);
+            tracing::info!(engine = %self.e.url, from, "kv events caught up after subscribing");
         }
     }
 

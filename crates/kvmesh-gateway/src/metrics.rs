@@ -646,6 +646,14 @@ impl Snapshot {
         per_engine(
             enc,
             &ev,
+            "kvmesh_kv_events_catch_ups",
+            "Batches published before the subscription took effect, fetched from the replay socket after subscribing",
+            C,
+            &|e| count(&e.ingest.caught_up),
+        )?;
+        per_engine(
+            enc,
+            &ev,
             "kvmesh_kv_events_replay_failures",
             "Gaps the replay could not fill (engine marked stale)",
             C,
