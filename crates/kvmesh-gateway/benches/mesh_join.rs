@@ -1,10 +1,12 @@
 //! A **router** joining a cluster whose state is large, end to end: router A (`kvmesh serve`'s
 //! gateway, in process, meshed over real QUIC + mutual TLS on loopback, 8 simulated engines)
-//! holds N speculative index entries (default 1,048,576: 8 engines × 131,072 block keys, the
+//! holds N speculative entries in its mesh state (default 1,048,576: 8 engines × 131,072, the
 //! per-engine bound of the default config) made through its prefix index as routing
-//! decisions make them; router B starts with A as its seed. Reports (not asserted) when B's
-//! `/health` answers 200 (ready: the cluster's state received and applied in order before
-//! it), when B's own prefix index holds the N entries, and the bytes that crossed.
+//! decisions make them — marks of chains of 2,048 blocks, each naming the top key of its 257
+//! anchor windows (covering marks), so the entries cover about 8M blocks; router B starts
+//! with A as its seed. Reports (not asserted) when B's `/health` answers 200 (ready: the
+//! cluster's state received and applied in order before it), when B's own prefix index holds
+//! the N entries, and the bytes that crossed.
 //!
 //!   cargo bench -p kvmesh-gateway --bench mesh_join
 //!   KVMESH_JOIN_ENGINES=16 cargo bench -p kvmesh-gateway --bench mesh_join   # 2M entries
@@ -57,25 +59,32 @@ fn main() {
         let a = start_router_with(cfg("a", vec![]), "m", engines).await;
         let per_engine = a.gateway.cfg.prefix.engine_capacity_blocks as u64;
         let ttl_us = a.gateway.cfg.prefix.approximate_ttl_ms * 1_000;
-        // A's decisions: every engine marked with `per_engine` keys, in marks of 256.
+        // A's decisions: every engine marked with chains of CHAIN blocks until its mesh state
+        // holds `per_engine` of their window tops.
+        // A chain's tops: position 0, every 8th and its last — 257 for 2,048 blocks.
+        const CHAIN: u64 = 2_048;
+        let chains = per_engine / (CHAIN / 8 + 1);
         let t = Instant::now();
         for (e_no, e) in a.gateway.registry.members().iter().enumerate() {
-            for chunk in 0..per_engine.div_ceil(256) {
-                let keys: Vec<BlockKey> = (chunk * 256..((chunk + 1) * 256).min(per_engine))
-                    .map(|k| BlockKey(((e_no as u64) << 32 | k).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1))
+            for chain in 0..chains {
+                let keys: Vec<BlockKey> = (0..CHAIN)
+                    .map(|p| {
+                        let h = ((e_no as u64) << 40 | chain << 16 | p).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                        BlockKey((h & !1) | u64::from(p % 8 == 0))
+                    })
                     .collect();
                 let now = a.gateway.clock.now_us();
                 a.gateway.registry.prefix.mark(e.target(), &keys, 0, now + ttl_us, now);
-                if chunk % 64 == 0 {
+                if chain % 2 == 0 {
                     // The mesh's input is bounded: let it drain as routing would.
                     tokio::task::yield_now().await;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
         }
-        let want = index_len(&a);
-        // Until A's mesh state holds them too (the mesh's input is bounded: a mark it refused
-        // is in A's index only), or its count stops moving.
+        // Until A's mesh state holds them (the mesh's input is bounded: a mark it refused is
+        // in A's index only), or its count stops moving.
+        let want = (chains * (CHAIN / 8 + 1) * engines as u64) as usize;
         let http = client();
         let mut held = 0u64;
         let settle = Instant::now();
@@ -90,8 +99,10 @@ fn main() {
             held = now_held;
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        let want = held as usize;
         println!(
-            "router a: {engines} engines, {want} index entries marked ({held} in its mesh state) in {:.1} s",
+            "router a: {engines} engines, {held} entries in its mesh state (covering {} blocks) in {:.1} s",
+            held * 8,
             t.elapsed().as_secs_f64()
         );
         let seed = a.cluster.as_ref().and_then(|c| c.addr()).expect("a's mesh address");

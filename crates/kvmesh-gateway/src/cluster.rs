@@ -60,6 +60,10 @@ fn cluster_id(s: &str) -> u64 {
     u64::from_le_bytes(x)
 }
 
+// The mesh names a mark by the top key of each anchor window it covers; the index lets such a
+// key vouch for its window. Both must mean the same windows.
+const _: () = assert!(kvmesh_state::MARK_WINDOW == kvmesh_prefix::ANCHOR_STRIDE);
+
 /// The index sink that tells the mesh of this router's marks (the KV-event batches go to
 /// the mesh from the ingestion of the engines this router owns).
 struct Outbox {

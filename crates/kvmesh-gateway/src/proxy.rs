@@ -329,7 +329,8 @@ fn decide_step(
 }
 
 /// The core's view of the index for one request: per route engine, the leading blocks of
-/// `keys` it holds (probed exactly, so short matches the lookup skipped count too) and
+/// `keys` it holds (probed exactly, so short matches the lookup skipped count too; a peer's
+/// covering mark vouches for its window) and
 /// whether its events are live.
 pub struct IndexProbe<'a> {
     /// The index (under the caller's lock).
@@ -344,11 +345,8 @@ pub struct IndexProbe<'a> {
 
 impl PrefixProbe for IndexProbe<'_> {
     fn held_blocks(&self, engine: usize) -> u32 {
-        let slot = self.engines[engine].slot;
-        self.keys
-            .iter()
-            .take_while(|k| self.index.holds(slot, **k, self.now_us))
-            .count() as u32
+        self.index
+            .held_prefix(self.engines[engine].slot, self.keys, self.now_us)
     }
 
     fn events_live(&self, engine: usize) -> bool {

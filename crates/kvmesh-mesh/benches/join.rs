@@ -1,6 +1,6 @@
 //! A router joining a cluster whose state is large: node A (real QUIC + mutual TLS on
-//! loopback) holds N speculative index entries (default 1,048,576: 128 engines × 8,192 block
-//! keys); node B starts with A as its seed. Reports (not asserted) how long B takes from its
+//! loopback) holds N speculative index entries (default 1,048,576: 128 engines × 8,192 window
+//! tops of covering marks); node B starts with A as its seed. Reports (not asserted) how long B takes from its
 //! start to warm (A's whole state received: B would report ready) and until it holds all N
 //! entries, and the bytes that crossed.
 //!
@@ -54,14 +54,17 @@ fn main() {
             .await
             .expect("a");
         tokio::spawn(async move { while a_applies.recv().await.is_some() {} });
-        // A's state: marks of 128 engines, 8,192 keys each (in marks of 256 keys).
+        // A's state: marks of 128 engines, 8,192 entries each: chains of 2,048 blocks, a mark
+        // naming the top key of each of a chain's 256 anchor windows (covering marks).
         let engines = 128u64;
         let per_engine = entries.div_ceil(engines);
         let expiry = now() + 600_000_000;
+        const CHAIN: u64 = 2_048;
         for e in 0..engines {
-            for chunk in 0..per_engine.div_ceil(256) {
-                let keys: Vec<u64> = (chunk * 256..((chunk + 1) * 256).min(per_engine))
-                    .map(|k| (e << 32 | k).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+            // 257 window tops per chain (position 0, every 8th, the last).
+            for chain in 0..per_engine.div_ceil(CHAIN / 8 + 1) {
+                let keys: Vec<u64> = (0..CHAIN)
+                    .map(|p| (e << 40 | chain << 16 | p).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
                     .collect();
                 a.input
                     .send(Input::Mark { engine: e + 1, keys, known: 0, expiry_us: expiry })
@@ -71,7 +74,8 @@ fn main() {
         }
         let held = |n: &MeshNode| n.core.lock().map(|c| c.sizes().1).unwrap_or(0) as u64;
         let t = Instant::now();
-        while held(&a) < entries.min(engines * per_engine) && t.elapsed() < Duration::from_secs(120) {
+        let tops = engines * per_engine.div_ceil(CHAIN / 8 + 1) * (CHAIN / 8 + 1);
+        while held(&a) < tops && t.elapsed() < Duration::from_secs(120) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let want = held(&a);

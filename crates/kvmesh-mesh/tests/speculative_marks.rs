@@ -1,7 +1,8 @@
 //! Which speculative marks travel: a new prompt's (the decision found nothing: siblings at
 //! other routers find the engine by it until its KV events come), and not one that extends a
 //! prefix the engine was found holding while the engine's feed is in sync (the events say the
-//! same a few ms later); approximate marks (no events) always. Virtual time, no sockets.
+//! same a few ms later); approximate marks (no events) always. A mark names the top key of
+//! each anchor window it covers, not every key. Virtual time, no sockets.
 
 use kvmesh_mesh::core::CoreConfig;
 use kvmesh_mesh::core::sim::{NetConfig, Sim};
@@ -82,4 +83,49 @@ fn only_new_prompts_speculative_marks_travel_while_the_feed_is_in_sync() {
         2,
         "approximate marks (no events) always travel"
     );
+}
+
+/// Keys node `to` received in marks while node `from` marked `keys` of `engine`.
+fn keys_received(
+    s: &mut Sim,
+    from: usize,
+    to: usize,
+    engine: u64,
+    keys: &[u64],
+    known: usize,
+) -> u64 {
+    let before = s.nodes[to].as_ref().unwrap().index.mark_keys;
+    let now = s.now;
+    s.nodes[from]
+        .as_mut()
+        .unwrap()
+        .core
+        .local_mark(engine, keys.to_vec(), known, now + APPROXIMATE_US);
+    s.run(200_000, |_| {});
+    s.nodes[to].as_ref().unwrap().index.mark_keys - before
+}
+
+#[test]
+fn a_mark_names_the_top_key_of_each_window_it_covers() {
+    let mut s = cluster();
+    let e = *s.engines.keys().next().unwrap();
+    // A 72-block prompt (windows end at positions 0, 8, .., 64 and 71), new to the cluster.
+    let group: Vec<u64> = (0..64).map(|k| (7 << 16 | k) * 2 + 1).collect();
+    let with_own = |own: u64| -> Vec<u64> {
+        let mut v = group.clone();
+        v.extend((0..8).map(|k| (own << 8 | k) * 2 + 1));
+        v
+    };
+    assert_eq!(
+        keys_received(&mut s, 0, 1, e, &with_own(1), 0),
+        10,
+        "9 anchors and the last key, not 72"
+    );
+    // A sibling at another router: the group found, its own 8 blocks new → 2 keys.
+    assert_eq!(keys_received(&mut s, 2, 1, e, &with_own(2), 64), 2);
+    // The same prompt again from a third router: the cluster already covers all of it.
+    assert_eq!(keys_received(&mut s, 1, 0, e, &with_own(1), 0), 0);
+    // Found only up to 57 (a peer's covering marks end the group's last window at its own
+    // 64th key): the rest of the group's window is covered by this prompt's top, 2 keys.
+    assert_eq!(keys_received(&mut s, 1, 0, e, &with_own(3), 57), 2);
 }

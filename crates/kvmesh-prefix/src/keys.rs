@@ -47,6 +47,18 @@
 /// at the last anchor before `m`, skipping engines that share only a shorter prefix.
 pub const ANCHOR_STRIDE: usize = 8;
 
+/// The top of chain position `i`'s anchor window in a chain of `len` keys: the next anchor
+/// position at or after `i`, or the chain's last position when the chain ends first; `None`
+/// when `i` is past the chain. A speculative entry at a window's top vouches for the window's
+/// earlier positions (see [`crate::PrefixIndex::held_prefix`]).
+#[inline]
+pub fn window_top(i: usize, len: usize) -> Option<usize> {
+    if i >= len {
+        return None;
+    }
+    Some(i.next_multiple_of(ANCHOR_STRIDE).min(len - 1))
+}
+
 /// Version byte at the start of the hashed layout (see the module docs).
 pub const KEY_LAYOUT_VERSION: u8 = 1;
 

@@ -44,6 +44,6 @@ pub use ingest::{
 };
 pub use keys::{
     ANCHOR_STRIDE, BlockKey, ExtraKeys, KEY_LAYOUT_VERSION, block_key, block_key_with, block_keys,
-    extend_block_keys, max_hit_blocks,
+    extend_block_keys, max_hit_blocks, window_top,
 };
 pub use sink::{IndexSink, RecordingSink, SinkCall, Target, Tee};

@@ -1,7 +1,11 @@
 //! The index against a naive model (maps and vectors, no cleverness) over random operation
 //! sequences: lookups equal, capacities never exceeded, counts consistent, structure intact.
+//! Marks arrive whole (a local decision) or as a peer sends them, naming only the top key of
+//! each anchor window (covering marks).
 
-use kvmesh_prefix::{BlockKey, EngineCounts, ExtraKeys, IndexOp, Match, PrefixIndex, block_keys};
+use kvmesh_prefix::{
+    BlockKey, EngineCounts, ExtraKeys, IndexOp, Match, PrefixIndex, block_keys, window_top,
+};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 
@@ -45,6 +49,23 @@ impl MEngine {
         self.map
             .get(&k)
             .is_some_and(|e| e.count > 0 || e.expiry > now)
+    }
+    /// Leading blocks held: live entries, and the positions a live speculative entry later in
+    /// their anchor window vouches for.
+    fn held(&self, keys: &[BlockKey], now: u64) -> usize {
+        let mut d = 0;
+        while d < keys.len() {
+            if self.live(keys[d].0, now) {
+                d += 1;
+                continue;
+            }
+            let top = window_top(d, keys.len()).unwrap();
+            match (d + 1..=top).find(|&q| self.map.get(&keys[q].0).is_some_and(|e| e.expiry > now)) {
+                Some(q) => d = q + 1,
+                None => break,
+            }
+        }
+        d
     }
 }
 
@@ -125,7 +146,7 @@ impl Model {
     fn lookup(&self, keys: &[BlockKey], min: usize, now: u64) -> Vec<Match> {
         let mut out = Vec::new();
         for (&id, m) in &self.engines {
-            let d = keys.iter().take_while(|k| m.live(k.0, now)).count();
+            let d = m.held(keys, now);
             if d >= min.max(1) {
                 out.push(Match {
                     engine: id,
@@ -154,6 +175,8 @@ enum Op {
     Store(u32, usize, usize),
     Remove(u32, usize, usize),
     Spec(u32, usize, usize, u64),
+    /// A peer's mark of blocks `from..depth`: the top key of each window they touch.
+    Covering(u32, usize, usize, usize, u64),
     Advance(u64),
     Expire,
     Lookup(usize, usize, usize),
@@ -169,7 +192,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => e.clone().prop_map(Op::Clear),
         8 => (e.clone(), c.clone(), d.clone()).prop_map(|(e, c, d)| Op::Store(e, c, d)),
         5 => (e.clone(), c.clone(), d.clone()).prop_map(|(e, c, d)| Op::Remove(e, c, d)),
-        5 => (e, c.clone(), d.clone(), 1u64..12).prop_map(|(e, c, d, t)| Op::Spec(e, c, d, t)),
+        5 => (e.clone(), c.clone(), d.clone(), 1u64..12).prop_map(|(e, c, d, t)| Op::Spec(e, c, d, t)),
+        5 => (e, c.clone(), 0usize..BLOCKS, d.clone(), 1u64..12)
+            .prop_map(|(e, c, f, d, t)| Op::Covering(e, c, f.min(d - 1), d, t)),
         3 => (0u64..6).prop_map(Op::Advance),
         2 => Just(Op::Expire),
         6 => (c, d, 1usize..20).prop_map(|(c, d, m)| Op::Lookup(c, d, m)),
@@ -255,6 +280,15 @@ fn run(seed: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                 idx.insert_speculative(*e, &chains[*c][..*d], now + ttl, now);
                 model.spec(*e, &chains[*c][..*d], now + ttl, now);
             }
+            Op::Covering(e, c, f, d, ttl) => {
+                let chain = &chains[*c][..*d];
+                let mut keys: Vec<BlockKey> = (*f..*d)
+                    .map(|i| chain[window_top(i, chain.len()).unwrap()])
+                    .collect();
+                keys.dedup();
+                idx.insert_speculative(*e, &keys, now + ttl, now);
+                model.spec(*e, &keys, now + ttl, now);
+            }
             Op::Advance(dt) => now += dt,
             Op::Expire => {
                 idx.expire(now);
@@ -264,6 +298,9 @@ fn run(seed: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                 let keys = &chains[*c][..*d];
                 idx.lookup_min(keys, *m, now, &mut out);
                 prop_assert_eq!(&out, &model.lookup(keys, *m, now), "min {}", m);
+                for (&e, me) in &model.engines {
+                    prop_assert_eq!(idx.held_prefix(e, keys, now) as usize, me.held(keys, now));
+                }
             }
         }
         if let Err(e) = idx.check_invariants() {

@@ -38,7 +38,7 @@ pub use feeds::{
 };
 pub use ids::{NodeId, Version};
 pub use load::{LoadBatch, LoadDelta, LoadMap};
-pub use marks::{MarkDelta, MarkMap};
+pub use marks::{MARK_WINDOW, MarkDelta, MarkMap, covering_keys, window_top};
 pub use ownership::{owners, owns};
 pub use registry::{Dot, EngineRecord, RegistryAdd, RegistryDelta, RegistrySet, Span, Stamp};
 pub use wire::{

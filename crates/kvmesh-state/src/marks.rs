@@ -4,10 +4,16 @@
 //! most `per_engine` marks (past it, the marks expiring first go — a bound that, under
 //! overflow only, can make two routers keep different marks until those expire).
 //!
-//! On the wire a mark lists its keys: block keys are chained, so a mark of a prompt's first
-//! `n` blocks could name only its last key, but the receiving router needs every key for its
-//! index (lookups walk keys in chain order). 8 bytes per 16-token block: a 4,000-token prompt
-//! is 2 KB, once per decision, batched with the other deltas.
+//! # Covering marks
+//!
+//! Block keys are chained: an engine sent a prompt up to chain position `q` holds every
+//! earlier position too. So a mark names only the *top* key of each anchor window it covers
+//! (windows end at positions that are multiples of [`MARK_WINDOW`], or at the chain's last
+//! key): a mark of a 72-block prompt's last 8 blocks names 2 keys, of a new 4,000-token
+//! prompt 32 of 250. The receiving router's index lets a live speculative entry vouch for the
+//! earlier positions of its window (`kvmesh_prefix::PrefixIndex::held_prefix`), and this map
+//! answers "until when is position `i` of this chain covered" the same way
+//! ([`MarkMap::covered_expiries`]), so that what travels is what the cluster lacks.
 
 use crate::{digest_of, part};
 use serde::{Deserialize, Serialize};
@@ -37,6 +43,37 @@ fn mix(engine: u64, key: u64, expiry: u64) -> u64 {
     x ^= x >> 29;
     x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^ (x >> 32)
+}
+
+/// Width of the anchor windows marks cover: equal to `kvmesh_prefix::ANCHOR_STRIDE` (the
+/// gateway, which depends on both crates, asserts it at compile time).
+pub const MARK_WINDOW: usize = 8;
+
+/// The top of chain position `i`'s window in a chain of `len` keys: the next multiple of
+/// [`MARK_WINDOW`] at or after `i`, or the chain's last position when the chain ends first.
+#[inline]
+pub fn window_top(i: usize, len: usize) -> Option<usize> {
+    if i >= len {
+        return None;
+    }
+    Some(i.next_multiple_of(MARK_WINDOW).min(len - 1))
+}
+
+/// The keys a mark names to cover the chain positions `needed` (ascending) of `keys`: the top
+/// of each window holding a needed position, in chain order, each once.
+pub fn covering_keys(keys: &[u64], needed: impl IntoIterator<Item = usize>) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut last = None;
+    for i in needed {
+        let Some(top) = window_top(i, keys.len()) else {
+            continue;
+        };
+        if last != Some(top) {
+            out.push(keys[top]);
+            last = Some(top);
+        }
+    }
+    out
 }
 
 /// Every engine's marks.
@@ -201,6 +238,27 @@ impl MarkMap {
             .copied()
     }
 
+    /// Per position of the chain `keys` (from its first block): until when this map's marks
+    /// of `engine` cover it — the latest expiry among the marks of the position and of the
+    /// later positions of its window (expired or not) — or `None`.
+    pub fn covered_expiries(&self, engine: u64, keys: &[u64]) -> Vec<Option<u64>> {
+        let mut out = vec![None; keys.len()];
+        let Some(m) = self.by_engine.get(&engine) else {
+            return out;
+        };
+        for i in (0..keys.len()).rev() {
+            let own = m.get(&keys[i]).copied();
+            // Position i + 1 is in i's window unless i is a window's top (an anchor).
+            let later = if i % MARK_WINDOW != 0 {
+                out.get(i + 1).copied().flatten()
+            } else {
+                None
+            };
+            out[i] = own.max(later);
+        }
+        out
+    }
+
     /// Whether `engine` holds `key` live at `now_us`.
     pub fn holds(&self, engine: u64, key: u64, now_us: u64) -> bool {
         self.by_engine
@@ -323,5 +381,46 @@ mod tests {
         assert_eq!(m.len(), 3);
         assert!(m.holds(9, 4, 0) && m.holds(9, 3, 0) && m.holds(9, 2, 0));
         assert!(!m.holds(9, 1, 0) && !m.holds(9, 5, 0));
+    }
+
+    #[test]
+    fn a_mark_names_the_top_of_each_window_it_covers() {
+        let keys: Vec<u64> = (100..172).collect(); // 72 positions: windows end at 0, 8, .., 64, 71
+        assert_eq!(covering_keys(&keys, 64..72), vec![164, 171]);
+        assert_eq!(covering_keys(&keys, [0]), vec![100]);
+        assert_eq!(
+            covering_keys(&keys, 0..72).len(),
+            10,
+            "0, 8, .., 64 and 71"
+        );
+        assert_eq!(covering_keys(&keys, [3, 5, 9]), vec![108, 116]);
+        assert_eq!(covering_keys(&keys, [80]), Vec::<u64>::new());
+        assert_eq!(window_top(0, 1), Some(0));
+        assert_eq!(window_top(1, 3), Some(2));
+        assert_eq!(window_top(8, 20), Some(8));
+        assert_eq!(window_top(9, 20), Some(16));
+        assert_eq!(window_top(20, 20), None);
+    }
+
+    #[test]
+    fn a_window_top_covers_its_window_and_nothing_before_it() {
+        let keys: Vec<u64> = (100..120).collect(); // 20 positions
+        let mut m = MarkMap::new(100);
+        m.merge(&MarkDelta {
+            engine: 1,
+            keys: covering_keys(&keys, 9..20),
+            expiry_us: 50,
+        });
+        m.merge(&MarkDelta {
+            engine: 1,
+            keys: vec![keys[12]],
+            expiry_us: 70,
+        });
+        let c = m.covered_expiries(1, &keys);
+        assert_eq!(&c[..9], &[None; 9], "position 8 is its own window's top");
+        assert_eq!(&c[9..13], &[Some(70); 4], "12 vouches for 9..=12 until 70");
+        assert_eq!(&c[13..17], &[Some(50); 4], "16 for 13..=16");
+        assert_eq!(&c[17..], &[Some(50); 3], "19 (the last) for 17..=19");
+        assert_eq!(m.covered_expiries(2, &keys), vec![None; 20]);
     }
 }

@@ -464,12 +464,14 @@ impl MeshCore {
         self.drain_membership();
     }
 
-    /// This router's speculative mark; the decision found the engine holding the first
-    /// `known` keys. What travels is news only: the keys past `known` that the cluster does
-    /// not already hold marked for at least half the mark's lifetime, and of the first `known`
-    /// only approximate marks about to lapse (a conversation's follow-up, or a sibling of a
-    /// shared prompt, re-marks a long prefix of which only the last blocks are new; the prefix
-    /// a speculative mark found is confirmed by KV events in every router's index already).
+    /// This router's speculative mark of a prompt's chain `keys` (from its first block); the
+    /// decision found the engine holding the first `known` keys. What travels is news only,
+    /// and compact: the top key of each anchor window (`kvmesh_state::covering_keys`) that
+    /// holds a position past `known` the cluster does not already cover for at least half the
+    /// mark's lifetime, and of the first `known` only approximate marks about to lapse (a
+    /// conversation's follow-up, or a sibling of a shared prompt, re-marks a long prefix of
+    /// which only the last blocks are new; the prefix a speculative mark found is confirmed by
+    /// KV events in every router's index already).
     ///
     /// A speculative mark that extends a prefix the engine was found holding (`known > 0`), on
     /// an engine whose feed this router has in sync, does not travel at all: the engine's own
@@ -492,20 +494,19 @@ impl MeshCore {
             self.counters.marks_kept += 1;
             return;
         }
-        let keys: Vec<u64> = keys
-            .into_iter()
-            .enumerate()
-            .filter(|&(i, k)| {
-                if i < known && speculative {
-                    return false;
-                }
-                match self.st.marks.expiry(engine, k) {
-                    Some(e) => e < fresh_enough,
-                    None => i >= known,
-                }
-            })
-            .map(|(_, k)| k)
-            .collect();
+        // Positions are covered by a mark of a later key of their window (block keys are
+        // chained); the mark names the top of each window it covers, not every key.
+        let cover = self.st.marks.covered_expiries(engine, &keys);
+        let needed = (0..keys.len()).filter(|&i| {
+            if i < known && speculative {
+                return false;
+            }
+            match cover[i] {
+                Some(e) => e < fresh_enough,
+                None => i >= known,
+            }
+        });
+        let keys = kvmesh_state::covering_keys(&keys, needed);
         if keys.is_empty() {
             return;
         }

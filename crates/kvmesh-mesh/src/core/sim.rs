@@ -94,6 +94,8 @@ pub struct SimIndex {
     pub engines: HashMap<u64, (FeedVersion, Blocks)>,
     /// Marks received from peers.
     pub marks: u64,
+    /// Keys those marks named.
+    pub mark_keys: u64,
     /// Σ others' in-flight per engine as last applied.
     pub peer_load: HashMap<u64, u64>,
 }
@@ -290,7 +292,10 @@ impl Sim {
                 Output::Envelope(to, b) => sends.push((to, false, b.to_vec())),
                 Output::Apply(a) => match a {
                     Apply::Feed(f) => n.index.apply(&f),
-                    Apply::Mark(_) => n.index.marks += 1,
+                    Apply::Mark(m) => {
+                        n.index.marks += 1;
+                        n.index.mark_keys += m.keys.len() as u64;
+                    }
                     Apply::PeerLoad { engine, others } => {
                         n.index.peer_load.insert(engine, others);
                     }

@@ -1,10 +1,22 @@
-//! Lookups: per engine, the longest consecutive cached prefix of a request's keys.
+//! Lookups: per engine, the longest cached prefix of a request's keys.
+//!
+//! # Covering marks
+//!
+//! Block keys are chained: an engine that holds the block at chain position `q` was sent the
+//! whole prompt up to `q`. A *speculative* entry (a routing decision's mark, live until its
+//! expiry) therefore vouches for the earlier positions of its anchor window — the positions
+//! after the previous anchor up to it — so a mark that travels between routers names only the
+//! top key of each window it covers (every [`ANCHOR_STRIDE`]-th key and its last one), not
+//! every key. A lookup that misses position `i` for an engine probes the rest of `i`'s window
+//! (at most `ANCHOR_STRIDE - 1` keys) for a live speculative entry, and continues after it.
+//! Confirmed entries (KV events) never vouch for anything but themselves: an engine may evict
+//! a parent block and keep its child, and vLLM's own lookup stops at the first miss.
 
-use super::{Match, PREFETCH_AHEAD, PrefixIndex, member_hash, prefetch};
+use super::{Match, PREFETCH_AHEAD, PrefixIndex, Slot, member_hash, prefetch};
 
 /// Prefetch distance along a posting list and along the engines still matching.
 const WIDE_AHEAD: usize = 16;
-use crate::keys::{ANCHOR_STRIDE, BlockKey};
+use crate::keys::{ANCHOR_STRIDE, BlockKey, window_top};
 
 impl PrefixIndex {
     /// For each engine holding the first block of `keys` (the chain of a request, from its
@@ -47,7 +59,7 @@ impl PrefixIndex {
                 prefetch(self.entries.as_ptr().wrapping_add(next as usize));
             }
             let e = &self.entries[idx as usize];
-            if e.live(now_us) && keys[..s].iter().all(|k| self.holds(e.engine, *k, now_us)) {
+            if e.live(now_us) && self.held_within(e.engine, keys, s, now_us) >= s {
                 out.push(Match {
                     engine: e.engine,
                     blocks: s as u32 + 1,
@@ -71,8 +83,15 @@ impl PrefixIndex {
                 } else if let Some(a) = ahead {
                     self.members.0.prefetch(member_hash(out[j].engine, a.0));
                 }
-                if self.holds(out[j].engine, *k, now_us) {
+                let e = out[j].engine;
+                if out[j].blocks as usize > i {
+                    // Already past `i`: a covering entry further on vouched for it.
+                    j += 1;
+                } else if self.holds(e, *k, now_us) {
                     out[j].blocks += 1;
+                    j += 1;
+                } else if let Some(q) = self.cover(e, keys, i, now_us) {
+                    out[j].blocks = q as u32 + 1;
                     j += 1;
                 } else {
                     active -= 1;
@@ -84,5 +103,46 @@ impl PrefixIndex {
             out.retain(|x| x.blocks as usize >= m);
         }
         out.sort_unstable_by_key(|x| x.engine);
+    }
+
+    /// How many leading blocks of `keys` (a chain from its first block) `engine` holds at
+    /// `now_us`: consecutive live entries, and the positions a covering speculative entry
+    /// vouches for (module docs). What [`lookup`](Self::lookup) finds for the engine, probed
+    /// for one engine.
+    pub fn held_prefix(&self, engine: Slot, keys: &[BlockKey], now_us: u64) -> u32 {
+        self.held_within(engine, keys, keys.len(), now_us) as u32
+    }
+
+    /// [`held_prefix`](Self::held_prefix), walking no further than position `limit` (covers
+    /// are still looked for in the whole of `keys`: a window's top may lie past `limit`).
+    /// The result may pass `limit` by a cover's jump.
+    fn held_within(&self, engine: Slot, keys: &[BlockKey], limit: usize, now_us: u64) -> usize {
+        let mut i = 0;
+        while i < limit {
+            if self.holds(engine, keys[i], now_us) {
+                i += 1;
+            } else if let Some(q) = self.cover(engine, keys, i, now_us) {
+                i = q + 1;
+            } else {
+                break;
+            }
+        }
+        i
+    }
+
+    /// The position of a live speculative entry of `engine` after `i` in `i`'s anchor window
+    /// (up to the next anchor position, or the chain's last key), which vouches for `i`.
+    #[inline]
+    fn cover(&self, engine: Slot, keys: &[BlockKey], i: usize, now_us: u64) -> Option<usize> {
+        // Only speculative entries vouch: an engine without any (a precise engine between
+        // decisions' 2 s marks) costs no probe.
+        if self.engines.get(engine as usize).is_none_or(|e| e.speculative == 0) {
+            return None;
+        }
+        let top = window_top(i, keys.len())?;
+        (i + 1..=top).find(|&q| {
+            self.find(engine, keys[q].0)
+                .is_some_and(|x| self.entries[x as usize].expiry > now_us)
+        })
     }
 }
