@@ -44,16 +44,10 @@ async fn a_discovered_models_block_size_applies_to_its_events() {
     // The engine's events for the first prompt arrive (the index holds confirmed entries);
     // then, once the first request's speculative mark (200 ms here: the events are live) has
     // expired, the same prompt can only be predicted from the events.
-    let metric = |page: &str, name: &str| {
-        page.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-    };
     let mut confirmed = 0.0;
     for _ in 0..100 {
         let page = get(&c, &format!("{}/metrics", router.base_url())).await.1;
-        confirmed = metric(&page, "kvmesh_prefix_index_confirmed_entries ").unwrap_or(0.0);
+        confirmed = metric(&page, "kvmesh_prefix_index_confirmed_entries");
         if confirmed > 0.0 {
             break;
         }
@@ -75,8 +69,9 @@ async fn a_discovered_models_block_size_applies_to_its_events() {
     );
     assert_eq!(predicted % 32, 0, "in blocks of the model's size");
     let page = get(&c, &format!("{}/metrics", router.base_url())).await.1;
-    let skipped = metric(&page, "kvmesh_kv_events_skipped_block_size_total{");
-    assert_eq!(skipped, Some(0.0), "{page}");
+    assert!(page.contains("kvmesh_kv_events_skipped_block_size_total{"), "{page}");
+    let skipped = metric(&page, "kvmesh_kv_events_skipped_block_size_total");
+    assert_eq!(skipped, 0.0, "{page}");
     router.shutdown().await;
     stop_sims(fleet.sims).await;
 }
