@@ -51,6 +51,12 @@ pub struct PrefixConfig {
     pub ingest_queue_batches: usize,
     /// Bound on one replay exchange with an engine's replay socket, ms.
     pub replay_timeout_ms: u64,
+    /// Batches a replay fills a gap with at most. A wider gap — a router subscribing to an
+    /// engine with a long history (vLLM keeps 10,000 batches, tens of MB) — is not filled: the
+    /// router reads only the last `replay_max_batches` before the batch that revealed it and
+    /// resynchronises exactly from the last `AllBlocksCleared` among them (a reset), or else
+    /// marks the engine stale (its marks live `approximate_ttl_ms`) until its next clear.
+    pub replay_max_batches: u64,
     /// ZMQ topic filter of the KV-event subscriptions (vLLM's default topic is empty).
     pub kv_events_topic: String,
 }
@@ -70,6 +76,7 @@ impl Default for PrefixConfig {
             max_prompt_tokens: 262_144,
             ingest_queue_batches: 1_024,
             replay_timeout_ms: 2_000,
+            replay_max_batches: 1_000,
             kv_events_topic: String::new(),
         }
     }
@@ -126,6 +133,11 @@ impl PrefixConfig {
             self.replay_timeout_ms >= 10,
             &format!("{at}.replay_timeout_ms"),
             "must be at least 10",
+        )?;
+        check(
+            (1..=1_000_000).contains(&self.replay_max_batches),
+            &format!("{at}.replay_max_batches"),
+            "must be between 1 and 1000000",
         )
     }
 }

@@ -441,10 +441,10 @@ pub struct IngestStatus {
     pub restart_hint: AtomicU64,
     /// Wakes the applier for a hint.
     pub wake: Notify,
-    /// The reader subscribed a moment ago: the applier asks the replay socket for what was
-    /// published since the last batch it applied (a SUB socket misses what the engine
-    /// publishes before its subscription takes effect, and when no later batch comes, no gap
-    /// would ever reveal it).
+    /// The reader subscribed a moment ago and no batch came since: the applier asks the
+    /// replay socket for what was published since the last batch it applied (a SUB socket
+    /// misses what the engine publishes before its subscription takes effect, and when no
+    /// later batch comes, no gap would ever reveal it).
     pub catch_up: AtomicBool,
     /// Catch-ups that brought batches the subscription had missed.
     pub caught_up: AtomicU64,

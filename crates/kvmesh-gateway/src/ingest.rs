@@ -6,7 +6,7 @@
 //!   full queue → batch dropped (counted)          on_decoded → ops → index (write lock)
 //!   malformed frame → counted                      Gap → replay socket (bounded) → in order
 //!   socket error → reconnect (backoff)             no replay / replay short → mark_stale
-//!   subscribed 200 ms ago → catch-up ──────────▶   replay from the next seq expected
+//!   subscribed 200 ms ago, nothing since ──────▶   catch-up: replay from the next seq expected
 //!                                                  restart hint (probe saw a new process
 //!                                                  start time, no seq regression yet) → clear
 //! ```
@@ -20,7 +20,9 @@ use crate::engine::Engine;
 use crate::prefix::PrefixState;
 use crate::tasks::Tasks;
 use kvmesh_config::ServeConfig;
-use kvmesh_kvevents::{DecodeLimits, KvFrame, RecvError, Subscriber, decode_batch, replay};
+use kvmesh_kvevents::{
+    DecodeLimits, DecodedBatch, KvEvent, KvFrame, RecvError, Subscriber, decode_batch, replay_at_most,
+};
 use kvmesh_mesh::node::Input;
 use kvmesh_prefix::{BlockKey, EngineIngest, IndexOp, IngestConfig, IngestOutcome, OpVersion};
 use kvmesh_state::{FeedSnapshot, WireOp};
@@ -98,8 +100,20 @@ pub fn stop(e: &Engine) {
     e.ingest.connected.store(false, Relaxed);
 }
 
-/// How long after subscribing the applier asks the replay socket for what the subscription
-/// missed (a subscription reaches the publisher within a round trip or two).
+/// The index of the last replayed batch holding an `AllBlocksCleared` (the engine's exact
+/// resync point: nothing before it matters), if any.
+fn last_clear(batches: &[(u64, DecodedBatch)]) -> Option<usize> {
+    batches.iter().rposition(|(_, b)| {
+        b.batch
+            .events
+            .iter()
+            .any(|e| matches!(e, KvEvent::AllBlocksCleared))
+    })
+}
+
+/// How long after subscribing, when no batch came meanwhile, the applier asks the replay
+/// socket for what the subscription missed (a subscription reaches the publisher within a
+/// round trip or two).
 const CATCH_UP_AFTER: Duration = Duration::from_millis(200);
 
 async fn read_loop(ctx: IngestCtx, e: Arc<Engine>, tx: mpsc::Sender<KvFrame>) {
@@ -125,8 +139,10 @@ async fn read_loop(ctx: IngestCtx, e: Arc<Engine>, tx: mpsc::Sender<KvFrame>) {
         backoff = Duration::from_millis(100);
         e.ingest.connected.store(true, Relaxed);
         tracing::info!(engine = %e.url, endpoint = %e.kv_events, "subscribed to kv events");
-        // Once the subscription has surely reached the publisher, the applier catches up on
-        // what was published before it (ZMQ's slow joiner: those batches never arrive here).
+        // If nothing arrives before the subscription has surely reached the publisher, the
+        // applier catches up on what was published before it (ZMQ's slow joiner: those
+        // batches never arrive here, and with no later batch no gap would reveal them). A
+        // batch that does arrive reveals any gap itself, and its seq bounds the replay.
         let mut catch_up_at = Some(tokio::time::Instant::now() + CATCH_UP_AFTER);
         loop {
             if catch_up_at.is_some_and(|t| tokio::time::Instant::now() >= t) {
@@ -140,6 +156,7 @@ async fn read_loop(ctx: IngestCtx, e: Arc<Engine>, tx: mpsc::Sender<KvFrame>) {
             });
             match sub.recv_timeout(wait).await {
                 Ok(Some(frame)) => {
+                    catch_up_at = None;
                     if tx.try_send(frame).is_err() {
                         e.ingest.dropped.fetch_add(1, Relaxed);
                     }
@@ -332,78 +349,140 @@ impl Applier {
             return;
         }
         self.e.ingest.gaps.fetch_add(1, Relaxed);
-        if !self.resync(from).await {
+        if !self.resync(from, seq).await {
             // Given up: the batch that revealed the gap was held back; it is the new baseline
             // (it may carry AllBlocksCleared, the engine's exact resync point).
             let _ = self.step(seq, batch);
         }
     }
 
-    /// Fills the open gap from the replay socket; false when it gave up (engine stale).
-    async fn resync(&mut self, from: u64) -> bool {
+    /// Fills the open gap `from..to` (`to`: the batch that revealed it) from the replay
+    /// socket; false when it gave up (engine stale). Replayed batches apply from the last
+    /// `AllBlocksCleared` among them when there is one (what came before a reset is void: not
+    /// decoded into the index, not sent to the mesh). A gap wider than `replay_max_batches` (a
+    /// new stream on an engine with a long history) is not filled: only the last
+    /// `replay_max_batches` batches before `to` are read, and the stream resynchronises from
+    /// the last `AllBlocksCleared` among them — exact from there — or gives up.
+    async fn resync(&mut self, from: u64, to: u64) -> bool {
         if self.e.kv_replay.is_empty() {
             self.ingest.mark_stale(self.now());
             return false;
         }
+        let max = self.ctx.cfg.prefix.replay_max_batches;
+        let wide = to.saturating_sub(from) > max;
+        let start = if wide { to - max } else { from };
+        // The gap, `to`, and as many newer batches again at most.
+        let read = usize::try_from(to - start + max).unwrap_or(usize::MAX);
         let timeout = Duration::from_millis(self.ctx.cfg.prefix.replay_timeout_ms);
-        match replay(&self.e.kv_replay, from, timeout).await {
-            Ok(batches) => {
-                for b in batches {
-                    let Ok(db) = decode_batch(&b.payload, &self.limits) else {
-                        self.e.ingest.malformed.fetch_add(1, Relaxed);
-                        break;
-                    };
-                    if self.step(b.seq, &db).is_some() {
-                        break;
-                    }
-                }
-                if self.ingest.pending_gap().is_some() {
-                    self.e.ingest.replays_failed.fetch_add(1, Relaxed);
-                    tracing::warn!(engine = %self.e.url, from, "replay did not cover the gap: engine routed approximately until it resyncs");
-                    self.ingest.mark_stale(self.now());
-                    false
-                } else {
-                    self.e.ingest.replays_ok.fetch_add(1, Relaxed);
-                    true
-                }
-            }
+        let mut batches = match replay_at_most(&self.e.kv_replay, start, read, timeout).await {
+            Ok((batches, _)) => self.decode_all(&batches),
             Err(err) => {
                 self.e.ingest.replays_failed.fetch_add(1, Relaxed);
                 tracing::warn!(engine = %self.e.url, from, error = %err, "kv-event replay failed: engine routed approximately until it resyncs");
                 self.ingest.mark_stale(self.now());
-                false
+                return false;
             }
+        };
+        match last_clear(&batches) {
+            // Everything before the engine's last cache reset is void: the reset is its exact
+            // resync point, the batch holding it the baseline (applied whatever its seq).
+            Some(j) if wide || j > 0 => {
+                self.ingest.mark_stale(self.now());
+                batches.drain(..j);
+                tracing::info!(engine = %self.e.url, from, to, at = batches[0].0, "kv events: resynchronised from the engine's last cache reset");
+            }
+            Some(_) => {}
+            None if wide => {
+                self.e.ingest.replays_failed.fetch_add(1, Relaxed);
+                tracing::info!(engine = %self.e.url, from, to, "kv events: {} batches missing, more than replay_max_batches, and no cache reset among the last ones: engine routed approximately until its next clear", to - from);
+                self.ingest.mark_stale(self.now());
+                return false;
+            }
+            None => {}
+        }
+        for (seq, b) in &batches {
+            if self.step(*seq, b).is_some() {
+                break;
+            }
+        }
+        if self.ingest.pending_gap().is_some() {
+            self.e.ingest.replays_failed.fetch_add(1, Relaxed);
+            tracing::warn!(engine = %self.e.url, from, "replay did not cover the gap: engine routed approximately until it resyncs");
+            self.ingest.mark_stale(self.now());
+            false
+        } else {
+            self.e.ingest.replays_ok.fetch_add(1, Relaxed);
+            true
         }
     }
 
+    /// Replayed batches decoded, up to the first that does not decode (counted).
+    fn decode_all(&self, batches: &[kvmesh_kvevents::ReplayedBatch]) -> Vec<(u64, DecodedBatch)> {
+        let mut out = Vec::with_capacity(batches.len());
+        for b in batches {
+            match decode_batch(&b.payload, &self.limits) {
+                Ok(db) => out.push((b.seq, db)),
+                Err(_) => {
+                    self.e.ingest.malformed.fetch_add(1, Relaxed);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
     /// After a (re)subscription: what the engine published since the last batch applied
-    /// (from seq 0 for a new stream), from the replay socket. Batches the live stream also
-    /// brings are recognised as duplicates; a replay that no longer reaches back that far is
-    /// a gap like any other (filled, or the engine goes stale). Nothing to fetch, or no
-    /// answer: nothing is known to be missing, nothing changes.
+    /// (from seq 0 for a new stream), from the replay socket, when it is at most
+    /// `replay_max_batches` (a longer history is left to the gap the next live batch reveals,
+    /// which reads only the last batches before it), from the engine's last cache reset among
+    /// them if any. Batches the live stream also brings are recognised as duplicates. When the
+    /// buffer no longer reaches back that far and holds no reset, the engine is stale until its
+    /// next clear and the next live batch is the baseline. No answer: nothing is known to be
+    /// missing, nothing changes.
     async fn catch_up(&mut self) {
         if self.e.kv_replay.is_empty() || self.ingest.pending_gap().is_some() {
             return;
         }
         let from = self.ingest.next_seq().unwrap_or(0);
+        let max = usize::try_from(self.ctx.cfg.prefix.replay_max_batches).unwrap_or(usize::MAX);
         let timeout = Duration::from_millis(self.ctx.cfg.prefix.replay_timeout_ms);
-        let batches = match replay(&self.e.kv_replay, from, timeout).await {
-            Ok(b) => b,
+        let batches = match replay_at_most(&self.e.kv_replay, from, max, timeout).await {
+            Ok((b, true)) => b,
+            Ok((_, false)) => {
+                // More than `replay_max_batches` since `from`: a long history. The next live
+                // batch's gap reads only the last ones before it (and resyncs from a reset
+                // among them); applying the oldest here would be wasted work.
+                tracing::debug!(engine = %self.e.url, from, "kv-event catch-up: long history, left to the next batch's gap");
+                return;
+            }
             Err(err) => {
                 tracing::debug!(engine = %self.e.url, from, error = %err, "kv-event catch-up replay failed");
                 return;
             }
         };
-        if batches.is_empty() {
+        let Some(oldest) = batches.first().map(|b| b.seq) else {
             return;
+        };
+        let mut batches = self.decode_all(&batches);
+        match last_clear(&batches) {
+            // From the engine's last cache reset (everything before it is void).
+            Some(j) if j > 0 || oldest > from => {
+                self.ingest.mark_stale(self.now());
+                batches.drain(..j);
+            }
+            Some(_) => {}
+            None if oldest > from => {
+                if !self.ingest.is_stale() {
+                    tracing::info!(engine = %self.e.url, from, oldest, "kv events: the engine's replay buffer no longer reaches back to what this router lacks: routed approximately until its next cache reset");
+                    self.ingest.mark_stale(self.now());
+                }
+                return;
+            }
+            None => {}
         }
         let applied = self.ingest.stats().batches_applied;
-        for b in batches {
-            let Ok(db) = decode_batch(&b.payload, &self.limits) else {
-                self.e.ingest.malformed.fetch_add(1, Relaxed);
-                break;
-            };
-            self.on_frame(b.seq, &db).await;
+        for (seq, db) in batches {
+            self.on_frame(seq, &db).await;
         }
         if self.ingest.stats().batches_applied > applied {
             self.e.ingest.caught_up.fetch_add(1, Relaxed);

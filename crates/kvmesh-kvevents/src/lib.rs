@@ -30,4 +30,4 @@ pub use publisher::{
     AttachMode, DEFAULT_BUFFER_LEN, DEFAULT_QUEUE_LEN, END_SEQ, PublishError, Publisher,
     PublisherConfig, ReplayFraming, TransportError,
 };
-pub use subscriber::{RecvError, ReplayedBatch, Subscriber, replay};
+pub use subscriber::{RecvError, ReplayedBatch, Subscriber, replay, replay_at_most};

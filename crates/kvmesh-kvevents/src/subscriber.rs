@@ -127,6 +127,22 @@ pub async fn replay(
     start_seq: u64,
     timeout: Duration,
 ) -> Result<Vec<ReplayedBatch>, TransportError> {
+    match replay_at_most(endpoint, start_seq, MAX_REPLAY_BATCHES, timeout).await? {
+        (out, true) => Ok(out),
+        (_, false) => Err(TransportError::Protocol("replay too long".into())),
+    }
+}
+
+/// [`replay`], reading at most `max_batches` batches: past them the exchange is dropped (the
+/// socket closed, the rest unread) and the batches read so far come back with `false` (not
+/// complete); `true` when the end marker came. A router asks an engine with a long history
+/// (vLLM buffers 10,000 batches, tens of MB) for no more than it will use.
+pub async fn replay_at_most(
+    endpoint: &str,
+    start_seq: u64,
+    max_batches: usize,
+    timeout: Duration,
+) -> Result<(Vec<ReplayedBatch>, bool), TransportError> {
     let mut opts = SocketOptions::default();
     opts.connect_timeout(timeout);
     let mut sock = DealerSocket::with_options(opts);
@@ -160,11 +176,11 @@ pub async fn replay(
                 }
             };
             if seq.as_ref() == END_SEQ {
-                return Ok(out);
+                return Ok((out, true));
             }
             let seq = parse_seq(seq).map_err(|e| TransportError::Protocol(e.to_string()))?;
-            if out.len() >= MAX_REPLAY_BATCHES {
-                return Err(TransportError::Protocol("replay too long".into()));
+            if out.len() >= max_batches {
+                return Ok((out, false));
             }
             out.push(ReplayedBatch {
                 seq,
