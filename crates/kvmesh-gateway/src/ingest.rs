@@ -230,9 +230,7 @@ async fn apply_loop(
         tokio::select! {
             f = rx.recv() => {
                 let Some(f) = f else { break };
-                let bs = block_size(&a.ctx.cfg, &a.e);
-                let now = a.now();
-                a.ingest.set_block_size(bs, now);
+                a.refresh_block_size();
                 a.on_frame(f.seq, &f.batch).await;
             }
             _ = a.e.ingest.wake.notified() => {}
@@ -262,6 +260,14 @@ async fn apply_loop(
 impl Applier {
     fn now(&self) -> u64 {
         self.ctx.clock.now_us()
+    }
+
+    /// The engine's block size as its models say now (discovery may have found them since
+    /// the last batch): set before every batch, live or replayed.
+    fn refresh_block_size(&mut self) {
+        let bs = block_size(&self.ctx.cfg, &self.e);
+        let now = self.now();
+        self.ingest.set_block_size(bs, now);
     }
 
     /// Sends the ops of one batch (or of a restart) to the index as a versioned batch. Only
@@ -443,6 +449,9 @@ impl Applier {
         if self.e.kv_replay.is_empty() || self.ingest.pending_gap().is_some() {
             return;
         }
+        // No live batch may have come yet: the block size is still the one from before the
+        // engine's models were discovered.
+        self.refresh_block_size();
         let from = self.ingest.next_seq().unwrap_or(0);
         let max = usize::try_from(self.ctx.cfg.prefix.replay_max_batches).unwrap_or(usize::MAX);
         let timeout = Duration::from_millis(self.ctx.cfg.prefix.replay_timeout_ms);

@@ -57,12 +57,7 @@ async fn a_discovered_models_block_size_applies_to_its_events() {
     tokio::time::sleep(Duration::from_millis(250)).await;
     let again = post_json(&c, &chat, &chat_body("m32", &text, 2, false)).await;
     assert_eq!(again.status, 200);
-    let predicted = again
-        .headers
-        .get("x-kvmesh-predicted-cached-tokens")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+    let predicted = predicted_tokens(&again);
     assert!(
         predicted >= 32,
         "the events were applied: predicted {predicted}"

@@ -6,21 +6,37 @@
 mod common;
 
 use common::*;
+use kvmesh_config::ModelConfig;
 use kvmesh_policy::PolicyKind;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_published_before_the_subscription_reach_the_index() {
-    let fleet = kvmesh_sim::start_fleet(1, true, |_| instant_sim_cfg("m"))
-        .await
-        .expect("fleet");
+    caught_up("m", 16).await;
+}
+
+/// The same with a model of its own block size that the router learns only from discovery
+/// (the catch-up may run before any live batch: it must use the discovered size too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caught_up_events_use_the_discovered_models_block_size() {
+    caught_up("m32", 32).await;
+}
+
+async fn caught_up(model: &str, block_size: u32) {
+    let fleet = kvmesh_sim::start_fleet(1, true, |_| {
+        let mut c = instant_sim_cfg(model);
+        c.engine.block_size = block_size;
+        c
+    })
+    .await
+    .expect("fleet");
     let c = client();
     // The engine serves a request with no router subscribed: its events go nowhere.
     let text = "a long shared system prompt that spans many blocks ".repeat(40);
     let direct = post_json(
         &c,
         &format!("{}/v1/chat/completions", fleet.entries[0].url),
-        &chat_body("m", &text, 2, false),
+        &chat_body(model, &text, 2, false),
     )
     .await;
     assert_eq!(direct.status, 200, "{}", direct.body);
@@ -29,7 +45,15 @@ async fn events_published_before_the_subscription_reach_the_index() {
     let mut cfg = serve_cfg(&[]);
     cfg.engines = fleet.entries.clone();
     cfg.routing.policy.policy = PolicyKind::Precise;
-    let router = start_router_with(cfg, "m", 1).await;
+    assert!(cfg.engines[0].models.is_empty(), "the model comes from discovery");
+    cfg.models.insert(
+        model.into(),
+        ModelConfig {
+            block_size: Some(block_size),
+            ..ModelConfig::default()
+        },
+    );
+    let router = start_router_with(cfg, model, 1).await;
     // Nothing more is published; the router learns the engine's blocks from its replay socket.
     let mut confirmed = 0.0;
     let mut page = String::new();
@@ -59,17 +83,13 @@ async fn events_published_before_the_subscription_reach_the_index() {
     let again = post_json(
         &c,
         &format!("{}/v1/chat/completions", router.base_url()),
-        &chat_body("m", &text, 2, false),
+        &chat_body(model, &text, 2, false),
     )
     .await;
     assert_eq!(again.status, 200);
-    let predicted = again
-        .headers
-        .get("x-kvmesh-predicted-cached-tokens")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
-    assert!(predicted >= 16 * 8, "predicted {predicted}");
+    let predicted = predicted_tokens(&again);
+    assert!(predicted >= 8 * u64::from(block_size), "predicted {predicted}");
+    assert_eq!(predicted % u64::from(block_size), 0);
     router.shutdown().await;
     stop_sims(fleet.sims).await;
 }

@@ -32,21 +32,12 @@ fn key(i: u64) -> BlockKey {
 fn stored(i: u64) -> EventBatch {
     EventBatch {
         ts: i as f64,
-        events: vec![KvEvent::BlockStored {
-            block_hashes: vec![BlockHash::Int(i + 1)],
-            parent_block_hash: None,
-            token_ids: tokens(i),
-            block_size: BS,
-            lora_id: None,
-            medium: None,
-            lora_name: None,
-            extra_keys: None,
-            group_idx: None,
-            kv_cache_spec_kind: None,
-            kv_cache_spec_sliding_window: None,
-            locality: None,
-            ownership: None,
-        }],
+        events: vec![KvEvent::stored(
+            vec![BlockHash::Int(i + 1)],
+            None,
+            tokens(i),
+            BS,
+        )],
         data_parallel_rank: None,
     }
 }

@@ -133,13 +133,6 @@ async fn meshed_routers_share_marks_load_and_engines() {
         )
         .await;
         assert_eq!(again.status, 200);
-        let predicted = |r: &common::Reply| -> u64 {
-            r.headers
-                .get("x-kvmesh-predicted-cached-tokens")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
         // A's mark travelled naming only the top key of each anchor window; B's index lets
         // them vouch for their windows, so B predicts the whole prompt, as A itself does.
         let third = post_json(
@@ -149,10 +142,10 @@ async fn meshed_routers_share_marks_load_and_engines() {
         )
         .await;
         assert_eq!(third.engine, first.engine);
-        assert!(predicted(&third) > 16 * 8, "{}", predicted(&third));
+        assert!(predicted_tokens(&third) > 16 * 8, "{}", predicted_tokens(&third));
         assert_eq!(
-            predicted(&again),
-            predicted(&third),
+            predicted_tokens(&again),
+            predicted_tokens(&third),
             "B predicts the whole prompt from A's covering mark"
         );
         if again.engine == first.engine {

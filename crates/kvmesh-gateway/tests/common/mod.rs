@@ -513,6 +513,15 @@ pub fn failures(replies: &[Reply]) -> Vec<String> {
         .collect()
 }
 
+/// The router's `x-kvmesh-predicted-cached-tokens` of a reply (0 when absent).
+pub fn predicted_tokens(r: &Reply) -> u64 {
+    r.headers
+        .get("x-kvmesh-predicted-cached-tokens")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Metrics.
 
