@@ -52,7 +52,7 @@ pub struct PrefixConfig {
     /// Bound on one replay exchange with an engine's replay socket, ms.
     pub replay_timeout_ms: u64,
     /// Batches a replay fills a gap with at most. A wider gap — a router subscribing to an
-    /// engine with a long history (vLLM keeps 10,000 batches, tens of MB) — is not filled: the
+    /// engine with a long history (vLLM keeps 10,000 batches) — is not filled: the
     /// router reads only the last `replay_max_batches` before the batch that revealed it and
     /// resynchronises exactly from the last `AllBlocksCleared` among them (a reset), or else
     /// marks the engine stale (its marks live `approximate_ttl_ms`) until its next clear.

@@ -21,7 +21,8 @@ use crate::prefix::PrefixState;
 use crate::tasks::Tasks;
 use kvmesh_config::ServeConfig;
 use kvmesh_kvevents::{
-    DecodeLimits, DecodedBatch, KvEvent, KvFrame, RecvError, Subscriber, decode_batch, replay_at_most,
+    DecodeLimits, DecodedBatch, KvEvent, KvFrame, RecvError, Subscriber, decode_batch,
+    replay_at_most,
 };
 use kvmesh_mesh::node::Input;
 use kvmesh_prefix::{BlockKey, EngineIngest, IndexOp, IngestConfig, IngestOutcome, OpVersion};
@@ -389,22 +390,11 @@ impl Applier {
                 return false;
             }
         };
-        match last_clear(&batches) {
-            // Everything before the engine's last cache reset is void: the reset is its exact
-            // resync point, the batch holding it the baseline (applied whatever its seq).
-            Some(j) if wide || j > 0 => {
-                self.ingest.mark_stale(self.now());
-                batches.drain(..j);
-                tracing::info!(engine = %self.e.url, from, to, at = batches[0].0, "kv events: resynchronised from the engine's last cache reset");
-            }
-            Some(_) => {}
-            None if wide => {
-                self.e.ingest.replays_failed.fetch_add(1, Relaxed);
-                tracing::info!(engine = %self.e.url, from, to, "kv events: {} batches missing, more than replay_max_batches, and no cache reset among the last ones: engine routed approximately until its next clear", to - from);
-                self.ingest.mark_stale(self.now());
-                return false;
-            }
-            None => {}
+        if !self.keep_from_last_reset(&mut batches, !wide) {
+            self.e.ingest.replays_failed.fetch_add(1, Relaxed);
+            tracing::info!(engine = %self.e.url, from, to, "kv events: {} batches missing, more than replay_max_batches, and no cache reset among the last ones: engine routed approximately until its next clear", to - from);
+            self.ingest.mark_stale(self.now());
+            return false;
         }
         for (seq, b) in &batches {
             if self.step(*seq, b).is_some() {
@@ -419,6 +409,27 @@ impl Applier {
         } else {
             self.e.ingest.replays_ok.fetch_add(1, Relaxed);
             true
+        }
+    }
+
+    /// Keeps the replayed `batches` from the engine's last cache reset among them: what came
+    /// before a reset is void, and the batch holding it becomes the baseline (applied whatever
+    /// its seq; the reset makes the engine exact). `continues`: the batches start where the
+    /// stream stands. False when they neither continue it nor hold a reset (nothing to apply).
+    fn keep_from_last_reset(
+        &mut self,
+        batches: &mut Vec<(u64, DecodedBatch)>,
+        continues: bool,
+    ) -> bool {
+        match last_clear(batches) {
+            Some(j) if j > 0 || !continues => {
+                self.ingest.mark_stale(self.now());
+                batches.drain(..j);
+                tracing::info!(engine = %self.e.url, at = batches[0].0, "kv events: resynchronised from the engine's last cache reset");
+                true
+            }
+            Some(_) => true,
+            None => continues,
         }
     }
 
@@ -473,21 +484,12 @@ impl Applier {
             return;
         };
         let mut batches = self.decode_all(&batches);
-        match last_clear(&batches) {
-            // From the engine's last cache reset (everything before it is void).
-            Some(j) if j > 0 || oldest > from => {
+        if !self.keep_from_last_reset(&mut batches, oldest <= from) {
+            if !self.ingest.is_stale() {
+                tracing::info!(engine = %self.e.url, from, oldest, "kv events: the engine's replay buffer no longer reaches back to what this router lacks: routed approximately until its next cache reset");
                 self.ingest.mark_stale(self.now());
-                batches.drain(..j);
             }
-            Some(_) => {}
-            None if oldest > from => {
-                if !self.ingest.is_stale() {
-                    tracing::info!(engine = %self.e.url, from, oldest, "kv events: the engine's replay buffer no longer reaches back to what this router lacks: routed approximately until its next cache reset");
-                    self.ingest.mark_stale(self.now());
-                }
-                return;
-            }
-            None => {}
+            return;
         }
         let applied = self.ingest.stats().batches_applied;
         for (seq, db) in batches {

@@ -64,7 +64,10 @@ async fn a_discovered_models_block_size_applies_to_its_events() {
     );
     assert_eq!(predicted % 32, 0, "in blocks of the model's size");
     let page = get(&c, &format!("{}/metrics", router.base_url())).await.1;
-    assert!(page.contains("kvmesh_kv_events_skipped_block_size_total{"), "{page}");
+    assert!(
+        page.contains("kvmesh_kv_events_skipped_block_size_total{"),
+        "{page}"
+    );
     let skipped = metric(&page, "kvmesh_kv_events_skipped_block_size_total");
     assert_eq!(skipped, 0.0, "{page}");
     router.shutdown().await;

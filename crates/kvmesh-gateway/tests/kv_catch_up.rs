@@ -40,12 +40,25 @@ async fn caught_up(model: &str, block_size: u32) {
     )
     .await;
     assert_eq!(direct.status, 200, "{}", direct.body);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let replay_ep = fleet.entries[0].kv_replay.clone();
+    wait_until(
+        "the engine published its events",
+        Duration::from_secs(5),
+        || async {
+            kvmesh_kvevents::replay(&replay_ep, 0, Duration::from_secs(1))
+                .await
+                .is_ok_and(|b| !b.is_empty())
+        },
+    )
+    .await;
 
     let mut cfg = serve_cfg(&[]);
     cfg.engines = fleet.entries.clone();
     cfg.routing.policy.policy = PolicyKind::Precise;
-    assert!(cfg.engines[0].models.is_empty(), "the model comes from discovery");
+    assert!(
+        cfg.engines[0].models.is_empty(),
+        "the model comes from discovery"
+    );
     cfg.models.insert(
         model.into(),
         ModelConfig {
@@ -55,25 +68,18 @@ async fn caught_up(model: &str, block_size: u32) {
     );
     let router = start_router_with(cfg, model, 1).await;
     // Nothing more is published; the router learns the engine's blocks from its replay socket.
-    let mut confirmed = 0.0;
-    let mut page = String::new();
-    for _ in 0..60 {
-        page = get(&c, &format!("{}/metrics", router.base_url())).await.1;
-        confirmed = metric(&page, "kvmesh_prefix_index_confirmed_entries");
-        if confirmed > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(confirmed > 0.0, "the engine's earlier events reached the index");
-    // Counted once its batches are in (the scrape above may have come between the two).
-    for _ in 0..20 {
-        if metric(&page, "kvmesh_kv_events_catch_ups_total") > 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        page = scrape(&c, &router.base_url()).await;
-    }
+    let base = router.base_url();
+    wait_until(
+        "the engine's earlier events reached the index",
+        Duration::from_secs(5),
+        || async {
+            let page = scrape(&c, &base).await;
+            metric(&page, "kvmesh_prefix_index_confirmed_entries") > 0.0
+                && metric(&page, "kvmesh_kv_events_catch_ups_total") > 0.0
+        },
+    )
+    .await;
+    let page = scrape(&c, &base).await;
     assert_eq!(
         metric(&page, "kvmesh_kv_events_catch_ups_total"),
         1.0,
@@ -88,7 +94,10 @@ async fn caught_up(model: &str, block_size: u32) {
     .await;
     assert_eq!(again.status, 200);
     let predicted = predicted_tokens(&again);
-    assert!(predicted >= 8 * u64::from(block_size), "predicted {predicted}");
+    assert!(
+        predicted >= 8 * u64::from(block_size),
+        "predicted {predicted}"
+    );
     assert_eq!(predicted % u64::from(block_size), 0);
     router.shutdown().await;
     stop_sims(fleet.sims).await;

@@ -142,7 +142,11 @@ async fn meshed_routers_share_marks_load_and_engines() {
         )
         .await;
         assert_eq!(third.engine, first.engine);
-        assert!(predicted_tokens(&third) > 16 * 8, "{}", predicted_tokens(&third));
+        assert!(
+            predicted_tokens(&third) > 16 * 8,
+            "{}",
+            predicted_tokens(&third)
+        );
         assert_eq!(
             predicted_tokens(&again),
             predicted_tokens(&third),

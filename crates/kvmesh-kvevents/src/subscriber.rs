@@ -136,7 +136,7 @@ pub async fn replay(
 /// [`replay`], reading at most `max_batches` batches: past them the exchange is dropped (the
 /// socket closed, the rest unread) and the batches read so far come back with `false` (not
 /// complete); `true` when the end marker came. A router asks an engine with a long history
-/// (vLLM buffers 10,000 batches, tens of MB) for no more than it will use.
+/// (vLLM buffers 10,000 batches) for no more than it will use.
 pub async fn replay_at_most(
     endpoint: &str,
     start_seq: u64,

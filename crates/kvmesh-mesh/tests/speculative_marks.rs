@@ -96,11 +96,12 @@ fn keys_received(
 ) -> u64 {
     let before = s.nodes[to].as_ref().unwrap().index.mark_keys;
     let now = s.now;
-    s.nodes[from]
-        .as_mut()
-        .unwrap()
-        .core
-        .local_mark(engine, keys.to_vec(), known, now + APPROXIMATE_US);
+    s.nodes[from].as_mut().unwrap().core.local_mark(
+        engine,
+        keys.to_vec(),
+        known,
+        now + APPROXIMATE_US,
+    );
     s.run(200_000, |_| {});
     s.nodes[to].as_ref().unwrap().index.mark_keys - before
 }

@@ -60,7 +60,8 @@ impl MEngine {
                 continue;
             }
             let top = window_top(d, keys.len()).unwrap();
-            match (d + 1..=top).find(|&q| self.map.get(&keys[q].0).is_some_and(|e| e.expiry > now)) {
+            match (d + 1..=top).find(|&q| self.map.get(&keys[q].0).is_some_and(|e| e.expiry > now))
+            {
                 Some(q) => d = q + 1,
                 None => break,
             }

@@ -388,11 +388,7 @@ mod tests {
         let keys: Vec<u64> = (100..172).collect(); // 72 positions: windows end at 0, 8, .., 64, 71
         assert_eq!(covering_keys(&keys, 64..72), vec![164, 171]);
         assert_eq!(covering_keys(&keys, [0]), vec![100]);
-        assert_eq!(
-            covering_keys(&keys, 0..72).len(),
-            10,
-            "0, 8, .., 64 and 71"
-        );
+        assert_eq!(covering_keys(&keys, 0..72).len(), 10, "0, 8, .., 64 and 71");
         assert_eq!(covering_keys(&keys, [3, 5, 9]), vec![108, 116]);
         assert_eq!(covering_keys(&keys, [80]), Vec::<u64>::new());
         assert_eq!(window_top(0, 1), Some(0));

@@ -136,7 +136,11 @@ impl PrefixIndex {
     fn cover(&self, engine: Slot, keys: &[BlockKey], i: usize, now_us: u64) -> Option<usize> {
         // Only speculative entries vouch: an engine without any (a precise engine between
         // decisions' 2 s marks) costs no probe.
-        if self.engines.get(engine as usize).is_none_or(|e| e.speculative == 0) {
+        if self
+            .engines
+            .get(engine as usize)
+            .is_none_or(|e| e.speculative == 0)
+        {
             return None;
         }
         let top = window_top(i, keys.len())?;
