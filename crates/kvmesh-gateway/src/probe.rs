@@ -81,7 +81,14 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
     let started = e.metrics.requests.load(Ordering::Relaxed);
     let peers_before = e.peer_in_flight.load(Ordering::Relaxed);
     if let Ok((200, body)) = get(gw, &format!("{}/metrics", e.url), t).await {
-        let peers = peers_before.max(e.peer_in_flight.load(Ordering::Relaxed));
+        let mut peers = peers_before.max(e.peer_in_flight.load(Ordering::Relaxed));
+        if gw.mesh.get().is_some() {
+            // A peer's request the page counted may not have reached us yet: counted as load
+            // no router knows of, it would stay a phantom until the next read. Its count is in
+            // once the mesh has carried it (well under this wait on a LAN).
+            tokio::time::sleep(PEER_SETTLE).await;
+            peers = peers.max(e.peer_in_flight.load(Ordering::Relaxed));
+        }
         let text = String::from_utf8_lossy(&body);
         let started_since = e
             .metrics
@@ -99,6 +106,10 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
         note_start_time(gw, e, scrape(&text, "process_start_time_seconds"));
     }
 }
+
+/// How long after reading an engine's page the peers' in-flight count on it is read again
+/// (see [`discover`]): many times the mesh's propagation of a count on a LAN.
+const PEER_SETTLE: Duration = Duration::from_millis(20);
 
 /// Records the engine's own prefix-cache counters and the predicted-vs-actual ratio of cached
 /// tokens over the interval since the previous scrape.
