@@ -2,11 +2,13 @@
 //! (`kvmesh_mesh::node`, a tokio driver of the sans-IO `MeshCore`).
 //!
 //! * In: this router's speculative marks (an index sink on the request path: a `try_send`,
-//!   never a wait), its in-flight per engine (every `flush_ms`, when changed), admin engine
-//!   changes, the set of engines with KV events, and — for the engines this router owns —
-//!   the ops its ingestion derives from their events.
-//! * Out, applied in order: peers' marks into the index, the other routers' in-flight onto the
-//!   engines (policies read own + peers'), engines added or removed through a peer, every
+//!   never a wait), admin engine changes, the set of engines with KV events, and — for the
+//!   engines this router owns — the ops its ingestion derives from their events. Its in-flight
+//!   count per engine takes the short way ([`LoadLink`]): the engine signals the node's task,
+//!   which reads the count itself.
+//! * Out: the other routers' in-flight onto the engines by the short way too, set by the
+//!   node's task (policies read own + peers'); applied in order: peers' marks into the index,
+//!   engines added or removed through a peer, every
 //!   engine's precise ops from its owner's feed into the index (versioned: applied once, in
 //!   order; a snapshot replaces the engine's blocks), ownership moves (start or stop reading
 //!   an engine, resuming from the previous owner's handover), readiness.
@@ -20,11 +22,11 @@ use kvmesh_config::{EngineEntry, MeshConfig};
 use kvmesh_mesh::certs::NodeTls;
 use kvmesh_mesh::core::{Apply, CoreConfig, MeshCore};
 use kvmesh_mesh::membership::MeshId;
-use kvmesh_mesh::node::{Input, MeshNode, NowFn, Seeds};
+use kvmesh_mesh::node::{Input, LoadLink, MeshNode, NowFn, Seeds};
 use kvmesh_mesh::transport::Transport;
 use kvmesh_prefix::{BlockKey, EngineId, IndexOp, IndexSink, OpVersion, Target};
 use kvmesh_state::{EngineRecord, NodeId, WireOp};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -143,10 +145,35 @@ impl Cluster {
         };
         let clock = gw.clock;
         let now: NowFn = Arc::new(move || clock.now_us());
-        let (node, applies) =
-            MeshNode::start(&cfg.node_id, listen, &tls, seeds, core_cfg, now.clone())
-                .await
-                .map_err(|e| format!("mesh: {e}"))?;
+        let link = gw.registry.load_signal.connect().map(|changed| {
+            let (g1, g2) = (Arc::downgrade(gw), Arc::downgrade(gw));
+            LoadLink {
+                changed,
+                read: Arc::new(move |id| {
+                    let e = g1.upgrade()?.registry.get(EngineId(id))?;
+                    Some(e.read_load_change())
+                }) as Arc<dyn Fn(u64) -> Option<u32> + Send + Sync>,
+                peers: Arc::new(move |id, others| {
+                    if let Some(g) = g2.upgrade()
+                        && let Some(e) = g.registry.get(EngineId(id))
+                    {
+                        e.peer_in_flight
+                            .store(u32::try_from(others).unwrap_or(u32::MAX), Relaxed);
+                    }
+                }),
+            }
+        });
+        let (node, applies) = MeshNode::start(
+            &cfg.node_id,
+            listen,
+            &tls,
+            seeds,
+            core_cfg,
+            now.clone(),
+            link,
+        )
+        .await
+        .map_err(|e| format!("mesh: {e}"))?;
         let dropped = Arc::new(AtomicU64::new(0));
         let warm = lock(&node.core).is_warm();
         let c = Arc::new(Cluster {
@@ -206,40 +233,14 @@ impl Cluster {
         }
     }
 
-    /// This router's in-flight changes as they happen (the engines signal them), and every
-    /// `every`: all of them again (what a full input channel refused), the engines with KV
-    /// events when they changed, and whether each engine's feed is live here.
+    /// Every `every`: the engines with KV events when they changed, and whether each engine's
+    /// feed is live here.
     async fn local_loop(self: Arc<Self>, gw: Arc<Gateway>, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut sent: HashMap<EngineId, u32> = HashMap::new();
         let mut with_events: BTreeSet<u64> = BTreeSet::new();
-        let mut changed = gw.registry.load_signal.connect();
-        let mut ids: Vec<EngineId> = Vec::new();
         loop {
-            let rx = changed.as_mut();
-            tokio::select! {
-                _ = tick.tick() => {}
-                Some(id) = async { match rx { Some(r) => r.recv().await, None => std::future::pending().await } } => {
-                    ids.clear();
-                    ids.push(id);
-                    if let Some(r) = changed.as_mut() {
-                        while ids.len() < 4096 {
-                            match r.try_recv() {
-                                Ok(id) => ids.push(id),
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                    for id in &ids {
-                        if let Some(e) = gw.registry.get(*id) {
-                            let now = e.read_load_change();
-                            self.send_load(&mut sent, e.id, now);
-                        }
-                    }
-                    continue;
-                }
-            }
+            tick.tick().await;
             let members = gw.registry.members();
             let events: BTreeSet<u64> = members
                 .iter()
@@ -252,10 +253,6 @@ impl Cluster {
                     return;
                 }
             }
-            for e in &members {
-                self.send_load(&mut sent, e.id, e.in_flight.load(Relaxed));
-            }
-            sent.retain(|id, _| members.iter().any(|e| e.id == *id));
             // Engines read elsewhere: routed precisely only while their feed is synced here.
             {
                 let core = lock(&self.core);
@@ -269,23 +266,6 @@ impl Cluster {
                     e.ingest.mesh_live.store(live, Relaxed);
                 }
             }
-        }
-    }
-
-    /// Tells the mesh this router's in-flight count on an engine if it changed since the last
-    /// one told (a count the full input channel refused is told again by the next scan).
-    fn send_load(&self, sent: &mut HashMap<EngineId, u32>, id: EngineId, now: u32) {
-        if sent.get(&id) == Some(&now) {
-            return;
-        }
-        let load = Input::Load {
-            engine: id.0,
-            in_flight: now,
-        };
-        if self.input.try_send(load).is_ok() {
-            sent.insert(id, now);
-        } else {
-            sent.remove(&id);
         }
     }
 

@@ -50,11 +50,11 @@ const UNKNOWN: u32 = u32::MAX;
 /// holds at most one entry per engine. Without a mesh nobody listens and a change costs one
 /// atomic load.
 #[derive(Default)]
-pub struct LoadSignal(OnceLock<UnboundedSender<EngineId>>);
+pub struct LoadSignal(OnceLock<UnboundedSender<u64>>);
 
 impl LoadSignal {
-    /// The receiver of changed engines (`None`: already connected).
-    pub fn connect(&self) -> Option<UnboundedReceiver<EngineId>> {
+    /// The receiver of changed engines, by their `EngineId` value (`None`: already connected).
+    pub fn connect(&self) -> Option<UnboundedReceiver<u64>> {
         let (tx, rx) = unbounded_channel();
         self.0.set(tx).ok().map(|()| rx)
     }
@@ -338,7 +338,7 @@ impl Engine {
             && !self.load_dirty.load(Ordering::SeqCst)
             && !self.load_dirty.swap(true, Ordering::SeqCst)
         {
-            let _ = tx.send(self.id);
+            let _ = tx.send(self.id.0);
         }
     }
 

@@ -625,12 +625,12 @@ async fn in_flight_changes_are_signalled_once_until_read() {
     a.begin_request();
     a.begin_request();
     b.begin_request();
-    assert_eq!(rx.try_recv().ok(), Some(a.id));
-    assert_eq!(rx.try_recv().ok(), Some(b.id));
+    assert_eq!(rx.try_recv().ok(), Some(a.id.0));
+    assert_eq!(rx.try_recv().ok(), Some(b.id.0));
     assert!(rx.try_recv().is_err(), "one entry per engine until read");
     assert_eq!(a.read_load_change(), 3);
     a.end_request();
-    assert_eq!(rx.try_recv().ok(), Some(a.id));
+    assert_eq!(rx.try_recv().ok(), Some(a.id.0));
     assert_eq!(a.read_load_change(), 2);
     assert!(rx.try_recv().is_err());
 }

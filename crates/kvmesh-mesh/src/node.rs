@@ -10,7 +10,7 @@ use crate::core::{Apply, CoreConfig, MeshCore, Output};
 use crate::membership::MeshId;
 use crate::transport::{Class, Inbound, Transport, TransportError};
 use kvmesh_state::{EngineRecord, WireOp};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -79,6 +79,19 @@ pub enum Input {
 /// Cluster time (µs since the Unix epoch) as the router keeps it.
 pub type NowFn = Arc<dyn Fn() -> u64 + Send + Sync>;
 
+/// The short way of in-flight counts between the router and its node, both directions,
+/// without the [`Input`] and [`Apply`] channels and the router's tasks behind them: a
+/// count is stale for as long as it travels, and a router deciding meanwhile may place a
+/// request where another just did.
+pub struct LoadLink {
+    /// Engines whose count changed: each is signalled once until [`LoadLink::read`] reads it.
+    pub changed: mpsc::UnboundedReceiver<u64>,
+    /// An engine's count now (and its signal re-armed); `None` for an unknown engine.
+    pub read: Arc<dyn Fn(u64) -> Option<u32> + Send + Sync>,
+    /// Sets the other routers' total on an engine (what [`Apply::PeerLoad`] would carry).
+    pub peers: Arc<dyn Fn(u64, u64) + Send + Sync>,
+}
+
 /// A running mesh node.
 pub struct MeshNode {
     /// The transport.
@@ -144,6 +157,7 @@ impl MeshNode {
         seeds: Seeds,
         cfg: CoreConfig,
         now: NowFn,
+        link: Option<LoadLink>,
     ) -> Result<(MeshNode, mpsc::Receiver<Apply>), TransportError> {
         let (transport, mut inbound) = Transport::bind(listen, tls, 4096)?;
         let addr = transport.local_addr()?;
@@ -160,7 +174,21 @@ impl MeshNode {
         let (input, mut input_rx) = mpsc::channel::<Input>(65_536);
         let (stop, mut stopped) = oneshot::channel::<()>();
         let (t, c) = (transport.clone(), core.clone());
+        let (mut changed, read, peers) = match link {
+            Some(l) => (Some(l.changed), Some(l.read), Some(l.peers)),
+            None => (None, None, None),
+        };
         let task = tokio::spawn(async move {
+            // The counts last given to the core (it makes a new version of each).
+            let mut told: HashMap<u64, u32> = HashMap::new();
+            let mut ids: Vec<u64> = Vec::new();
+            let out = Out {
+                t: &t,
+                applies: &apply_tx,
+                members: &members_tx,
+                core: &c,
+                peers: peers.as_ref(),
+            };
             let mut reseed = tokio::time::interval(Duration::from_secs(1));
             reseed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             // Whether the previous turn ran a due tick without waiting (never twice in a row).
@@ -186,7 +214,7 @@ impl MeshNode {
                 ticked = due_now;
                 if due_now {
                     let outs = lock(&c).take_outputs();
-                    run(&t, outs, &apply_tx, &members_tx, &c).await;
+                    out.run(outs).await;
                     continue;
                 }
                 tokio::select! {
@@ -196,7 +224,7 @@ impl MeshNode {
                             core.leave(now());
                             core.take_outputs()
                         };
-                        run(&t, outs, &apply_tx, &members_tx, &c).await;
+                        out.run(outs).await;
                         break;
                     }
                     msg = inbound.recv() => {
@@ -204,8 +232,38 @@ impl MeshNode {
                         let mut core = lock(&c);
                         match class {
                             Class::Datagram => core.handle_datagram(&payload, now()),
-                            Class::Delta => core.handle_envelope(from, &payload, now()),
+                            Class::Delta | Class::Load => core.handle_envelope(from, &payload, now()),
                             Class::Connected => core.peer_connected(from, now()),
+                        }
+                    }
+                    Some(id) = async {
+                        match changed.as_mut() {
+                            Some(r) => r.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        ids.clear();
+                        ids.push(id);
+                        if let Some(r) = changed.as_mut() {
+                            while ids.len() < 4096 {
+                                match r.try_recv() {
+                                    Ok(id) => ids.push(id),
+                                    Err(_) => break,
+                                }
+                            }
+                        }
+                        let mut core = lock(&c);
+                        for &id in &ids {
+                            match read.as_ref().and_then(|r| r(id)) {
+                                Some(v) if told.get(&id) != Some(&v) => {
+                                    told.insert(id, v);
+                                    core.local_load(id, v);
+                                }
+                                Some(_) => {}
+                                None => {
+                                    told.remove(&id);
+                                }
+                            }
                         }
                     }
                     i = input_rx.recv() => {
@@ -233,7 +291,7 @@ impl MeshNode {
                     }
                 }
                 let outs = lock(&c).take_outputs();
-                run(&t, outs, &apply_tx, &members_tx, &c).await;
+                out.run(outs).await;
             }
         });
         Ok((
@@ -267,43 +325,65 @@ impl MeshNode {
     }
 }
 
-async fn run(
-    t: &Arc<Transport>,
-    outs: Vec<Output>,
-    applies: &mpsc::Sender<Apply>,
-    members: &watch::Sender<Vec<MeshId>>,
-    core: &Arc<Mutex<MeshCore>>,
-) {
-    let mut changed = false;
-    for o in outs {
-        match o {
-            Output::Datagram(to, data) => {
-                // Lost packets are SWIM's business (it probes again); a peer that cannot be
-                // reached is what failure detection is for.
-                let t = t.clone();
-                tokio::spawn(async move {
-                    let _ = t.send_datagram(to, data).await;
-                });
-            }
-            Output::Envelope(to, data) => {
-                // One stream per envelope; a lost one is repaired (digests, feed pulls).
-                let t = t.clone();
-                tokio::spawn(async move {
-                    let _ = t.send_delta(to, &data).await;
-                });
-            }
-            Output::Apply(a) => {
-                changed |= matches!(a, Apply::Members);
-                // The router applies in order; backpressure rather than loss.
-                if applies.send(a).await.is_err() {
-                    return;
+/// Where the core's outputs go.
+struct Out<'a> {
+    t: &'a Arc<Transport>,
+    applies: &'a mpsc::Sender<Apply>,
+    members: &'a watch::Sender<Vec<MeshId>>,
+    core: &'a Arc<Mutex<MeshCore>>,
+    peers: Option<&'a Arc<dyn Fn(u64, u64) + Send + Sync>>,
+}
+
+impl Out<'_> {
+    async fn run(&self, outs: Vec<Output>) {
+        let (t, applies, members, core) = (self.t, self.applies, self.members, self.core);
+        let mut changed = false;
+        for o in outs {
+            match o {
+                Output::Datagram(to, data) => {
+                    // Lost packets are SWIM's business (it probes again); a peer that cannot be
+                    // reached is what failure detection is for.
+                    if !t.datagram_now(to, Class::Datagram, &data) {
+                        let t = t.clone();
+                        tokio::spawn(async move {
+                            let _ = t.send_datagram(to, data).await;
+                        });
+                    }
+                }
+                Output::LoadDatagram(to, data) => {
+                    // At once on the open connection; else (none yet, or too big for the path)
+                    // on a stream like any envelope.
+                    if !t.datagram_now(to, Class::Load, &data) {
+                        let t = t.clone();
+                        tokio::spawn(async move {
+                            let _ = t.send_delta(to, &data).await;
+                        });
+                    }
+                }
+                Output::Apply(Apply::PeerLoad { engine, others }) if self.peers.is_some() => {
+                    if let Some(p) = self.peers {
+                        p(engine, others);
+                    }
+                }
+                Output::Envelope(to, data) => {
+                    // One stream per envelope; a lost one is repaired (digests, feed pulls).
+                    let t = t.clone();
+                    tokio::spawn(async move {
+                        let _ = t.send_delta(to, &data).await;
+                    });
+                }
+                Output::Apply(a) => {
+                    changed |= matches!(a, Apply::Members);
+                    // The router applies in order; backpressure rather than loss.
+                    if applies.send(a).await.is_err() {
+                        return;
+                    }
                 }
             }
         }
-    }
-    if changed || members.borrow().is_empty() {
-        let live: Vec<MeshId> = lock(core).members().cloned().collect();
-        members.send_if_modified(|cur| {
+        if changed || members.borrow().is_empty() {
+            let live: Vec<MeshId> = lock(core).members().cloned().collect();
+            members.send_if_modified(|cur| {
             if *cur == live {
                 false
             } else {
@@ -317,5 +397,6 @@ async fn run(
                 true
             }
         });
+        }
     }
 }

@@ -3,8 +3,13 @@
 //! reused for everything, and one QUIC primitive per traffic class:
 //!
 //! * **datagrams** ([`Class::Datagram`]): SWIM packets, each ≤ the path's datagram size;
-//! * **unidirectional streams** ([`Class::Delta`]): a delta batch per stream, length-bounded.
+//! * **unidirectional streams** ([`Class::Delta`]): a delta batch per stream, length-bounded;
+//! * **datagrams** ([`Class::Load`]) too for a batch of in-flight counts small enough for
+//!   one: the fastest way across (no stream to open, no task per send), and a lost one costs
+//!   nothing lasting — each count is the newest version of its entry, the next change or
+//!   anti-entropy repairs it.
 //!
+//! Every datagram starts with a byte naming its class; anything else is counted and dropped.
 //! The payloads are opaque here (`kvmesh-state` envelopes carry their version and cluster id).
 //! A peer without a certificate from the cluster CA never completes a handshake, so nothing it
 //! sends reaches the program; bytes that are not QUIC are dropped by quinn.
@@ -62,6 +67,8 @@ pub enum Class {
     Datagram,
     /// Unidirectional streams (delta batches).
     Delta,
+    /// QUIC datagrams carrying a batch of in-flight counts (an envelope, as on a stream).
+    Load,
     /// A connection with the peer was just established (no payload): after a silence long
     /// enough to close the previous one — a healed partition — the two compare states.
     Connected,
@@ -78,28 +85,47 @@ pub struct Inbound {
     pub payload: Bytes,
 }
 
-/// Counters of the transport (per class: [datagram, delta]).
+/// Counters of the transport (per class: [`CLASSES`], indexed by [`Class::index`]).
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Bytes sent.
-    pub bytes_sent: [AtomicU64; 2],
+    pub bytes_sent: [AtomicU64; 3],
     /// Bytes received.
-    pub bytes_received: [AtomicU64; 2],
+    pub bytes_received: [AtomicU64; 3],
     /// Messages sent.
-    pub sent: [AtomicU64; 2],
+    pub sent: [AtomicU64; 3],
     /// Messages received.
-    pub received: [AtomicU64; 2],
+    pub received: [AtomicU64; 3],
+    /// Datagrams dropped: empty, or of no known class.
+    pub dropped_datagrams: AtomicU64,
     /// Handshakes that failed (bad certificate, another cluster's CA, garbage).
     pub handshake_failures: AtomicU64,
     /// Delta streams dropped (over the size limit or broken).
     pub dropped_streams: AtomicU64,
 }
 
-fn ix(c: Class) -> usize {
-    match c {
-        Class::Datagram | Class::Connected => 0,
-        Class::Delta => 1,
+/// The traffic classes' names as counters and metrics label them, by [`Class::index`]:
+/// SWIM datagrams, state on streams, in-flight counts on datagrams.
+pub const CLASSES: [&str; 3] = ["swim", "state", "load"];
+
+/// The first byte of a SWIM datagram.
+const TAG_SWIM: u8 = 0;
+/// The first byte of a datagram of in-flight counts.
+const TAG_LOAD: u8 = 1;
+
+impl Class {
+    /// Its counters' index (see [`CLASSES`]).
+    pub fn index(self) -> usize {
+        match self {
+            Class::Datagram | Class::Connected => 0,
+            Class::Delta => 1,
+            Class::Load => 2,
+        }
     }
+}
+
+fn ix(c: Class) -> usize {
+    c.index()
 }
 
 /// One node's endpoint and its connections.
@@ -225,7 +251,13 @@ impl Transport {
         loop {
             tokio::select! {
                 d = conn.read_datagram() => match d {
-                    Ok(b) => self.deliver(from, Class::Datagram, b),
+                    Ok(b) => match b.first() {
+                        Some(&TAG_SWIM) => self.deliver(from, Class::Datagram, b.slice(1..)),
+                        Some(&TAG_LOAD) => self.deliver(from, Class::Load, b.slice(1..)),
+                        _ => {
+                            self.counters.dropped_datagrams.fetch_add(1, Relaxed);
+                        }
+                    },
                     Err(_) => break,
                 },
                 s = conn.accept_uni() => match s {
@@ -306,21 +338,59 @@ impl Transport {
         Ok(conn)
     }
 
-    /// Sends one datagram to `peer` (dropped by QUIC if lost: SWIM retries on its own).
+    /// Sends one SWIM packet to `peer` as a datagram (dropped by QUIC if lost: SWIM retries
+    /// on its own), opening the connection first if there is none.
     pub async fn send_datagram(
         self: &Arc<Self>,
         peer: SocketAddr,
         payload: Bytes,
     ) -> Result<(), TransportError> {
         let conn = self.connection(peer).await?;
-        let n = payload.len() as u64;
-        conn.send_datagram(payload)
+        self.datagram_on(&conn, Class::Datagram, &payload)
+    }
+
+    /// Sends `payload` of `class` ([`Class::Datagram`] or [`Class::Load`]) at once on the
+    /// open connection to `peer`, without waiting for anything; `false` (nothing sent) when
+    /// there is no open connection or the datagram does not fit the path (the caller sends
+    /// it another way).
+    pub fn datagram_now(&self, peer: SocketAddr, class: Class, payload: &[u8]) -> bool {
+        let conn = self
+            .lock()
+            .get(&peer)
+            .filter(|c| c.close_reason().is_none())
+            .cloned();
+        conn.is_some_and(|c| self.datagram_on(&c, class, payload).is_ok())
+    }
+
+    fn datagram_on(
+        &self,
+        conn: &Connection,
+        class: Class,
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
+        let peer = conn.remote_address();
+        let tag = match class {
+            Class::Load => TAG_LOAD,
+            _ => TAG_SWIM,
+        };
+        let fits = conn.max_datagram_size().is_some_and(|m| payload.len() < m);
+        if !fits {
+            return Err(TransportError::Send {
+                peer,
+                detail: format!("datagram of {} bytes does not fit the path", payload.len()),
+            });
+        }
+        let mut framed = Vec::with_capacity(payload.len() + 1);
+        framed.push(tag);
+        framed.extend_from_slice(payload);
+        conn.send_datagram(Bytes::from(framed))
             .map_err(|e| TransportError::Send {
                 peer,
                 detail: e.to_string(),
             })?;
-        self.counters.sent[0].fetch_add(1, Relaxed);
-        self.counters.bytes_sent[0].fetch_add(n, Relaxed);
+        let i = ix(class);
+        self.counters.sent[i].fetch_add(1, Relaxed);
+        self.counters.bytes_sent[i].fetch_add(payload.len() as u64, Relaxed);
         Ok(())
     }
 

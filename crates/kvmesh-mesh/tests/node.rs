@@ -58,17 +58,25 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
     let certs = generate(&names(&["a", "b", "c", "d"])).expect("certs");
     let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
     let any = "127.0.0.1:0".parse().expect("addr");
-    let (a, _da) = MeshNode::start("a", any, &tls("a"), Seeds::default(), cfg(true), clock())
-        .await
-        .expect("a");
+    let (a, _da) = MeshNode::start(
+        "a",
+        any,
+        &tls("a"),
+        Seeds::default(),
+        cfg(true),
+        clock(),
+        None,
+    )
+    .await
+    .expect("a");
     let seed = Seeds {
         addrs: vec![a.id.addr.to_string()],
         dns: None,
     };
-    let (b, mut db) = MeshNode::start("b", any, &tls("b"), seed.clone(), cfg(false), clock())
+    let (b, mut db) = MeshNode::start("b", any, &tls("b"), seed.clone(), cfg(false), clock(), None)
         .await
         .expect("b");
-    let (c, _dc) = MeshNode::start("c", any, &tls("c"), seed.clone(), cfg(false), clock())
+    let (c, _dc) = MeshNode::start("c", any, &tls("c"), seed.clone(), cfg(false), clock(), None)
         .await
         .expect("c");
     for (n, node) in [("a", &a), ("b", &b), ("c", &c)] {
@@ -122,6 +130,7 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
         seed,
         cfg(false),
         clock(),
+        None,
     )
     .await
     .expect("x");
@@ -133,4 +142,82 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
     assert!(x.members.borrow().is_empty());
     x.leave().await;
     a.leave().await;
+}
+
+/// The short way of in-flight counts: a router's engine signals its node, the node reads the
+/// count, the count crosses as a QUIC datagram and the peer's node sets it on the router —
+/// neither router's channels nor a stream in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_counts_take_the_short_way() {
+    use kvmesh_mesh::node::LoadLink;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tokio::sync::mpsc;
+    let certs = generate(&names(&["a", "b"])).expect("certs");
+    let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
+    let any = "127.0.0.1:0".parse().expect("addr");
+    // a: one engine (7) whose count is read when signalled.
+    let count = Arc::new(AtomicU32::new(0));
+    let (signal, changed) = mpsc::unbounded_channel();
+    let c = count.clone();
+    let link_a = LoadLink {
+        changed,
+        read: Arc::new(move |id| (id == 7).then(|| c.load(Ordering::SeqCst))),
+        peers: Arc::new(|_, _| {}),
+    };
+    // b: what its node sets on its router.
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let (_b_signal, b_changed) = mpsc::unbounded_channel();
+    let link_b = LoadLink {
+        changed: b_changed,
+        read: Arc::new(|_| None),
+        peers: Arc::new(move |engine, others| {
+            let _ = seen_tx.send((engine, others));
+        }),
+    };
+    let (a, _da) = MeshNode::start(
+        "a",
+        any,
+        &tls("a"),
+        Seeds::default(),
+        cfg(true),
+        clock(),
+        Some(link_a),
+    )
+    .await
+    .expect("a");
+    let seed = Seeds {
+        addrs: vec![a.id.addr.to_string()],
+        dns: None,
+    };
+    let (b, mut db) = MeshNode::start("b", any, &tls("b"), seed, cfg(false), clock(), Some(link_b))
+        .await
+        .expect("b");
+    assert!(wait_for(&a, 1, Duration::from_secs(20)).await, "a sees b");
+    assert!(wait_for(&b, 1, Duration::from_secs(20)).await, "b sees a");
+    for want in [3u64, 5, 0] {
+        count.store(want as u32, Ordering::SeqCst);
+        signal.send(7).expect("signal");
+        let got = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some((engine, others)) = seen.recv().await {
+                if engine == 7 && others == want {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(got, Ok(true), "b's router is given a's count {want}");
+    }
+    // They crossed as datagrams of their own class, and none went to b's apply channel.
+    let load = kvmesh_mesh::transport::Class::Load.index();
+    assert!(a.transport.counters().sent[load].load(Ordering::Relaxed) >= 3);
+    assert!(b.transport.counters().received[load].load(Ordering::Relaxed) >= 3);
+    while let Ok(x) = db.try_recv() {
+        assert!(
+            !matches!(x, Apply::PeerLoad { .. }),
+            "peer load went the long way: {x:?}"
+        );
+    }
+    a.leave().await;
+    b.leave().await;
 }

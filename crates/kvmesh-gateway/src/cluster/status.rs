@@ -75,7 +75,10 @@ pub(super) fn status(c: &Cluster) -> serde_json::Value {
             "swim_received": t.bytes_received[0].load(Relaxed),
             "state_sent": t.bytes_sent[1].load(Relaxed),
             "state_received": t.bytes_received[1].load(Relaxed),
+            "load_sent": t.bytes_sent[2].load(Relaxed),
+            "load_received": t.bytes_received[2].load(Relaxed),
         },
+        "dropped_datagrams": t.dropped_datagrams.load(Relaxed),
         "handshake_failures": t.handshake_failures.load(Relaxed),
         "ingest": { "owned": owned.len(), "engines": engines },
     })
@@ -87,9 +90,9 @@ struct MeshMetrics {
     members: i64,
     owned: i64,
     max_lag_s: f64,
-    counters: [(&'static str, &'static str, u64); 7],
+    counters: [(&'static str, &'static str, u64); 8],
     envelopes: [(&'static str, u64); 3],
-    bytes: [(&'static str, &'static str, u64); 4],
+    bytes: [(&'static str, &'static str, u64); 6],
 }
 
 pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Collector> {
@@ -143,6 +146,11 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
                 "Mesh handshakes refused (certificate not from the cluster CA, garbage)",
                 t.handshake_failures.load(Relaxed),
             ),
+            (
+                "kvmesh_mesh_dropped_datagrams",
+                "Mesh datagrams dropped: empty or of no known traffic class",
+                t.dropped_datagrams.load(Relaxed),
+            ),
         ],
         envelopes: [
             ("sent", k.envelopes_sent),
@@ -154,6 +162,8 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
             ("swim", "received", t.bytes_received[0].load(Relaxed)),
             ("state", "sent", t.bytes_sent[1].load(Relaxed)),
             ("state", "received", t.bytes_received[1].load(Relaxed)),
+            ("load", "sent", t.bytes_sent[2].load(Relaxed)),
+            ("load", "received", t.bytes_received[2].load(Relaxed)),
         ],
     })
 }

@@ -129,12 +129,19 @@ impl MeshCore {
         let direct = std::mem::take(&mut self.direct);
         let addrs: Vec<SocketAddr> = self.peers.values().map(|m| m.addr).collect();
         // What every member gets is encoded once; what only some need goes separately.
+        // In-flight counts alone, small enough, go as a datagram (the quickest way across).
         if !deltas.is_empty() && !addrs.is_empty() {
+            let load_only = deltas.iter().all(|d| matches!(d, Delta::Load(_)));
             for bytes in self.encode_chunks(deltas, Vec::new(), false, now_us) {
+                let dgram = load_only && bytes.len() <= super::LOAD_DATAGRAM_BYTES;
                 for &a in &addrs {
                     self.counters.envelopes_sent += 1;
                     self.counters.bytes_sent += bytes.len() as u64;
-                    self.out.push(Output::Envelope(a, bytes.clone()));
+                    self.out.push(if dgram {
+                        Output::LoadDatagram(a, bytes.clone())
+                    } else {
+                        Output::Envelope(a, bytes.clone())
+                    });
                 }
             }
         }

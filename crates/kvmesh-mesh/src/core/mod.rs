@@ -112,9 +112,17 @@ pub enum Output {
     Datagram(SocketAddr, Bytes),
     /// An encoded envelope (a unidirectional stream).
     Envelope(SocketAddr, Bytes),
+    /// An encoded envelope of in-flight counts only, at most [`LOAD_DATAGRAM_BYTES`]: a
+    /// datagram (unreliable — the next change or anti-entropy repairs a lost one), sent as an
+    /// [`Output::Envelope`] when no datagram can carry it.
+    LoadDatagram(SocketAddr, Bytes),
     /// A change for the router.
     Apply(Apply),
 }
+
+/// The largest envelope of in-flight counts sent as a datagram (bytes): under the 1,200-byte
+/// QUIC minimum path size less its headers, so that it fits on any path.
+pub const LOAD_DATAGRAM_BYTES: usize = 1_100;
 
 /// Counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -76,7 +76,22 @@ pub type FeedVersion = (u32, u64);
 /// Blocks held: key → copies.
 pub type Blocks = BTreeMap<u64, u32>;
 /// A message on the simulated network: (due, order, to, from, is a datagram, bytes).
-type InFlight = (u64, u64, usize, usize, bool, Vec<u8>);
+/// How a message travels: a SWIM datagram, an envelope on a stream, or an envelope of
+/// in-flight counts as a datagram (lost, duplicated like the SWIM ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Way {
+    Swim,
+    Stream,
+    LoadDatagram,
+}
+
+impl Way {
+    fn datagram(self) -> bool {
+        self != Way::Stream
+    }
+}
+
+type InFlight = (u64, u64, usize, usize, Way, Vec<u8>);
 
 /// An engine's KV-event stream: every batch kept (the sim's replay socket), and its truth.
 #[derive(Debug, Clone, Default)]
@@ -288,8 +303,9 @@ impl Sim {
         let mut sends = Vec::new();
         for o in outs {
             match o {
-                Output::Datagram(to, b) => sends.push((to, true, b.to_vec())),
-                Output::Envelope(to, b) => sends.push((to, false, b.to_vec())),
+                Output::Datagram(to, b) => sends.push((to, Way::Swim, b.to_vec())),
+                Output::Envelope(to, b) => sends.push((to, Way::Stream, b.to_vec())),
+                Output::LoadDatagram(to, b) => sends.push((to, Way::LoadDatagram, b.to_vec())),
                 Output::Apply(a) => match a {
                     Apply::Feed(f) => n.index.apply(&f),
                     Apply::Mark(m) => {
@@ -313,7 +329,8 @@ impl Sim {
                 },
             }
         }
-        for (to, dgram, bytes) in sends {
+        for (to, way, bytes) in sends {
+            let dgram = way.datagram();
             let j = index_of(to);
             if j >= self.nodes.len() || self.group[i] != self.group[j] {
                 continue;
@@ -335,13 +352,13 @@ impl Sim {
                     self.order,
                     j,
                     i,
-                    true,
+                    way,
                     bytes.clone(),
                 )));
             }
             self.order += 1;
             self.queue
-                .push(std::cmp::Reverse((due, self.order, j, i, dgram, bytes)));
+                .push(std::cmp::Reverse((due, self.order, j, i, way, bytes)));
         }
     }
 
@@ -363,8 +380,7 @@ impl Sim {
                 if q.0 > self.now {
                     break;
                 }
-                let Some(std::cmp::Reverse((_, _, to, from, dgram, bytes))) = self.queue.pop()
-                else {
+                let Some(std::cmp::Reverse((_, _, to, from, way, bytes))) = self.queue.pop() else {
                     break;
                 };
                 if self.group[to] != self.group[from] {
@@ -374,9 +390,9 @@ impl Sim {
                 if let Some(n) = self.nodes[to].as_mut() {
                     self.bytes_in[to] += bytes.len() as u64;
                     if let Some(k) = self.by_kind.as_mut() {
-                        tally(k, dgram, &bytes, self.cfg.cluster_id);
+                        tally(k, way == Way::Swim, &bytes, self.cfg.cluster_id);
                     }
-                    if dgram {
+                    if way == Way::Swim {
                         n.core.handle_datagram(&bytes, now);
                     } else {
                         n.core.handle_envelope(addr(from), &bytes, now);
