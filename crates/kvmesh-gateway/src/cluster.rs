@@ -63,7 +63,8 @@ fn cluster_id(s: &str) -> u64 {
 }
 
 // The mesh names a mark by the top key of each anchor window it covers; the index lets such a
-// key vouch for its window. Both must mean the same windows.
+// key vouch for its window. Both must mean the same windows (the two pure crates do not depend
+// on each other, so each has its `window_top`; the test below holds them equal).
 const _: () = assert!(kvmesh_state::MARK_WINDOW == kvmesh_prefix::ANCHOR_STRIDE);
 
 /// The index sink that tells the mesh of this router's marks (the KV-event batches go to
@@ -398,5 +399,21 @@ impl MeshHook for Cluster {
         let _ = self.input.try_send(Input::EngineRemove {
             engine: EngineId::from_url(url).0,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_mesh_and_the_index_mean_the_same_windows() {
+        for len in 0..40 {
+            for i in 0..=len {
+                assert_eq!(
+                    kvmesh_state::window_top(i, len),
+                    kvmesh_prefix::window_top(i, len),
+                    "position {i} of {len}"
+                );
+            }
+        }
     }
 }

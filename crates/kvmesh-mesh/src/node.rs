@@ -10,7 +10,7 @@ use crate::core::{Apply, CoreConfig, MeshCore, Output};
 use crate::membership::MeshId;
 use crate::transport::{Class, Inbound, Transport, TransportError};
 use kvmesh_state::{EngineRecord, WireOp};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -179,8 +179,6 @@ impl MeshNode {
             None => (None, None, None),
         };
         let task = tokio::spawn(async move {
-            // The counts last given to the core (it makes a new version of each).
-            let mut told: HashMap<u64, u32> = HashMap::new();
             let mut ids: Vec<u64> = Vec::new();
             let out = Out {
                 t: &t,
@@ -254,15 +252,8 @@ impl MeshNode {
                         }
                         let mut core = lock(&c);
                         for &id in &ids {
-                            match read.as_ref().and_then(|r| r(id)) {
-                                Some(v) if told.get(&id) != Some(&v) => {
-                                    told.insert(id, v);
-                                    core.local_load(id, v);
-                                }
-                                Some(_) => {}
-                                None => {
-                                    told.remove(&id);
-                                }
+                            if let Some(v) = read.as_ref().and_then(|r| r(id)) {
+                                core.local_load(id, v);
                             }
                         }
                     }

@@ -89,13 +89,13 @@ pub struct Inbound {
 #[derive(Debug, Default)]
 pub struct Counters {
     /// Bytes sent.
-    pub bytes_sent: [AtomicU64; 3],
+    pub bytes_sent: [AtomicU64; CLASSES.len()],
     /// Bytes received.
-    pub bytes_received: [AtomicU64; 3],
+    pub bytes_received: [AtomicU64; CLASSES.len()],
     /// Messages sent.
-    pub sent: [AtomicU64; 3],
+    pub sent: [AtomicU64; CLASSES.len()],
     /// Messages received.
-    pub received: [AtomicU64; 3],
+    pub received: [AtomicU64; CLASSES.len()],
     /// Datagrams dropped: empty, or of no known class.
     pub dropped_datagrams: AtomicU64,
     /// Handshakes that failed (bad certificate, another cluster's CA, garbage).
@@ -122,10 +122,6 @@ impl Class {
             Class::Load => 2,
         }
     }
-}
-
-fn ix(c: Class) -> usize {
-    c.index()
 }
 
 /// One node's endpoint and its connections.
@@ -296,8 +292,8 @@ impl Transport {
 
     fn deliver(&self, from: SocketAddr, class: Class, payload: Bytes) {
         let c = &self.counters;
-        c.received[ix(class)].fetch_add(1, Relaxed);
-        c.bytes_received[ix(class)].fetch_add(payload.len() as u64, Relaxed);
+        c.received[class.index()].fetch_add(1, Relaxed);
+        c.bytes_received[class.index()].fetch_add(payload.len() as u64, Relaxed);
         let _ = self.tx.try_send(Inbound {
             from,
             class,
@@ -388,7 +384,7 @@ impl Transport {
                 peer,
                 detail: e.to_string(),
             })?;
-        let i = ix(class);
+        let i = class.index();
         self.counters.sent[i].fetch_add(1, Relaxed);
         self.counters.bytes_sent[i].fetch_add(payload.len() as u64, Relaxed);
         Ok(())

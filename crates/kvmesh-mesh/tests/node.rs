@@ -3,9 +3,10 @@
 
 use kvmesh_mesh::certs::{NodeTls, generate};
 use kvmesh_mesh::core::{Apply, CoreConfig};
-use kvmesh_mesh::node::{Input, MeshNode, NowFn, Seeds};
+use kvmesh_mesh::node::{Input, LoadLink, MeshNode, NowFn, Seeds};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 
 fn cfg(first: bool) -> CoreConfig {
     CoreConfig {
@@ -36,6 +37,26 @@ fn names(n: &[&str]) -> Vec<String> {
     n.iter().map(|s| s.to_string()).collect()
 }
 
+/// Starts node `name` on a loopback port: the cluster's first without `seed`, else joining
+/// through `seed`'s address.
+async fn start(
+    name: &str,
+    tls: &NodeTls,
+    seed: Option<&MeshNode>,
+    link: Option<LoadLink>,
+) -> (MeshNode, mpsc::Receiver<Apply>) {
+    let seeds = seed
+        .map(|s| Seeds {
+            addrs: vec![s.id.addr.to_string()],
+            dns: None,
+        })
+        .unwrap_or_default();
+    let any = "127.0.0.1:0".parse().expect("addr");
+    MeshNode::start(name, any, tls, seeds, cfg(seed.is_none()), clock(), link)
+        .await
+        .expect(name)
+}
+
 async fn wait_for(node: &MeshNode, want: usize, within: Duration) -> bool {
     let mut rx = node.members.clone();
     tokio::time::timeout(within, async {
@@ -57,28 +78,9 @@ async fn wait_for(node: &MeshNode, want: usize, within: Duration) -> bool {
 async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
     let certs = generate(&names(&["a", "b", "c", "d"])).expect("certs");
     let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
-    let any = "127.0.0.1:0".parse().expect("addr");
-    let (a, _da) = MeshNode::start(
-        "a",
-        any,
-        &tls("a"),
-        Seeds::default(),
-        cfg(true),
-        clock(),
-        None,
-    )
-    .await
-    .expect("a");
-    let seed = Seeds {
-        addrs: vec![a.id.addr.to_string()],
-        dns: None,
-    };
-    let (b, mut db) = MeshNode::start("b", any, &tls("b"), seed.clone(), cfg(false), clock(), None)
-        .await
-        .expect("b");
-    let (c, _dc) = MeshNode::start("c", any, &tls("c"), seed.clone(), cfg(false), clock(), None)
-        .await
-        .expect("c");
+    let (a, _da) = start("a", &tls("a"), None, None).await;
+    let (b, mut db) = start("b", &tls("b"), Some(&a), None).await;
+    let (c, _dc) = start("c", &tls("c"), Some(&a), None).await;
     for (n, node) in [("a", &a), ("b", &b), ("c", &c)] {
         assert!(
             wait_for(node, 2, Duration::from_secs(20)).await,
@@ -123,17 +125,8 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
     println!("crash detected in {:?} on loopback", t.elapsed());
     // A node with another CA's certificate never joins.
     let other = generate(&names(&["x"])).expect("other");
-    let (x, _dx) = MeshNode::start(
-        "x",
-        any,
-        &NodeTls::from_cluster(&other, "x").expect("x"),
-        seed,
-        cfg(false),
-        clock(),
-        None,
-    )
-    .await
-    .expect("x");
+    let x_tls = NodeTls::from_cluster(&other, "x").expect("x");
+    let (x, _dx) = start("x", &x_tls, Some(&a), None).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         a.members.borrow().is_empty(),
@@ -149,12 +142,9 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
 /// neither router's channels nor a stream in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_counts_take_the_short_way() {
-    use kvmesh_mesh::node::LoadLink;
     use std::sync::atomic::{AtomicU32, Ordering};
-    use tokio::sync::mpsc;
     let certs = generate(&names(&["a", "b"])).expect("certs");
     let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
-    let any = "127.0.0.1:0".parse().expect("addr");
     // a: one engine (7) whose count is read when signalled.
     let count = Arc::new(AtomicU32::new(0));
     let (signal, changed) = mpsc::unbounded_channel();
@@ -174,24 +164,8 @@ async fn in_flight_counts_take_the_short_way() {
             let _ = seen_tx.send((engine, others));
         }),
     };
-    let (a, _da) = MeshNode::start(
-        "a",
-        any,
-        &tls("a"),
-        Seeds::default(),
-        cfg(true),
-        clock(),
-        Some(link_a),
-    )
-    .await
-    .expect("a");
-    let seed = Seeds {
-        addrs: vec![a.id.addr.to_string()],
-        dns: None,
-    };
-    let (b, mut db) = MeshNode::start("b", any, &tls("b"), seed, cfg(false), clock(), Some(link_b))
-        .await
-        .expect("b");
+    let (a, _da) = start("a", &tls("a"), None, Some(link_a)).await;
+    let (b, mut db) = start("b", &tls("b"), Some(&a), Some(link_b)).await;
     assert!(wait_for(&a, 1, Duration::from_secs(20)).await, "a sees b");
     assert!(wait_for(&b, 1, Duration::from_secs(20)).await, "b sees a");
     for want in [3u64, 5, 0] {

@@ -141,6 +141,11 @@ impl LoadMap {
         d
     }
 
+    /// `node`'s in-flight count on `engine`, if it has an entry.
+    pub fn of(&self, node: NodeId, engine: u64) -> Option<u32> {
+        self.entries.get(&(node, engine)).map(|e| e.in_flight)
+    }
+
     /// Merges a delta; true when it changed the map (newer than the entry, not from a
     /// departed incarnation).
     pub fn merge(&mut self, d: &LoadDelta) -> bool {

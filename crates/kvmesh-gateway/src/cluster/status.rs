@@ -1,6 +1,7 @@
 //! What the mesh shows: `GET /admin/cluster` and the mesh's metric families.
 
 use super::{Cluster, lock};
+use kvmesh_mesh::transport::{CLASSES, Counters};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// `GET /admin/cluster`: members with their lag, digests, counters, bytes by traffic class,
@@ -70,17 +71,22 @@ pub(super) fn status(c: &Cluster) -> serde_json::Value {
         "feed_pulls": k.feed_pulls,
         "marks_kept_local": k.marks_kept,
         "dropped_marks": c.dropped_marks.load(Relaxed),
-        "bytes": {
-            "swim_sent": t.bytes_sent[0].load(Relaxed),
-            "swim_received": t.bytes_received[0].load(Relaxed),
-            "state_sent": t.bytes_sent[1].load(Relaxed),
-            "state_received": t.bytes_received[1].load(Relaxed),
-            "load_sent": t.bytes_sent[2].load(Relaxed),
-            "load_received": t.bytes_received[2].load(Relaxed),
-        },
+        "bytes": bytes_by_class(t)
+            .map(|(class, dir, v)| (format!("{class}_{dir}"), serde_json::Value::from(v)))
+            .collect::<serde_json::Map<_, _>>(),
         "dropped_datagrams": t.dropped_datagrams.load(Relaxed),
         "handshake_failures": t.handshake_failures.load(Relaxed),
         "ingest": { "owned": owned.len(), "engines": engines },
+    })
+}
+
+/// Bytes by traffic class (`kvmesh_mesh::transport::CLASSES`) and direction.
+fn bytes_by_class(t: &Counters) -> impl Iterator<Item = (&'static str, &'static str, u64)> + '_ {
+    CLASSES.iter().enumerate().flat_map(move |(i, &class)| {
+        [
+            (class, "sent", t.bytes_sent[i].load(Relaxed)),
+            (class, "received", t.bytes_received[i].load(Relaxed)),
+        ]
     })
 }
 
@@ -92,7 +98,7 @@ struct MeshMetrics {
     max_lag_s: f64,
     counters: [(&'static str, &'static str, u64); 8],
     envelopes: [(&'static str, u64); 3],
-    bytes: [(&'static str, &'static str, u64); 6],
+    bytes: Vec<(&'static str, &'static str, u64)>,
 }
 
 pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Collector> {
@@ -157,14 +163,7 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
             ("received", k.envelopes_received),
             ("dropped", k.envelopes_dropped),
         ],
-        bytes: [
-            ("swim", "sent", t.bytes_sent[0].load(Relaxed)),
-            ("swim", "received", t.bytes_received[0].load(Relaxed)),
-            ("state", "sent", t.bytes_sent[1].load(Relaxed)),
-            ("state", "received", t.bytes_received[1].load(Relaxed)),
-            ("load", "sent", t.bytes_sent[2].load(Relaxed)),
-            ("load", "received", t.bytes_received[2].load(Relaxed)),
-        ],
+        bytes: bytes_by_class(t).collect(),
     })
 }
 

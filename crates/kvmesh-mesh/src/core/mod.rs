@@ -527,8 +527,12 @@ impl MeshCore {
         self.outbox.push(Delta::Mark(d));
     }
 
-    /// This router's in-flight count on an engine.
+    /// This router's in-flight count on an engine (nothing to send when it is the count
+    /// already recorded).
     pub fn local_load(&mut self, engine: u64, in_flight: u32) {
+        if self.st.load.of(self.me, engine) == Some(in_flight) {
+            return;
+        }
         let d = self
             .st
             .load
