@@ -63,12 +63,15 @@ impl PyPublisher {
     /// subscriber before running `steps`.
     fn start(steps: &[Value], replay: bool) -> PyPublisher {
         require_python();
+        // Process id, time and a counter: tests starting at once may read the time alike.
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_nanos();
         let script = std::env::temp_dir().join(format!(
-            "kv_ingest_script_{}_{nanos}.json",
+            "kv_ingest_script_{}_{nanos}_{n}.json",
             std::process::id()
         ));
         std::fs::write(

@@ -147,14 +147,18 @@ async fn python_replay_client_against_rust_publisher() {
     }
 }
 
-/// Writes a JSON script for kv_events_pub.py to a unique temp file.
+/// Writes a JSON script for kv_events_pub.py to a unique temp file (process id, time and a
+/// counter: two tests starting at once read the time alike, and one then ran the other's
+/// script).
 fn script_file(script: &Value) -> std::path::PathBuf {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
     let path = std::env::temp_dir().join(format!(
-        "kv_events_script_{}_{nanos}.json",
+        "kv_events_script_{}_{nanos}_{n}.json",
         std::process::id()
     ));
     std::fs::write(&path, serde_json::to_vec(script).unwrap()).unwrap();
