@@ -148,8 +148,7 @@ async fn python_replay_client_against_rust_publisher() {
 }
 
 /// Writes a JSON script for kv_events_pub.py to a unique temp file (process id, time and a
-/// counter: two tests starting at once read the time alike, and one then ran the other's
-/// script).
+/// counter: two tests starting together may read the same time).
 fn script_file(script: &Value) -> std::path::PathBuf {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
