@@ -420,8 +420,10 @@ async fn attempt_step(
                 return give_up(g, last, &route.model);
             }
         };
-        let attempt = Attempt::start(gw.clone(), engine.clone(), permit);
-        drop(reservation.take());
+        // The first attempt on the reserved engine takes the reservation's count over; any
+        // other attempt counts itself (and the reservation ends).
+        let counted = reservation.take().is_some_and(|r| r.hand_over(engine));
+        let attempt = Attempt::start(gw.clone(), engine.clone(), permit, counted);
         let retry_429 = attempts.retries_429();
         match send(
             gw,
@@ -501,18 +503,31 @@ fn give_up(g: GiveUp, last: Option<Failed>, model: &str) -> Response<Body> {
 }
 
 /// One request counted in flight on an engine between the decision and its attempt.
-struct Reservation(Arc<Engine>);
+struct Reservation(Option<Arc<Engine>>);
 
 impl Reservation {
     fn new(e: Arc<Engine>) -> Reservation {
         e.begin_request();
-        Reservation(e)
+        Reservation(Some(e))
+    }
+
+    /// Hands the count to an attempt on `engine` when it is the reserved one (the count does
+    /// not move: no change for the mesh to carry, no moment counted twice); else the
+    /// reservation ends here. Whether it was handed over.
+    fn hand_over(mut self, engine: &Arc<Engine>) -> bool {
+        let same = self.0.as_ref().is_some_and(|e| Arc::ptr_eq(e, engine));
+        if same {
+            self.0 = None;
+        }
+        same
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        self.0.end_request();
+        if let Some(e) = self.0.take() {
+            e.end_request();
+        }
     }
 }
 

@@ -635,6 +635,40 @@ async fn in_flight_changes_are_signalled_once_until_read() {
     assert!(rx.try_recv().is_err());
 }
 
+/// A reservation hands its count to the first attempt on its engine: the count does not
+/// move (one change for the mesh per request start, no moment counted twice); an attempt on
+/// another engine ends it.
+#[tokio::test]
+async fn a_reservation_hands_its_count_to_the_attempt_on_its_engine() {
+    let gw = gateway(cfg(), &MockUpstream::new(), &[A, B]);
+    let (a, b) = (engine(&gw, A), engine(&gw, B));
+    let mut rx = gw.registry.load_signal.connect().expect("listener");
+    let r = Reservation::new(a.clone());
+    assert_eq!(rx.try_recv().ok(), Some(a.id.0));
+    assert_eq!(a.read_load_change(), 1);
+    assert!(r.hand_over(&a));
+    assert_eq!(
+        a.in_flight.load(Ordering::SeqCst),
+        1,
+        "counted, now as the attempt"
+    );
+    assert!(rx.try_recv().is_err(), "no change to tell");
+    let r = Reservation::new(a.clone());
+    assert_eq!(rx.try_recv().ok(), Some(a.id.0));
+    assert_eq!(a.read_load_change(), 2);
+    assert!(!r.hand_over(&b));
+    assert_eq!(
+        a.in_flight.load(Ordering::SeqCst),
+        1,
+        "ended on the other engine"
+    );
+    assert_eq!(rx.try_recv().ok(), Some(a.id.0));
+    assert_eq!(a.read_load_change(), 1);
+    assert_eq!(b.in_flight.load(Ordering::SeqCst), 0);
+    a.end_request();
+    assert_eq!(in_flight(&gw), 0);
+}
+
 /// A long prompt is prepared off the runtime's threads: with the runtime's only thread free,
 /// a small request is served from start to end while a 128 KB prompt is held between its
 /// preparation and its decision; then the long one is routed as well, with the same keys as

@@ -26,9 +26,12 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    /// Counts the attempt in flight.
-    pub fn start(gw: Arc<Gateway>, engine: Arc<Engine>, permit: Permit) -> Attempt {
-        engine.begin_request();
+    /// Counts the attempt in flight (`counted`: a reservation's count on this engine was
+    /// handed to it, so it is counted already).
+    pub fn start(gw: Arc<Gateway>, engine: Arc<Engine>, permit: Permit, counted: bool) -> Attempt {
+        if !counted {
+            engine.begin_request();
+        }
         engine.metrics.requests.fetch_add(1, Ordering::Relaxed);
         let sent_us = gw.clock.now_us();
         Attempt {
