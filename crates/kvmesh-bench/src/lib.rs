@@ -10,6 +10,7 @@ pub mod plot;
 pub mod replay;
 pub mod report;
 pub mod settings;
+mod sse;
 pub mod workload;
 
 pub use load::{

@@ -2,6 +2,7 @@
 //! (streaming chat with usage), measuring TTFT, end-to-end latency and cached prompt tokens.
 //! Every request has a timeout and the whole run a deadline, so a run always ends by itself.
 
+use crate::sse::{HttpClient, post_stream, usage_counts};
 use crate::workload::{Conversation, SharedPrefixWorkload};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -125,8 +126,6 @@ impl LoadReport {
         t as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
-
-type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
 /// Runs every conversation of `w` (each sequential over its turns) with at most
 /// `opts.concurrency` conversations at once.
@@ -262,86 +261,33 @@ async fn stream_chat(
     base: &str,
     body: serde_json::Value,
 ) -> Result<(Sample, String), String> {
-    let req = http::Request::builder()
-        .method("POST")
-        .uri(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
-    let t0 = Instant::now();
-    let resp = client
-        .request(req)
-        .await
-        .map_err(|e| format!("{base}: {e}"))?;
-    let status = resp.status();
-    let served_by = resp
-        .headers()
-        .get("x-kvmesh-engine")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .unwrap_or_else(|| base.to_string());
-    let predicted_cached_tokens = resp
-        .headers()
-        .get("x-kvmesh-predicted-cached-tokens")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    let mut body = resp.into_body();
-    if !status.is_success() {
-        let b = body
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        return Err(format!("{base}: {status}: {}", String::from_utf8_lossy(&b)));
-    }
+    let mut s = post_stream(client, base, "/v1/chat/completions", &body).await?;
     let mut ttft = None;
-    let mut buf = Vec::new();
     let mut answer = String::new();
     let mut usage = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| format!("{base}: stream: {e}"))?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        buf.extend_from_slice(&data);
-        while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..pos + 2).collect();
-            let line = String::from_utf8_lossy(&event);
-            let Some(payload) = line.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            if payload == "[DONE]" {
-                continue;
-            }
-            let v: serde_json::Value =
-                serde_json::from_str(payload).map_err(|e| format!("{base}: bad chunk: {e}"))?;
-            if v.get("error").is_some() {
-                return Err(format!("{base}: error in stream: {payload}"));
-            }
-            if let Some(c) = v["choices"][0]["delta"]["content"].as_str()
-                && !c.is_empty()
-            {
-                ttft.get_or_insert_with(|| t0.elapsed());
-                answer.push_str(c);
-            }
-            if v["usage"].is_object() {
-                usage = Some(v["usage"].clone());
-            }
+    while let Some(v) = s.next_chunk().await? {
+        if let Some(c) = v["choices"][0]["delta"]["content"].as_str()
+            && !c.is_empty()
+        {
+            ttft.get_or_insert_with(|| s.t0.elapsed());
+            answer.push_str(c);
+        }
+        if v["usage"].is_object() {
+            usage = Some(v["usage"].clone());
         }
     }
     let usage = usage.ok_or_else(|| format!("{base}: stream ended without usage"))?;
-    let e2e = t0.elapsed();
+    let e2e = s.t0.elapsed();
+    let (prompt_tokens, cached_tokens, completion_tokens) = usage_counts(&usage);
     Ok((
         Sample {
-            served_by,
+            served_by: s.served_by,
             ttft: ttft.unwrap_or(e2e),
             e2e,
-            prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
-            cached_tokens: usage["prompt_tokens_details"]["cached_tokens"]
-                .as_u64()
-                .unwrap_or(0),
-            completion_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
-            predicted_cached_tokens,
+            prompt_tokens,
+            cached_tokens,
+            completion_tokens,
+            predicted_cached_tokens: s.predicted_cached_tokens,
         },
         answer,
     ))

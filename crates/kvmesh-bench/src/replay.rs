@@ -5,6 +5,7 @@
 
 use crate::jobs::{Arrival, Job, JobSet, prompt_text};
 use crate::load::Targets;
+use crate::sse::{HttpClient, post_stream, usage_counts};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -14,8 +15,6 @@ use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-
-type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
 /// How prompts are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -254,97 +253,42 @@ async fn stream(
     if base.is_empty() {
         return Err("no targets".into());
     }
-    let req = http::Request::builder()
-        .method("POST")
-        .uri(format!("{base}/v1/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
-    let t0 = Instant::now();
-    let resp = client
-        .request(req)
-        .await
-        .map_err(|e| format!("{base}: {e}"))?;
-    let status = resp.status();
-    let header = |n: &str| {
-        resp.headers()
-            .get(n)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-    };
-    let served_by = header("x-kvmesh-engine").unwrap_or_else(|| base.to_string());
-    let predicted_cached_tokens =
-        header("x-kvmesh-predicted-cached-tokens").and_then(|v| v.parse().ok());
-    let mut body = resp.into_body();
-    if !status.is_success() {
-        let b = body
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        let text = String::from_utf8_lossy(&b);
-        return Err(format!(
-            "{base}: {status}: {}",
-            &text[..text.len().min(300)]
-        ));
-    }
+    let mut s = post_stream(client, base, "/v1/completions", &body).await?;
     let (mut first, mut last, mut chunks, mut any) = (None, None, 0u32, None);
-    let mut buf = Vec::new();
     let mut usage = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| format!("{base}: stream: {e}"))?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        buf.extend_from_slice(&data);
-        while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..pos + 2).collect();
-            let line = String::from_utf8_lossy(&event);
-            let Some(payload) = line.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            if payload == "[DONE]" {
-                continue;
+    while let Some(v) = s.next_chunk().await? {
+        // Chunks with text: the first one is the TTFT, the gaps between them the ITL (the
+        // closing chunk with empty text counts only if nothing came before it).
+        if let Some(t) = v["choices"][0]["text"].as_str() {
+            let now = s.t0.elapsed();
+            if !t.is_empty() {
+                first.get_or_insert(now);
+                last = Some(now);
+                chunks += 1;
+            } else {
+                any.get_or_insert(now);
             }
-            let v: serde_json::Value =
-                serde_json::from_str(payload).map_err(|e| format!("{base}: bad chunk: {e}"))?;
-            if v.get("error").is_some() {
-                return Err(format!("{base}: error in stream: {payload}"));
-            }
-            // Chunks with text: the first one is the TTFT, the gaps between them the ITL (the
-            // closing chunk with empty text counts only if nothing came before it).
-            if let Some(t) = v["choices"][0]["text"].as_str() {
-                let now = t0.elapsed();
-                if !t.is_empty() {
-                    first.get_or_insert(now);
-                    last = Some(now);
-                    chunks += 1;
-                } else {
-                    any.get_or_insert(now);
-                }
-            }
-            if v["usage"].is_object() {
-                usage = Some(v["usage"].clone());
-            }
+        }
+        if v["usage"].is_object() {
+            usage = Some(v["usage"].clone());
         }
     }
     let usage = usage.ok_or_else(|| format!("{base}: stream ended without usage"))?;
-    let e2e = t0.elapsed();
+    let e2e = s.t0.elapsed();
     let itl_s = match (first, last) {
         (Some(f), Some(l)) if chunks >= 2 => Some((l - f).as_secs_f64() / f64::from(chunks - 1)),
         _ => None,
     };
+    let (prompt_tokens, cached_tokens, completion_tokens) = usage_counts(&usage);
     Ok(Record {
-        served_by,
+        served_by: s.served_by,
         ttft_s: first.or(any).unwrap_or(e2e).as_secs_f64(),
         e2e_s: e2e.as_secs_f64(),
         itl_s,
-        prompt_tokens: usage["prompt_tokens"].as_u64().unwrap_or(0),
-        cached_tokens: usage["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap_or(0),
-        completion_tokens: usage["completion_tokens"].as_u64().unwrap_or(0),
-        predicted_cached_tokens,
+        prompt_tokens,
+        cached_tokens,
+        completion_tokens,
+        predicted_cached_tokens: s.predicted_cached_tokens,
         ..Record::default()
     })
 }
