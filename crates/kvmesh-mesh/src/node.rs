@@ -174,9 +174,11 @@ impl MeshNode {
         let (input, mut input_rx) = mpsc::channel::<Input>(65_536);
         let (stop, mut stopped) = oneshot::channel::<()>();
         let (t, c) = (transport.clone(), core.clone());
-        let (mut changed, read, peers) = match link {
-            Some(l) => (Some(l.changed), Some(l.read), Some(l.peers)),
-            None => (None, None, None),
+        // The router's side of the short way: its signals with the reader of its counts, and
+        // the hook that sets the peers' counts on it.
+        let (mut counts, peers) = match link {
+            Some(l) => (Some((l.changed, l.read)), Some(l.peers)),
+            None => (None, None),
         };
         let task = tokio::spawn(async move {
             let mut ids: Vec<u64> = Vec::new();
@@ -235,25 +237,25 @@ impl MeshNode {
                         }
                     }
                     Some(id) = async {
-                        match changed.as_mut() {
-                            Some(r) => r.recv().await,
+                        match counts.as_mut() {
+                            Some((r, _)) => r.recv().await,
                             None => std::future::pending().await,
                         }
                     } => {
-                        ids.clear();
-                        ids.push(id);
-                        if let Some(r) = changed.as_mut() {
+                        if let Some((r, read)) = counts.as_mut() {
+                            ids.clear();
+                            ids.push(id);
                             while ids.len() < 4096 {
                                 match r.try_recv() {
                                     Ok(id) => ids.push(id),
                                     Err(_) => break,
                                 }
                             }
-                        }
-                        let mut core = lock(&c);
-                        for &id in &ids {
-                            if let Some(v) = read.as_ref().and_then(|r| r(id)) {
-                                core.local_load(id, v);
+                            let mut core = lock(&c);
+                            for &id in &ids {
+                                if let Some(v) = read(id) {
+                                    core.local_load(id, v);
+                                }
                             }
                         }
                     }
@@ -351,11 +353,6 @@ impl Out<'_> {
                         });
                     }
                 }
-                Output::Apply(Apply::PeerLoad { engine, others }) if self.peers.is_some() => {
-                    if let Some(p) = self.peers {
-                        p(engine, others);
-                    }
-                }
                 Output::Envelope(to, data) => {
                     // One stream per envelope; a lost one is repaired (digests, feed pulls).
                     let t = t.clone();
@@ -364,6 +361,11 @@ impl Out<'_> {
                     });
                 }
                 Output::Apply(a) => {
+                    // Peers' counts go straight onto the router when it gave the hook.
+                    if let (Apply::PeerLoad { engine, others }, Some(p)) = (&a, self.peers) {
+                        p(*engine, *others);
+                        continue;
+                    }
                     changed |= matches!(a, Apply::Members);
                     // The router applies in order; backpressure rather than loss.
                     if applies.send(a).await.is_err() {
