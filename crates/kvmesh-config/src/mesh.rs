@@ -36,12 +36,18 @@ pub struct MeshConfig {
     /// most this often, ms — up to 16 routers; beyond, the period grows with the cluster
     /// (× routers / 16), so that a router's envelope rate stays bounded.
     pub flush_ms: u64,
-    /// An in-flight change (a request routed or finished) is sent this many µs × routers
-    /// after the router's previous envelope instead of waiting for the flush: peers see a
-    /// finished request before its client's next turn reaches them, and a router's envelope
-    /// rate stays about 1 / this. Up to 16 routers; beyond, changes go with the flush (each
-    /// router holds a small share of the load). 0 = always with the flush.
+    /// An in-flight change (a request routed or finished) is sent at once instead of
+    /// waiting for the flush, as long as the router's envelopes stay under one per this many
+    /// µs × routers over time (bursts of `load_burst` go back to back; past that, a change
+    /// waits its turn): peers see a finished request before its client's next turn reaches
+    /// them, and a router's envelope rate stays about 1 / this. Up to 16 routers; beyond,
+    /// the spacing is the flush period (each router holds a small share of the load).
+    /// 0 = always with the flush.
     pub load_flush_us: u64,
+    /// Envelopes in-flight changes may send back to back before `load_flush_us` spaces
+    /// them (an engine ends several requests in one decode step, and their clients' next
+    /// turns reach other routers together; 1 = always spaced).
+    pub load_burst: u32,
     /// A router compares digests with a random peer this often and both send what differs;
     /// ingest owners announce their feeds' heads (repairs what was lost), ms.
     pub anti_entropy_ms: u64,
@@ -63,6 +69,7 @@ impl Default for MeshConfig {
             ingest_replicas: 2,
             flush_ms: 5,
             load_flush_us: 100,
+            load_burst: 8,
             anti_entropy_ms: 1_000,
             expected_routers: 3,
         }
@@ -85,6 +92,11 @@ impl MeshConfig {
             self.load_flush_us <= 1_000_000,
             &format!("{at}.load_flush_us"),
             "must be between 0 (with the flush) and 1000000",
+        )?;
+        check(
+            (1..=1_024).contains(&self.load_burst),
+            &format!("{at}.load_burst"),
+            "must be between 1 and 1024",
         )?;
         check(
             (10..=600_000).contains(&self.anti_entropy_ms),

@@ -132,6 +132,7 @@ impl Cluster {
             cluster_id: cluster_id(&cfg.cluster_id),
             flush_us: cfg.flush_ms * 1_000,
             load_flush_us: cfg.load_flush_us,
+            load_burst: u64::from(cfg.load_burst),
             anti_entropy_us: cfg.anti_entropy_ms * 1_000,
             ingest_replicas: cfg.ingest_replicas as usize,
             mark_capacity: cap,

@@ -19,6 +19,7 @@ fn cfg(first: bool) -> CoreConfig {
         cluster_id: 1,
         flush_us: 20_000,
         load_flush_us: 0,
+        load_burst: 8,
         anti_entropy_us: 1_000_000,
         ingest_replicas: 2,
         mark_capacity: 1 << 20,

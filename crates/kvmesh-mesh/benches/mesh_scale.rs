@@ -114,6 +114,7 @@ fn main() {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(100),
+            load_burst: 8,
             anti_entropy_us: 1_000_000,
             ingest_replicas: 2,
             mark_capacity: 131_072,

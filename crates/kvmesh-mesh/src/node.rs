@@ -194,9 +194,10 @@ impl MeshNode {
             // Whether the previous turn ran a due tick without waiting (never twice in a row).
             let mut ticked = false;
             loop {
-                // What is due now runs now: an in-flight change is due `load_flush_us` after
-                // the previous envelope, and a timer would add up to a millisecond (tokio
-                // rounds deadlines up to the next one) to every change a peer waits for.
+                // What is due now runs now: an in-flight change is due at once while the
+                // envelope rate has credit (`load_flush_us`, `load_burst`), and a timer would
+                // add up to a millisecond (tokio rounds deadlines up to the next one) to every
+                // change a peer waits for.
                 let (wait, due_now) = {
                     let mut core = lock(&c);
                     let n = now();

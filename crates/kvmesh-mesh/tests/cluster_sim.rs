@@ -24,6 +24,7 @@ fn cfg() -> CoreConfig {
         cluster_id: 7,
         flush_us: 20_000,
         load_flush_us: 100,
+        load_burst: 8,
         anti_entropy_us: 1_000_000,
         ingest_replicas: 2,
         mark_capacity: 512,

@@ -15,6 +15,7 @@ fn cfg(flush_us: u64) -> CoreConfig {
         cluster_id: 5,
         flush_us,
         load_flush_us: 100,
+        load_burst: 8,
         anti_entropy_us: 1_000_000,
         ingest_replicas: 2,
         mark_capacity: 4_096,

@@ -15,6 +15,7 @@ fn cfg() -> CoreConfig {
         cluster_id: 3,
         flush_us: 20_000,
         load_flush_us: 100,
+        load_burst: 8,
         // Never within the test's window after the heal.
         anti_entropy_us: 600_000_000,
         ingest_replicas: 2,

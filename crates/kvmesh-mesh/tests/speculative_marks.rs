@@ -15,6 +15,7 @@ fn cluster() -> Sim {
         cluster_id: 9,
         flush_us: 5_000,
         load_flush_us: 100,
+        load_burst: 8,
         anti_entropy_us: 1_000_000,
         ingest_replicas: 2,
         mark_capacity: 4_096,

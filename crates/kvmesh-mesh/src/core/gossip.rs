@@ -123,7 +123,6 @@ impl MeshCore {
     }
 
     pub(super) fn flush(&mut self, now_us: u64) {
-        self.last_flush = now_us;
         self.load_news = false;
         let deltas = std::mem::take(&mut self.outbox);
         let direct = std::mem::take(&mut self.direct);
@@ -131,6 +130,8 @@ impl MeshCore {
         // What every member gets is encoded once; what only some need goes separately.
         // In-flight counts alone, small enough, go as a datagram (the quickest way across).
         if !deltas.is_empty() && !addrs.is_empty() {
+            // An envelope to every member: one of the load spacing's credits.
+            self.load_tat = self.load_tat.max(now_us) + self.load_flush_spacing();
             let load_only = deltas.iter().all(|d| matches!(d, Delta::Load(_)));
             for bytes in self.encode_chunks(deltas, Vec::new(), false, now_us) {
                 let dgram = load_only && bytes.len() <= super::LOAD_DATAGRAM_BYTES;

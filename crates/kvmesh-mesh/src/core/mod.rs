@@ -37,10 +37,14 @@ pub struct CoreConfig {
     pub cluster_id: u64,
     /// Outbox flush period (µs) up to 16 routers (see [`MeshCore::flush_period`]).
     pub flush_us: u64,
-    /// An in-flight change goes out this long × routers after the previous flush (µs; at
-    /// most the flush period), not a whole period later: routers see a finished request
-    /// before its client's next turn reaches another router. 0 = with the flush period.
+    /// In-flight changes go out at once, not a whole flush period later, as long as this
+    /// router's envelopes stay under one per this long × routers (µs; at most the flush
+    /// period) with bursts of `load_burst`: routers see a finished request before its
+    /// client's next turn reaches another router. 0 = with the flush period.
     pub load_flush_us: u64,
+    /// Envelopes in-flight changes may send back to back before `load_flush_us` spaces
+    /// them (at least 1); the long-run rate stays one per spacing.
+    pub load_burst: u64,
     /// Anti-entropy period (µs).
     pub anti_entropy_us: u64,
     /// Owners reading each engine's KV events (0 = every router).
@@ -193,8 +197,12 @@ pub struct MeshCore {
     /// that a late delta cannot bring their entries back.
     departed_at: BTreeMap<NodeId, u64>,
     next_flush: u64,
-    /// When the outbox was last flushed (µs), and whether an in-flight change waits in it.
-    last_flush: u64,
+    /// The envelope rate's theoretical arrival time (µs, the generic cell rate algorithm):
+    /// each flush that sends the members an envelope moves it one
+    /// [`MeshCore::load_flush_spacing`] past `max(it, now)`; an in-flight change flushes once
+    /// it is at most `load_burst - 1` spacings ahead of now.
+    load_tat: u64,
+    /// Whether an in-flight change waits in the outbox.
     load_news: bool,
     next_ae: u64,
     rng: u64,
@@ -219,7 +227,7 @@ impl MeshCore {
             },
             warm_at: now_us.saturating_add(cfg.warm_bound_us),
             next_flush: now_us.saturating_add(cfg.flush_us),
-            last_flush: now_us,
+            load_tat: now_us,
             load_news: false,
             next_ae: now_us.saturating_add(cfg.anti_entropy_us),
             cfg,
@@ -327,12 +335,13 @@ impl MeshCore {
         self.cfg.flush_us.saturating_mul(n.div_ceil(16).max(1))
     }
 
-    /// How soon after the previous flush an in-flight change is sent (µs): `load_flush_us`
-    /// × routers up to 16 routers (a router's envelope rate stays about `1 / load_flush_us`
-    /// per second), at most the flush period. Beyond 16 routers, the flush period: there each
-    /// router holds a small share of an engine's load, and an envelope per change to every
-    /// member would multiply the bytes (at 128 routers and 10k requests/s, about one envelope
-    /// per change instead of one per 160 ms).
+    /// The spacing of envelopes that in-flight changes keep to over time (µs; bursts of
+    /// `load_burst` go at once): `load_flush_us` × routers up to 16 routers (a router's
+    /// envelope rate stays about `1 / load_flush_us` per second), at most the flush period.
+    /// Beyond 16 routers, the flush period: there each router holds a small share of an
+    /// engine's load, and an envelope per change to every member would multiply the bytes
+    /// (at 128 routers and 10k requests/s, about one envelope per change instead of one per
+    /// 160 ms).
     pub fn load_flush_spacing(&self) -> u64 {
         let n = self.peers.len() as u64 + 1;
         let period = self.flush_period();
@@ -343,11 +352,26 @@ impl MeshCore {
         }
     }
 
+    /// When a waiting in-flight change may go (µs): at once while this router's envelopes
+    /// are under the rate of one per [`MeshCore::load_flush_spacing`] with bursts of
+    /// `load_burst` (completions come in bursts: an engine ends several requests in one
+    /// decode step, and their clients' next turns arrive together at other routers); with
+    /// the flush period when `load_flush_us` is 0.
+    fn load_due(&self) -> u64 {
+        if self.cfg.load_flush_us == 0 {
+            return self.next_flush;
+        }
+        let slack = self
+            .load_flush_spacing()
+            .saturating_mul(self.cfg.load_burst.max(1) - 1);
+        self.load_tat.saturating_sub(slack)
+    }
+
     /// When [`MeshCore::tick`] wants to run next (µs).
     pub fn next_due(&self) -> u64 {
         let mut t = self.next_flush.min(self.next_ae);
         if self.load_news {
-            t = t.min(self.last_flush.saturating_add(self.load_flush_spacing()));
+            t = t.min(self.load_due());
         }
         if let Some(m) = self.membership.next_due() {
             t = t.min(m);
@@ -453,9 +477,7 @@ impl MeshCore {
         if now_us >= self.next_flush {
             self.next_flush = now_us + self.flush_period();
             self.flush(now_us);
-        } else if self.load_news
-            && now_us >= self.last_flush.saturating_add(self.load_flush_spacing())
-        {
+        } else if self.load_news && now_us >= self.load_due() {
             self.flush(now_us);
         }
         if now_us >= self.next_ae {
