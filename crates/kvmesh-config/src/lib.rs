@@ -155,6 +155,9 @@ mod tests {
         let err = KvmeshConfig::from_toml_str("[sim.engine]\nblock_size = \"x\"\n", "t.toml")
             .expect_err("wrong type must fail");
         assert!(err.to_string().contains("block_size"), "{err}");
+        let err = KvmeshConfig::from_toml_str("[serve.mesh]\nload_burst = 0\n", "t.toml")
+            .expect_err("a burst of no envelope must fail");
+        assert!(err.to_string().contains("serve.mesh.load_burst"), "{err}");
     }
 
     #[test]
