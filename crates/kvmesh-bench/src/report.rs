@@ -56,6 +56,11 @@ pub struct ContenderRow {
     pub inflight_spread: Option<f64>,
     /// The same samples' 99th percentile of max / mean.
     pub inflight_spread_p99: Option<f64>,
+    /// `least_request` decisions of the routers run in this process, and how many of them
+    /// did not go to the least loaded engine by every router's own in-flight counts at that
+    /// moment; `None` without such decisions.
+    #[serde(default)]
+    pub least_load_decisions: Option<(u64, u64)>,
     /// Requests per engine (engine name → count).
     pub per_engine: Vec<(String, u64)>,
     /// Preemptions over all engines (Δ`vllm:num_preemptions_total`).
@@ -188,6 +193,7 @@ impl ContenderRow {
             load_spread: m(|r| r.load_spread),
             inflight_spread: opt_median(runs, |r| r.inflight_spread),
             inflight_spread_p99: opt_median(runs, |r| r.inflight_spread_p99),
+            least_load_decisions: sum_pairs(runs.iter().map(|r| r.least_load_decisions)),
             per_engine: mid.per_engine.clone(),
             preemptions: m(|r| r.preemptions),
             elapsed_s: m(|r| r.elapsed_s),
@@ -195,6 +201,11 @@ impl ContenderRow {
             timeline: mid.timeline.clone(),
         }
     }
+}
+
+/// The sums of the runs' pairs, or `None` when no run has one.
+fn sum_pairs(pairs: impl Iterator<Item = Option<(u64, u64)>>) -> Option<(u64, u64)> {
+    pairs.flatten().reduce(|a, b| (a.0 + b.0, a.1 + b.1))
 }
 
 /// The median of the runs that have the figure, or `None`.
@@ -379,6 +390,26 @@ impl Report {
                 }
             );
         }
+        let judged: Vec<String> = self
+            .contenders
+            .iter()
+            .filter_map(|r| {
+                let (n, missed) = r.least_load_decisions?;
+                Some(format!(
+                    "{} {:.1}% of {n}",
+                    r.name,
+                    missed as f64 * 100.0 / n.max(1) as f64
+                ))
+            })
+            .collect();
+        if !judged.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n`least_request` decisions that did not go to the least loaded engine by every \
+                 router's own in-flight counts at that moment (all repeats): {}.",
+                judged.join("; ")
+            );
+        }
         if !self.ratios.is_empty() {
             let _ = writeln!(
                 s,
@@ -509,7 +540,35 @@ mod tests {
         base.output_tokens_per_s = 5.0;
         let rat = ratios(&[base, r.clone()], "rr");
         assert_eq!(rat[1].output_tokens_per_s.median, 3.0);
+        let mut judged = r.clone();
+        judged.least_load_decisions = Some((150, 6));
+        let mut other = r.clone();
+        other.least_load_decisions = Some((50, 2));
+        let m = ContenderRow::median_of(&[judged, r.clone(), other]);
+        assert_eq!(
+            m.least_load_decisions,
+            Some((200, 8)),
+            "summed over repeats"
+        );
+        let report = Report {
+            contenders: vec![m],
+            ..Report::default()
+        };
+        assert!(
+            report.markdown().contains("x 4.0% of 200"),
+            "{}",
+            report.markdown()
+        );
         let m = ContenderRow::median_of(&[r.clone(), r]);
+        assert_eq!(m.least_load_decisions, None);
+        assert!(
+            !Report {
+                contenders: vec![m.clone()],
+                ..Report::default()
+            }
+            .markdown()
+            .contains("least loaded engine")
+        );
         assert_eq!(m.output_tokens_per_s, 15.0);
         assert_eq!(
             Spread3::of(&[3.0, 1.0, 2.0]),

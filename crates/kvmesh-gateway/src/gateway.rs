@@ -34,6 +34,21 @@ pub trait MeshHook: Send + Sync {
     fn collector(&self) -> Box<dyn prometheus_client::collector::Collector>;
 }
 
+/// Watches this router's routing decisions as they are made (the benchmark's count of load
+/// decisions against every router's own counts); not set in service.
+pub trait DecisionObserver: Send + Sync {
+    /// `engines[chosen]` (the route's engines) was chosen first, for `reason`, at `now_us` on
+    /// the router's clock; `reserved`: this router's count on it already holds the request.
+    fn decided(
+        &self,
+        engines: &[Arc<crate::Engine>],
+        chosen: usize,
+        reason: kvmesh_policy::Reason,
+        now_us: u64,
+        reserved: bool,
+    );
+}
+
 /// Shared state of one router.
 pub struct Gateway {
     /// The configuration it started with.
@@ -57,6 +72,8 @@ pub struct Gateway {
     pub tasks: Tasks,
     /// The mesh, when this router is part of one.
     pub mesh: std::sync::OnceLock<Arc<dyn MeshHook>>,
+    /// Told of every decision when set (benchmarks; one `OnceLock` load per request).
+    pub decision_observer: std::sync::OnceLock<Arc<dyn DecisionObserver>>,
     /// Bounds retries to a fraction of requests (lock-free).
     pub retry_budget: AtomicRetryBudget,
     /// `cfg.request_id_header` parsed once (`None` when it is not a valid header name).
@@ -106,6 +123,7 @@ impl Gateway {
             clock,
             tasks: Tasks::default(),
             mesh: std::sync::OnceLock::new(),
+            decision_observer: std::sync::OnceLock::new(),
             request_id_name: http::HeaderName::from_bytes(cfg.request_id_header.as_bytes()).ok(),
             seed: AtomicU64::new(seed),
             started_unix: std::time::SystemTime::now()

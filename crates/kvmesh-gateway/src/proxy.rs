@@ -89,6 +89,16 @@ pub async fn handle(
         (_, parsed) => (parsed, None),
     };
     let (decision, reservation, lookup) = decide_step(gw, &route, key, parsed.as_ref(), prepared);
+    if let (Some(o), Some(&first)) = (gw.decision_observer.get(), decision.candidates.first()) {
+        let reserved = reservation.is_some() && decision.reserve == Some(first);
+        o.decided(
+            &route.engines,
+            first,
+            decision.reason,
+            gw.clock.now_us(),
+            reserved,
+        );
+    }
     if let Some(&first) = decision.candidates.first() {
         let block = route.prefix.as_ref().map_or(0, |p| u64::from(p.block_size));
         gw.recent.record(

@@ -731,3 +731,53 @@ async fn a_small_request_is_served_while_a_long_prompt_is_prepared() {
     assert_eq!(off.lookup.map(|l| l.total_blocks), Some(blocks));
     assert!(blocks > 1000);
 }
+
+/// Records what the decision observer is told.
+#[derive(Default)]
+struct Seen(std::sync::Mutex<Vec<(String, kvmesh_policy::Reason, bool, u32)>>);
+
+impl crate::gateway::DecisionObserver for Seen {
+    fn decided(
+        &self,
+        engines: &[Arc<Engine>],
+        chosen: usize,
+        reason: kvmesh_policy::Reason,
+        _now_us: u64,
+        reserved: bool,
+    ) {
+        let e = &engines[chosen];
+        let n = e.in_flight.load(Ordering::SeqCst);
+        self.0
+            .lock()
+            .unwrap()
+            .push((e.url.clone(), reason, reserved, n));
+    }
+}
+
+/// The observer is told each decision once, with the engine the request then went to and the
+/// reservation already counted on it.
+#[tokio::test(start_paused = true)]
+async fn the_decision_observer_sees_each_decision_with_its_reservation() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::ok(200, "{\"ok\":1}"));
+    mock.set_default(B, MockReply::ok(200, "{\"ok\":1}"));
+    let gw = gateway(cfg(), &mock, &[A, B]);
+    let seen = Arc::new(Seen::default());
+    assert!(gw.decision_observer.set(seen.clone()).is_ok());
+    // B busier: least request picks A.
+    engine(&gw, B).in_flight.store(3, Ordering::SeqCst);
+    let (status, _, _) = call(&gw).await;
+    assert_eq!(status, 200);
+    let got = seen.0.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        vec![(
+            format!("http://{A}"),
+            kvmesh_policy::Reason::LeastLoad,
+            true,
+            1
+        )]
+    );
+    assert_eq!(mock.calls().len(), 1);
+    assert_eq!(mock.calls()[0].authority, A);
+}

@@ -5,6 +5,7 @@
 
 use crate::bench_routers::{self, contender_name};
 use crate::fleet;
+use crate::load_decisions::LoadDecisions;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kvmesh_bench::eval::{Contender, EvalConfig, EvalResult, evaluate};
@@ -506,6 +507,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                         }
                     };
                     let sampler = fleet::in_flight_sampler(&routers, &urls, SAMPLE_EVERY);
+                    let decisions = LoadDecisions::watch(&routers);
                     let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls, p.prompts, sampler).await;
                     fleet::shutdown_routers(routers).await;
                     let mut row = match row {
@@ -520,6 +522,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     row.routers = n_routers;
                     row.mesh = mesh;
                     row.repeat = Some(rep);
+                    row.least_load_decisions = decisions.map(|d| d.counts()).filter(|c| c.0 > 0);
                     eprintln!(
                         "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, in flight max/mean {}, {} errors",
                         row.name, row.output_tokens_per_s, row.hit_rate * 100.0, row.ttft_p99_ms,

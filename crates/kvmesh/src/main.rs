@@ -5,6 +5,7 @@ mod bench_cmd;
 mod bench_routers;
 mod chaos_cmd;
 mod fleet;
+mod load_decisions;
 mod nginx;
 mod serve_cmd;
 mod sim_cmd;
