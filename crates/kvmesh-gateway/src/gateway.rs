@@ -41,7 +41,7 @@ pub trait DecisionObserver: Send + Sync {
     /// the router's clock; `reserved`: this router's count on it already holds the request.
     fn decided(
         &self,
-        engines: &[Arc<crate::Engine>],
+        engines: &[Arc<crate::engine::Engine>],
         chosen: usize,
         reason: kvmesh_policy::Reason,
         now_us: u64,
