@@ -34,7 +34,6 @@ pub mod upstream;
 pub use clock::Clock;
 pub use engine::{Engine, EngineMetrics, IngestStatus, Source};
 pub use gateway::{DecisionObserver, Gateway};
-pub use kvmesh_policy::Reason;
 pub use probe::scrape;
 pub use registry::{Registry, Snapshot};
 pub use tasks::Tasks;

@@ -89,20 +89,15 @@ pub async fn handle(
         (_, parsed) => (parsed, None),
     };
     let (decision, reservation, lookup) = decide_step(gw, &route, key, parsed.as_ref(), prepared);
-    if let (Some(o), Some(&first)) = (gw.decision_observer.get(), decision.candidates.first()) {
-        let reserved = reservation.is_some() && decision.reserve == Some(first);
-        o.decided(
-            &route.engines,
-            first,
-            decision.reason,
-            gw.clock.now_us(),
-            reserved,
-        );
-    }
     if let Some(&first) = decision.candidates.first() {
+        let now = gw.clock.now_us();
+        if let Some(o) = gw.decision_observer.get() {
+            let reserved = reservation.is_some() && decision.reserve == Some(first);
+            o.decided(&route.engines, first, decision.reason, now, reserved);
+        }
         let block = route.prefix.as_ref().map_or(0, |p| u64::from(p.block_size));
         gw.recent.record(
-            gw.clock.now_us(),
+            now,
             &route.model,
             &route.engines[first].url,
             decision.reason.as_str(),

@@ -46,7 +46,7 @@ pub use health::{
     ErrorRate, HealthEvent, LatencyTracker, PeakEwma, Permit, SlowStart, auto_weight_factor,
     fleet_reference_latency, slow_start_factor,
 };
-pub use policy::Policy;
+pub use policy::{Policy, load_score};
 pub use retry::{AtomicRetryBudget, RetryBudget};
 pub use rng::{Rng, mix64, stable_hash, unit_f64};
 pub use view::{

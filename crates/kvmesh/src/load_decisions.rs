@@ -5,7 +5,8 @@
 //! replicas have none of them. The counts are read while the other routers go on (not one
 //! atomic snapshot), so a change landing during the read can count either way.
 
-use kvmesh_gateway::{DecisionObserver, Engine, Gateway, GatewayServer, Reason};
+use kvmesh_gateway::{DecisionObserver, Engine, Gateway, GatewayServer};
+use kvmesh_policy::{Reason, load_score};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 
@@ -26,7 +27,7 @@ impl LoadDecisions {
     }
 
     fn watch_gateways(gws: &[&Arc<Gateway>]) -> Option<Arc<LoadDecisions>> {
-        if gws.is_empty() {
+        if gws.is_empty() || gws.iter().any(|g| g.decision_observer.get().is_some()) {
             return None;
         }
         let me = Arc::new(LoadDecisions {
@@ -63,20 +64,20 @@ impl DecisionObserver for LoadDecisions {
         let mut least = f64::INFINITY;
         let mut picked = None;
         for (i, e) in engines.iter().enumerate() {
-            // Eligibility and weight as the deciding router sees them; the load as it is.
-            let v = e.view(now_us, 0.0);
+            // Eligibility and weight as the deciding router sees them; the load as it is (the
+            // routers' counts, no engine report), scored as the policy scores it.
+            let mut v = e.view(now_us, 0.0);
             if !v.eligible {
                 continue;
             }
-            let mut n: u32 = gws
+            let n: u32 = gws
                 .iter()
                 .filter_map(|g| g.registry.get(e.id))
                 .map(|x| x.in_flight.load(Relaxed))
                 .sum();
-            if i == chosen && reserved {
-                n = n.saturating_sub(1);
-            }
-            let score = (f64::from(n) + 1.0) / v.safe_weight();
+            v.in_flight = n.saturating_sub(u32::from(i == chosen && reserved));
+            v.engine_load = None;
+            let score = load_score(&v);
             if i == chosen {
                 picked = Some(score);
             }
@@ -125,6 +126,12 @@ mod tests {
         assert!(
             LoadDecisions::watch_gateways(&[&a]).is_none(),
             "one observer per router"
+        );
+        let c = router(&urls);
+        assert!(LoadDecisions::watch_gateways(&[&c, &a]).is_none());
+        assert!(
+            c.decision_observer.get().is_none(),
+            "a refused watch sets nothing"
         );
         let (ea, eb) = (engines(&a), engines(&b));
         // Router a holds 2 on engine 0; router b holds 3 on engine 1: engine 0 is the least

@@ -5,9 +5,10 @@ use crate::config::MAX_CANDIDATES;
 use crate::rng::{Rng, mix64};
 use crate::view::{EngineSet, EngineView};
 
-/// `(load + 1) / weight`: in-flight requests per unit of weight, counting the new one.
+/// `(load + 1) / weight`: in-flight requests per unit of weight, counting the new one (what
+/// `least_request` and the power-of-two policies compare).
 #[inline]
-pub(crate) fn load_score(v: &EngineView) -> f64 {
+pub fn load_score(v: &EngineView) -> f64 {
     (f64::from(v.load()) + 1.0) / v.safe_weight()
 }
 

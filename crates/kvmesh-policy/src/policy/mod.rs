@@ -3,6 +3,7 @@
 
 mod hash;
 mod load;
+pub use load::load_score;
 mod prefix;
 mod scored;
 mod wrr;
