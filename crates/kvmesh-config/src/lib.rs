@@ -158,6 +158,12 @@ mod tests {
         let err = KvmeshConfig::from_toml_str("[serve.mesh]\nload_burst = 0\n", "t.toml")
             .expect_err("a burst of no envelope must fail");
         assert!(err.to_string().contains("serve.mesh.load_burst"), "{err}");
+        let err = KvmeshConfig::from_toml_str(
+            "[serve.routing.policy.least_request]\nown_bias = -1.0\n",
+            "t.toml",
+        )
+        .expect_err("a negative bias must fail");
+        assert!(err.to_string().contains("least_request.own_bias"), "{err}");
     }
 
     #[test]

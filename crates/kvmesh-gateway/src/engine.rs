@@ -349,13 +349,11 @@ impl Engine {
         self.in_flight.load(Ordering::SeqCst)
     }
 
-    /// The view a policy reads: the cluster's in-flight count (this router's and its peers'),
-    /// the engine's own report, health and weight.
+    /// The view a policy reads: the cluster's in-flight count (this router's and its peers')
+    /// and this router's own part of it, the engine's own report, health and weight.
     pub fn view(&self, now_us: u64, fleet_latency_us: f64) -> EngineView {
-        let cluster = self
-            .in_flight
-            .load(Ordering::Relaxed)
-            .saturating_add(self.peer_in_flight.load(Ordering::Relaxed));
+        let own = self.in_flight.load(Ordering::Relaxed);
+        let cluster = own.saturating_add(self.peer_in_flight.load(Ordering::Relaxed));
         let mut v = self.tracker().view(
             now_us,
             self.base_weight,
@@ -365,6 +363,7 @@ impl Engine {
             fleet_latency_us,
         );
         v.waiting = self.reported_waiting();
+        v.own_in_flight = own;
         v
     }
 }

@@ -17,6 +17,12 @@ pub struct EngineView {
     /// Requests in flight to it, counted by the routers until the end of each stream (this
     /// router's own, plus peers' once the mesh shares them).
     pub in_flight: u32,
+    /// This router's own part of `in_flight`: the requests it knows of at once, where its
+    /// peers' part arrives over the mesh after a delay. `least_request` counts them
+    /// `least_request.own_bias` times more; 0 when the caller does not tell them apart
+    /// ([`EngineTracker::view`](crate::EngineTracker::view) leaves it 0), which ranks by
+    /// `in_flight` alone.
+    pub own_in_flight: u32,
     /// Requests the engine itself reports (running + waiting), if known. It may lag; the
     /// load a policy uses is `max(in_flight, engine_load)`, so neither is counted twice.
     pub engine_load: Option<u32>,
@@ -45,6 +51,7 @@ impl EngineView {
             eligible: true,
             weight,
             in_flight: 0,
+            own_in_flight: 0,
             engine_load: None,
             kv_usage: None,
             waiting: None,

@@ -188,6 +188,12 @@ impl PolicyConfig {
             "least_request.max_scan",
             "must be at least 2",
         )?;
+        check(
+            (0.0..=1000.0).contains(&self.least_request.own_bias),
+            at,
+            "least_request.own_bias",
+            "must be between 0 and 1000",
+        )?;
         let ch = &self.consistent_hash;
         check(
             (1..=1024).contains(&ch.virtual_nodes),
@@ -269,11 +275,24 @@ pub struct LeastRequestConfig {
     /// engines starting at a random position, so a decision stays bounded at 4,096 engines.
     /// Default 512.
     pub max_scan: usize,
+    /// How much more each of this router's own requests in flight to an engine counts than
+    /// one its peers report: engines rank by `(load + own_bias × own + 1) / weight` (in
+    /// `least_request` and wherever the prefix policies fall back to it). A peer's count
+    /// arrives after the mesh's delay; routers that rank by the same late sum take the same
+    /// least loaded engine when they decide at the same moment, and pile onto it. Counting
+    /// their own requests first keeps each router's own share spread, so the sum stays even.
+    /// A router whose own requests are all the load it knows of (alone, no other clients)
+    /// ranks exactly as with 0; a difference in the sum larger than `own_bias` still wins over
+    /// one own request more. 0 = every request alike. Default 4.
+    pub own_bias: f64,
 }
 
 impl Default for LeastRequestConfig {
     fn default() -> Self {
-        LeastRequestConfig { max_scan: 512 }
+        LeastRequestConfig {
+            max_scan: 512,
+            own_bias: 4.0,
+        }
     }
 }
 

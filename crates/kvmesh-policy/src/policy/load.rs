@@ -1,7 +1,7 @@
 //! Load- and latency-aware policies: `least_request`, `power_of_two`, `peak_ewma`.
 
 use super::{Filter, Picks, sample};
-use crate::config::MAX_CANDIDATES;
+use crate::config::{LeastRequestConfig, MAX_CANDIDATES};
 use crate::rng::{Rng, mix64};
 use crate::view::{EngineSet, EngineView};
 
@@ -10,6 +10,14 @@ use crate::view::{EngineSet, EngineView};
 #[inline]
 pub fn load_score(v: &EngineView) -> f64 {
     (f64::from(v.load()) + 1.0) / v.safe_weight()
+}
+
+/// `(load + own_bias × own + 1) / weight`: the rank of least request, where this router's own
+/// requests (known at once) count `own_bias` more than its peers' (known late) — see
+/// [`LeastRequestConfig::own_bias`].
+#[inline]
+fn least_score(v: &EngineView, own_bias: f64) -> f64 {
+    (f64::from(v.load()) + own_bias * f64::from(v.own_in_flight) + 1.0) / v.safe_weight()
 }
 
 /// `latency × (load + 1) / weight`: the Finagle/Linkerd peak-EWMA cost, per unit of weight.
@@ -51,8 +59,9 @@ pub(crate) fn power_of_two<S: EngineSet + ?Sized>(
     }
 }
 
-/// Least request: the `k` engines of lowest `(load + 1) / weight`, ties broken by a random key
-/// per engine and request (uniform among the tied, never toward index 0).
+/// Least request: the `k` engines of lowest `(load + own_bias × own + 1) / weight`, ties
+/// broken by a random key per engine and request (uniform among the tied, never toward index
+/// 0).
 ///
 /// Scans the whole fleet when it has at most `max_scan` engines, otherwise a window of
 /// `max_scan` consecutive engines starting at a random position.
@@ -62,10 +71,10 @@ pub(crate) fn least_request<S: EngineSet + ?Sized>(
     seed: u64,
     filter: Filter,
     k: usize,
-    max_scan: usize,
+    cfg: &LeastRequestConfig,
     out: &mut Vec<usize>,
 ) {
-    let best = least_request_best(engines, rng, seed, filter, k, max_scan);
+    let best = least_request_best(engines, rng, seed, filter, k, cfg);
     out.extend_from_slice(best.as_slice());
 }
 
@@ -78,13 +87,13 @@ pub(crate) fn fill_least_request<S: EngineSet + ?Sized>(
     seed: u64,
     filter: Filter,
     k: usize,
-    max_scan: usize,
+    cfg: &LeastRequestConfig,
     out: &mut Vec<usize>,
 ) {
     if out.len() >= k {
         return;
     }
-    let best = least_request_best(engines, rng, seed, filter, k, max_scan);
+    let best = least_request_best(engines, rng, seed, filter, k, cfg);
     for &i in best.as_slice() {
         if out.len() < k && !out.contains(&i) {
             out.push(i);
@@ -111,8 +120,9 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
     seed: u64,
     filter: Filter,
     k: usize,
-    max_scan: usize,
+    cfg: &LeastRequestConfig,
 ) -> LeastBest {
+    let (max_scan, own_bias) = (cfg.max_scan, cfg.own_bias);
     let n = engines.len();
     let k = k.clamp(1, MAX_CANDIDATES);
     let (start, len) = if n <= max_scan {
@@ -134,7 +144,7 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
         if !filter.ok(&v) {
             continue;
         }
-        let s = load_score(&v);
+        let s = least_score(&v, own_bias);
         if have == k {
             let worst = best[k - 1];
             if s > worst.0 {
@@ -187,22 +197,37 @@ mod tests {
             .collect()
     }
 
+    /// The `k` engines least request ranks first, with the default config but `own_bias`.
+    fn ranked(vs: &[EngineView], seed: u64, k: usize, own_bias: f64) -> Vec<usize> {
+        let cfg = LeastRequestConfig {
+            own_bias,
+            ..LeastRequestConfig::default()
+        };
+        let mut out = Vec::new();
+        least_request(
+            vs,
+            &mut Rng::new(seed),
+            seed,
+            Filter::Eligible,
+            k,
+            &cfg,
+            &mut out,
+        );
+        out
+    }
+
     #[test]
     fn least_request_orders_by_load_and_skips_ineligible() {
         let mut vs = views(&[5, 1, 3, 0, 2]);
         vs[3].eligible = false;
-        let mut out = Vec::new();
-        least_request(&vs, &mut Rng::new(1), 9, Filter::Eligible, 3, 512, &mut out);
-        assert_eq!(out, [1, 4, 2]);
+        assert_eq!(ranked(&vs, 9, 3, 4.0), [1, 4, 2]);
     }
 
     #[test]
     fn least_request_weight_divides_load() {
         let mut vs = views(&[3, 1]);
         vs[0].weight = 8.0; // (3+1)/8 = 0.5 < (1+1)/1
-        let mut out = Vec::new();
-        least_request(&vs, &mut Rng::new(1), 9, Filter::Eligible, 2, 512, &mut out);
-        assert_eq!(out, [0, 1]);
+        assert_eq!(ranked(&vs, 9, 2, 4.0), [0, 1]);
     }
 
     #[test]
@@ -213,5 +238,55 @@ mod tests {
         assert_eq!(v.load(), 5);
         v.engine_load = Some(1);
         assert_eq!(v.load(), 3);
+    }
+
+    /// Two routers with the same cluster counts but different own shares.
+    fn router_views(own: &[u32], cluster: &[u32]) -> Vec<EngineView> {
+        own.iter()
+            .zip(cluster)
+            .map(|(&o, &c)| {
+                let mut v = EngineView::new(1.0);
+                v.in_flight = c;
+                v.own_in_flight = o;
+                v
+            })
+            .collect()
+    }
+
+    fn first(vs: &[EngineView], own_bias: f64) -> usize {
+        ranked(vs, 9, 1, own_bias)[0]
+    }
+
+    #[test]
+    fn routers_on_the_same_late_sum_take_different_engines_by_their_own_share() {
+        // Engine 1 is the least loaded in the sum both routers see (a slot just freed); A's
+        // own requests are heavy on it, B's on engine 0. Without the bias both take engine 1;
+        // with it each takes the engine where its own share is lowest.
+        let cluster = [12, 11, 12, 12];
+        let a = router_views(&[3, 5, 4, 4], &cluster);
+        let b = router_views(&[5, 3, 4, 4], &cluster);
+        assert_eq!((first(&a, 0.0), first(&b, 0.0)), (1, 1));
+        assert_eq!(first(&a, 4.0), 0);
+        assert_eq!(first(&b, 4.0), 1);
+    }
+
+    #[test]
+    fn the_bias_yields_to_a_large_difference_in_the_sum() {
+        // Engine 0 holds 20 more requests than engine 1 (a peer's or unknown clients'): an own
+        // request more on engine 1 counts 1 + 4, less than that difference.
+        let a = router_views(&[0, 1], &[30, 10]);
+        assert_eq!(first(&a, 4.0), 1);
+        assert_eq!(first(&a, 1000.0), 0);
+    }
+
+    #[test]
+    fn alone_the_bias_changes_no_ranking() {
+        // All in flight is this router's own: (1 + bias) × load + 1 orders as load + 1.
+        let loads = [5, 1, 3, 0, 2, 2];
+        let alone = router_views(&loads, &loads);
+        for seed in 0..50 {
+            let (a, b) = (ranked(&alone, seed, 6, 0.0), ranked(&alone, seed, 6, 4.0));
+            assert_eq!(a, b, "seed {seed}");
+        }
     }
 }

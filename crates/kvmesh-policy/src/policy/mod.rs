@@ -155,8 +155,8 @@ impl Policy {
                 Reason::WeightedRoundRobin
             }
             PolicyKind::LeastRequest => {
-                let max_scan = self.cfg.least_request.max_scan;
-                load::least_request(engines, &mut rng, req.seed, filter, k, max_scan, out);
+                let lr = &self.cfg.least_request;
+                load::least_request(engines, &mut rng, req.seed, filter, k, lr, out);
                 Reason::LeastLoad
             }
             PolicyKind::PowerOfTwo => {
@@ -187,7 +187,7 @@ impl Policy {
                 r
             }
             PolicyKind::CacheAware | PolicyKind::Precise => {
-                let max_scan = self.cfg.least_request.max_scan;
+                let lr = &self.cfg.least_request;
                 match req.prefix {
                     Some(px) if px.total_blocks > 0 => prefix::cache_aware(
                         engines,
@@ -198,17 +198,17 @@ impl Policy {
                         req.seed,
                         filter,
                         k,
-                        max_scan,
+                        lr,
                         out,
                     ),
                     _ => {
-                        load::least_request(engines, &mut rng, req.seed, filter, k, max_scan, out);
+                        load::least_request(engines, &mut rng, req.seed, filter, k, lr, out);
                         Reason::PrefixNone
                     }
                 }
             }
             PolicyKind::Scored => {
-                let max_scan = self.cfg.least_request.max_scan;
+                let lr = &self.cfg.least_request;
                 match req.prefix {
                     Some(px) if px.total_blocks > 0 => scored::scored(
                         engines,
@@ -219,10 +219,10 @@ impl Policy {
                         req.seed,
                         filter,
                         k,
-                        max_scan,
+                        lr.max_scan,
                         out,
                     ),
-                    _ => load::least_request(engines, &mut rng, req.seed, filter, k, max_scan, out),
+                    _ => load::least_request(engines, &mut rng, req.seed, filter, k, lr, out),
                 }
                 Reason::Scored
             }

@@ -3,7 +3,7 @@
 
 use super::Filter;
 use super::load::{fill_least_request, load_score};
-use crate::config::{MAX_CANDIDATES, PrefixAffinityConfig};
+use crate::config::{LeastRequestConfig, MAX_CANDIDATES, PrefixAffinityConfig};
 use crate::rng::{Rng, mix64};
 use crate::view::{EngineMember, EngineSet, EngineView, PrefixInput, Reason};
 
@@ -146,8 +146,9 @@ impl TopK {
 /// engines in that order, then least-request engines. With no usable match, least request,
 /// [`Reason::PrefixOverloaded`] if a holder of `need` blocks was only excluded by the guard;
 /// a cold prompt (no holder at all) goes to its rendezvous home ([`Reason::PrefixCold`],
-/// `cold_prefix_rendezvous`), else least request ([`Reason::PrefixNone`]). O(matches + min(n, max_scan)); the scan happens only when the
-/// matched engines do not fill the `k` candidates.
+/// `cold_prefix_rendezvous`), else least request ([`Reason::PrefixNone`]). O(matches +
+/// min(n, max_scan)); the scan happens only when the matched engines do not fill the `k`
+/// candidates.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
     engines: &S,
@@ -158,7 +159,7 @@ pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
     seed: u64,
     filter: Filter,
     k: usize,
-    max_scan: usize,
+    lr: &LeastRequestConfig,
     out: &mut Vec<usize>,
 ) -> Reason {
     let n = engines.len();
@@ -206,7 +207,7 @@ pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
         Reason::PrefixMatch
     };
     out.extend(top.engines());
-    fill_least_request(engines, rng, seed, filter, k, max_scan, out);
+    fill_least_request(engines, rng, seed, filter, k, lr, out);
     reason
 }
 
