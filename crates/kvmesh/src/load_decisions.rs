@@ -65,7 +65,8 @@ impl DecisionObserver for LoadDecisions {
         let mut picked = None;
         for (i, e) in engines.iter().enumerate() {
             // Eligibility and weight as the deciding router sees them; the load as it is (the
-            // routers' counts, no engine report), scored as the policy scores it.
+            // routers' counts, no engine report) per unit of weight. Not the policy's rank:
+            // its `own_bias` is a way to reach this truth, not part of it.
             let mut v = e.view(now_us, 0.0);
             if !v.eligible {
                 continue;

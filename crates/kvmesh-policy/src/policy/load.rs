@@ -17,7 +17,7 @@ pub fn load_score(v: &EngineView) -> f64 {
 /// [`LeastRequestConfig::own_bias`].
 #[inline]
 fn least_score(v: &EngineView, own_bias: f64) -> f64 {
-    (f64::from(v.load()) + own_bias * f64::from(v.own_in_flight) + 1.0) / v.safe_weight()
+    load_score(v) + own_bias * f64::from(v.own_in_flight) / v.safe_weight()
 }
 
 /// `latency × (load + 1) / weight`: the Finagle/Linkerd peak-EWMA cost, per unit of weight.
