@@ -528,6 +528,49 @@ async fn coalescing_never_holds_back_a_lone_frame() {
     assert_eq!(engine(&gw, A).metrics.ttft.count(), 1);
 }
 
+/// The event stream's terminator ends the attempt when it passes, before the upstream body
+/// ends: the client that reads it and sends its next request never finds this one still
+/// counted in flight.
+#[tokio::test(start_paused = true)]
+async fn the_stream_s_terminator_ends_the_count_before_the_body_ends() {
+    let mock = MockUpstream::new();
+    mock.set_default(
+        A,
+        stream_reply(&[(0, "data: 1\n\n"), (0, "data: [DONE]\n\n"), (1_000, "")]),
+    );
+    // A frame that only contains the marker's text is not the end.
+    mock.set_default(B, stream_reply(&[(0, "xdata: [DONE]\n\n"), (1_000, "")]));
+    let gw = gateway(cfg(), &mock, &[A]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(data(body.frame().await), "data: 1\n\ndata: [DONE]\n\n");
+    assert_eq!(in_flight(&gw), 0, "ended with the terminator");
+    assert_eq!(
+        engine(&gw, A).metrics.e2e.count(),
+        1,
+        "accounted as a success"
+    );
+    // The rest of the body still passes, and is not counted again.
+    while let Some(f) = body.frame().await {
+        f.expect("no error");
+    }
+    assert_eq!(engine(&gw, A).metrics.e2e.count(), 1);
+    assert_eq!(in_flight(&gw), 0);
+
+    let gw = gateway(cfg(), &mock, &[B]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(data(body.frame().await), "xdata: [DONE]\n\n");
+    assert_eq!(in_flight(&gw), 1, "not an end: still in flight");
+    while let Some(f) = body.frame().await {
+        f.expect("no error");
+    }
+    assert_eq!(in_flight(&gw), 0);
+    assert_eq!(engine(&gw, B).metrics.e2e.count(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn frames_already_available_are_merged_into_one_up_to_the_bound() {
     let mock = MockUpstream::new();

@@ -7,6 +7,7 @@ use crate::gateway::Gateway;
 use crate::upstream::{BoxError, UpstreamBody};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use kvmesh_openai::SSE_DONE;
 use kvmesh_policy::{BreakerEvent, Permit};
 use kvmesh_route::{Accounting, FailKind, StreamEnd, stream_end};
 use std::future::Future;
@@ -215,6 +216,13 @@ impl TrackedBody {
     }
 }
 
+/// `data` ends with the OpenAI event stream's last event (`data: [DONE]`, after which an
+/// engine sends nothing).
+fn ends_event_stream(data: &[u8]) -> bool {
+    let done = SSE_DONE.as_bytes();
+    data.ends_with(done) && (data.len() == done.len() || data[data.len() - done.len() - 1] == b'\n')
+}
+
 impl HttpBody for TrackedBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -240,6 +248,16 @@ impl HttpBody for TrackedBody {
                         a.first_byte();
                     }
                     let data = this.coalesce(data, cx);
+                    // The answer is whole (the upstream body ends here, or the event stream's
+                    // terminator came): the attempt ends before the client can see it, so the
+                    // client's next request never finds this one still counted (one router
+                    // would see one request too many; its peers would hear of the freed slot
+                    // only after the next turn).
+                    if this.attempt.is_some()
+                        && (this.inner.is_end_stream() || ends_event_stream(&data))
+                    {
+                        this.end(StreamEnd::Complete);
+                    }
                     Poll::Ready(Some(Ok(Frame::data(data))))
                 }
                 Err(frame) => Poll::Ready(Some(Ok(frame))),
