@@ -61,6 +61,11 @@ pub struct ContenderRow {
     /// moment; `None` without such decisions.
     #[serde(default)]
     pub least_load_decisions: Option<(u64, u64)>,
+    /// Meshed routers run in this process: the age of the state envelopes they received
+    /// during the run, all routers together, as the upper bounds (ms) of the histogram buckets
+    /// holding its median and 99th percentile; `None` without a mesh.
+    #[serde(default)]
+    pub mesh_envelope_age_ms: Option<(f64, f64)>,
     /// Requests per engine (engine name → count).
     pub per_engine: Vec<(String, u64)>,
     /// Preemptions over all engines (Δ`vllm:num_preemptions_total`).
@@ -194,6 +199,8 @@ impl ContenderRow {
             inflight_spread: opt_median(runs, |r| r.inflight_spread),
             inflight_spread_p99: opt_median(runs, |r| r.inflight_spread_p99),
             least_load_decisions: sum_pairs(runs.iter().map(|r| r.least_load_decisions)),
+            mesh_envelope_age_ms: opt_median(runs, |r| r.mesh_envelope_age_ms.map(|a| a.0))
+                .zip(opt_median(runs, |r| r.mesh_envelope_age_ms.map(|a| a.1))),
             per_engine: mid.per_engine.clone(),
             preemptions: m(|r| r.preemptions),
             elapsed_s: m(|r| r.elapsed_s),
@@ -408,6 +415,22 @@ impl Report {
                 "\n`least_request` decisions that did not go to the least loaded engine by every \
                  router's own in-flight counts at that moment (all repeats): {}.",
                 judged.join("; ")
+            );
+        }
+        let ages: Vec<String> = self
+            .contenders
+            .iter()
+            .filter_map(|r| {
+                let (p50, p99) = r.mesh_envelope_age_ms?;
+                Some(format!("{} ≤ {p50} / ≤ {p99} ms", r.name))
+            })
+            .collect();
+        if !ages.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nAge of the mesh's state envelopes at the router receiving them (the buckets \
+                 holding the median / the 99th percentile, all routers, medians over repeats): {}.",
+                ages.join("; ")
             );
         }
         if !self.ratios.is_empty() {

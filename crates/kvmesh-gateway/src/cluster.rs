@@ -222,6 +222,12 @@ impl Cluster {
         (d.load, d.marks, d.registry)
     }
 
+    /// Ages of the envelopes received from peers so far (see
+    /// [`AgeHistogram`](kvmesh_mesh::core::AgeHistogram)).
+    pub fn envelope_age(&self) -> kvmesh_mesh::core::AgeHistogram {
+        lock(&self.core).counters().envelope_age.clone()
+    }
+
     /// This router's mesh address.
     pub fn addr(&self) -> Option<SocketAddr> {
         self.transport.local_addr().ok()

@@ -106,6 +106,46 @@ pub struct MeshNode {
     pub input: mpsc::Sender<Input>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
+    /// The thread the node runs on (dropped last: its runtime stops with it).
+    thread: Option<NodeThread>,
+}
+
+/// The node's own thread and single-threaded runtime: the node's wake-ups (a peer's count
+/// arriving, one of ours to send) never queue behind the router's request work on the
+/// router's runtime, so a count reaches the peers in about the same time at any request
+/// load. Dropping it stops the runtime (the node's tasks end where they are).
+struct NodeThread {
+    handle: tokio::runtime::Handle,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl NodeThread {
+    fn spawn(name: &str) -> std::io::Result<NodeThread> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = rt.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("mesh-{name}"))
+            .spawn(move || {
+                rt.block_on(async {
+                    let _ = stopped.await;
+                });
+            })?;
+        Ok(NodeThread {
+            handle,
+            stop: Some(stop),
+        })
+    }
+}
+
+impl Drop for NodeThread {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
 }
 
 fn lock(m: &Mutex<MeshCore>) -> MutexGuard<'_, MeshCore> {
@@ -148,9 +188,31 @@ fn feed(core: &mut MeshCore, i: Input, now: u64) {
 
 impl MeshNode {
     /// Binds `listen`, starts the node as `name` (its incarnation: the start time, so a
-    /// restart wins over the old identity) and returns it with the receiver of the changes
-    /// the router must apply.
+    /// restart wins over the old identity) on a thread of its own (see [`NodeThread`]) and
+    /// returns it with the receiver of the changes the router must apply.
     pub async fn start(
+        name: &str,
+        listen: SocketAddr,
+        tls: &NodeTls,
+        seeds: Seeds,
+        cfg: CoreConfig,
+        now: NowFn,
+        link: Option<LoadLink>,
+    ) -> Result<(MeshNode, mpsc::Receiver<Apply>), TransportError> {
+        let thread = NodeThread::spawn(name)?;
+        let (name, tls) = (name.to_string(), tls.clone());
+        let started = thread.handle.spawn(async move {
+            MeshNode::start_here(&name, listen, &tls, seeds, cfg, now, link).await
+        });
+        let (mut node, applies) = started
+            .await
+            .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))??;
+        node.thread = Some(thread);
+        Ok((node, applies))
+    }
+
+    /// [`MeshNode::start`] on the current runtime.
+    async fn start_here(
         name: &str,
         listen: SocketAddr,
         tls: &NodeTls,
@@ -297,6 +359,7 @@ impl MeshNode {
                 input,
                 stop: Some(stop),
                 task,
+                thread: None,
             },
             applies,
         ))
@@ -311,11 +374,10 @@ impl MeshNode {
         self.transport.close().await;
     }
 
-    /// Stops without telling anyone (a crash, for tests): the others must detect it.
+    /// Stops without telling anyone (a crash, for tests): the others must detect it. Its
+    /// runtime stops with it: nothing reads or answers on its socket any more.
     pub fn kill(self) {
         self.task.abort();
-        let t = self.transport.clone();
-        tokio::spawn(async move { t.close().await });
     }
 }
 

@@ -14,7 +14,7 @@ pub struct EngineView {
     /// Effective weight: base weight × automatic factor × slow-start factor. Must be > 0
     /// (anything smaller is treated as 1e-9).
     pub weight: f64,
-    /// Requests in flight to it, counted by the routers until the end of each stream (this
+    /// Requests in flight to it, counted by the routers until the end of each answer (this
     /// router's own, plus peers' once the mesh shares them).
     pub in_flight: u32,
     /// This router's own part of `in_flight`: the requests it knows of at once, where its

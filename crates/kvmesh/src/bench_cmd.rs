@@ -508,7 +508,9 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     };
                     let sampler = fleet::in_flight_sampler(&routers, &urls, SAMPLE_EVERY);
                     let decisions = LoadDecisions::watch(&routers);
+                    let ages = fleet::envelope_ages(&routers);
                     let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls, p.prompts, sampler).await;
+                    let age = fleet::envelope_age_since(&routers, &ages);
                     fleet::shutdown_routers(routers).await;
                     let mut row = match row {
                         Ok(r) => r,
@@ -523,6 +525,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     row.mesh = mesh;
                     row.repeat = Some(rep);
                     row.least_load_decisions = decisions.map(|d| d.counts()).filter(|c| c.0 > 0);
+                    row.mesh_envelope_age_ms = age;
                     eprintln!(
                         "repeat {rep} {}: {:.0} out tok/s, hit {:.1}%, TTFT p99 {:.0} ms, in flight max/mean {}, {} errors",
                         row.name, row.output_tokens_per_s, row.hit_rate * 100.0, row.ttft_p99_ms,

@@ -261,6 +261,33 @@ pub fn in_flight_sampler(
     }))
 }
 
+/// Every meshed router's histogram of the ages of the state envelopes it received (empty
+/// without a mesh).
+pub fn envelope_ages(routers: &[GatewayServer]) -> Vec<kvmesh_mesh::core::AgeHistogram> {
+    routers
+        .iter()
+        .filter_map(|r| r.cluster.as_ref().map(|c| c.envelope_age()))
+        .collect()
+}
+
+/// The routers' envelope ages since `before` ([`envelope_ages`] of the same routers), all
+/// together: the upper bounds (ms) of the buckets holding the median and the 99th percentile
+/// (infinite past the last bound); `None` without a mesh or without envelopes.
+pub fn envelope_age_since(
+    routers: &[GatewayServer],
+    before: &[kvmesh_mesh::core::AgeHistogram],
+) -> Option<(f64, f64)> {
+    let mut all = kvmesh_mesh::core::AgeHistogram::default();
+    for (now, then) in envelope_ages(routers).iter().zip(before) {
+        all.add(&now.since(then));
+    }
+    let q = |x: f64| {
+        all.quantile_bound_us(x)
+            .map_or(f64::INFINITY, |us| us as f64 / 1e3)
+    };
+    (all.count() > 0).then(|| (q(0.5), q(0.99)))
+}
+
 /// The engines' prefix-cache and preemption counters, summed.
 pub async fn counters(engine_urls: &[String]) -> Result<EngineCounters, String> {
     kvmesh_bench::engine_counters(engine_urls, Duration::from_secs(10)).await

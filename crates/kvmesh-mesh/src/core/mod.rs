@@ -14,6 +14,7 @@
 //! * a member that joins gets this node's whole state at once; a joining node is warm (ready)
 //!   at the first whole state it receives, or after `warm_bound_us`.
 
+mod age;
 mod feeds;
 mod gossip;
 mod members;
@@ -28,6 +29,7 @@ use kvmesh_state::{
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
+pub use age::{AGE_BOUNDS_US, AgeHistogram};
 pub use gossip::DELTAS_PER_ENVELOPE;
 
 /// How a node behaves (the router's `[serve.mesh]` section fills it).
@@ -156,6 +158,8 @@ pub struct CoreCounters {
     /// Speculative marks kept local (their engine's feed is in sync: see
     /// [`MeshCore::local_mark`]).
     pub marks_kept: u64,
+    /// Ages of the envelopes received from peers.
+    pub envelope_age: AgeHistogram,
 }
 
 /// Per peer: when its last envelope arrived and how old it was.
@@ -434,11 +438,13 @@ impl MeshCore {
         if env.from == self.me {
             return;
         }
+        let lag_us = now_us as i64 - env.sent_us as i64;
+        self.counters.envelope_age.observe(lag_us);
         self.lag.insert(
             env.from,
             PeerLag {
                 last_us: now_us,
-                lag_us: now_us as i64 - env.sent_us as i64,
+                lag_us,
             },
         );
         for d in env.deltas {
