@@ -247,6 +247,7 @@ async fn meshed_routers_share_marks_load_and_engines() {
     };
     assert_eq!(value("kvmesh_mesh_members{state=\"alive\"} "), 2.0);
     assert!(value("kvmesh_mesh_envelopes_total{direction=\"received\"}") > 0.0);
+    assert!(value("kvmesh_mesh_envelope_age_seconds_count") > 0.0);
     assert!(value("kvmesh_mesh_bytes_total{class=\"state\",direction=\"received\"}") > 0.0);
     assert!(value("kvmesh_mesh_bytes_total{class=\"swim\",direction=\"sent\"}") > 0.0);
     assert_eq!(

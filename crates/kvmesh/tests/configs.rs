@@ -396,6 +396,7 @@ async fn the_dashboard_queries_only_exported_metrics_and_the_probes_answer() {
         "kvmesh_engine_ttft_seconds_bucket",
         "kvmesh_engine_in_flight",
         "kvmesh_mesh_delta_lag_seconds",
+        "kvmesh_mesh_envelope_age_seconds_bucket",
         "kvmesh_mesh_bytes_total",
         "kvmesh_mesh_members",
         "kvmesh_engine_breaker_state",
