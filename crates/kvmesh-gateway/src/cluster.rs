@@ -24,6 +24,7 @@ use kvmesh_mesh::core::{Apply, CoreConfig, MeshCore};
 use kvmesh_mesh::membership::MeshId;
 use kvmesh_mesh::node::{Input, LoadLink, MeshNode, NowFn, Seeds};
 use kvmesh_mesh::transport::Transport;
+use kvmesh_metrics::Histogram;
 use kvmesh_prefix::{BlockKey, EngineId, IndexOp, IndexSink, OpVersion, Target};
 use kvmesh_state::{EngineRecord, NodeId, WireOp};
 use std::collections::BTreeSet;
@@ -47,6 +48,8 @@ pub struct Cluster {
     input: mpsc::Sender<Input>,
     members: tokio::sync::watch::Receiver<Vec<MeshId>>,
     transport: Arc<Transport>,
+    /// Ages of the envelopes received (the node's histogram, read without locking it).
+    envelope_age: Arc<Histogram>,
     /// Holds the cluster's state; `/health` says ready only then.
     warm: AtomicBool,
     /// Marks not sent because the mesh's input was full (anti-entropy repairs them).
@@ -177,7 +180,10 @@ impl Cluster {
         .await
         .map_err(|e| format!("mesh: {e}"))?;
         let dropped = Arc::new(AtomicU64::new(0));
-        let warm = lock(&node.core).is_warm();
+        let (warm, envelope_age) = {
+            let core = lock(&node.core);
+            (core.is_warm(), core.envelope_age().clone())
+        };
         let c = Arc::new(Cluster {
             me: NodeId::from_name(&cfg.node_id),
             name: cfg.node_id.clone(),
@@ -185,6 +191,7 @@ impl Cluster {
             input: node.input.clone(),
             members: node.members.clone(),
             transport: node.transport.clone(),
+            envelope_age,
             node: Mutex::new(Some(node)),
             warm: AtomicBool::new(warm),
             dropped_marks: dropped.clone(),
@@ -222,10 +229,9 @@ impl Cluster {
         (d.load, d.marks, d.registry)
     }
 
-    /// Ages of the envelopes received from peers so far (see
-    /// [`AgeHistogram`](kvmesh_mesh::core::AgeHistogram)).
-    pub fn envelope_age(&self) -> kvmesh_mesh::core::AgeHistogram {
-        lock(&self.core).counters().envelope_age.clone()
+    /// Ages of the envelopes received from peers (see [`MeshCore::envelope_age`]).
+    pub fn envelope_age(&self) -> &Arc<Histogram> {
+        &self.envelope_age
     }
 
     /// This router's mesh address.

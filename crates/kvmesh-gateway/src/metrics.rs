@@ -232,7 +232,8 @@ fn single(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: Value) -> 
     put(&mut m, &v)
 }
 
-fn histogram(
+/// A histogram family: one series per label set.
+pub(crate) fn histogram(
     enc: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,

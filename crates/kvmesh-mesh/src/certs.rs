@@ -154,17 +154,6 @@ pub struct NodeTls {
     pub key: PrivateKeyDer<'static>,
 }
 
-impl Clone for NodeTls {
-    fn clone(&self) -> Self {
-        NodeTls {
-            name: self.name.clone(),
-            ca: self.ca.clone(),
-            chain: self.chain.clone(),
-            key: self.key.clone_key(),
-        }
-    }
-}
-
 impl NodeTls {
     /// From PEM text.
     pub fn from_pem(

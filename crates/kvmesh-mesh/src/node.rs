@@ -106,8 +106,8 @@ pub struct MeshNode {
     pub input: mpsc::Sender<Input>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
-    /// The thread the node runs on (dropped last: its runtime stops with it).
-    thread: Option<NodeThread>,
+    /// The thread the node runs on (held for its drop: the runtime stops with the node).
+    _thread: NodeThread,
 }
 
 /// The node's own thread and single-threaded runtime: the node's wake-ups (a peer's count
@@ -188,7 +188,7 @@ fn feed(core: &mut MeshCore, i: Input, now: u64) {
 
 impl MeshNode {
     /// Binds `listen`, starts the node as `name` (its incarnation: the start time, so a
-    /// restart wins over the old identity) on a thread of its own (see [`NodeThread`]) and
+    /// restart wins over the old identity) on a thread of its own (see `NodeThread`) and
     /// returns it with the receiver of the changes the router must apply.
     pub async fn start(
         name: &str,
@@ -200,27 +200,9 @@ impl MeshNode {
         link: Option<LoadLink>,
     ) -> Result<(MeshNode, mpsc::Receiver<Apply>), TransportError> {
         let thread = NodeThread::spawn(name)?;
-        let (name, tls) = (name.to_string(), tls.clone());
-        let started = thread.handle.spawn(async move {
-            MeshNode::start_here(&name, listen, &tls, seeds, cfg, now, link).await
-        });
-        let (mut node, applies) = started
-            .await
-            .map_err(|e| TransportError::Io(std::io::Error::other(e.to_string())))??;
-        node.thread = Some(thread);
-        Ok((node, applies))
-    }
-
-    /// [`MeshNode::start`] on the current runtime.
-    async fn start_here(
-        name: &str,
-        listen: SocketAddr,
-        tls: &NodeTls,
-        seeds: Seeds,
-        cfg: CoreConfig,
-        now: NowFn,
-        link: Option<LoadLink>,
-    ) -> Result<(MeshNode, mpsc::Receiver<Apply>), TransportError> {
+        // Everything the node starts (the endpoint's driver, its tasks) runs on its thread.
+        let handle = thread.handle.clone();
+        let _on_thread = handle.enter();
         let (transport, mut inbound) = Transport::bind(listen, tls, 4096)?;
         let addr = transport.local_addr()?;
         let t0 = now();
@@ -359,7 +341,7 @@ impl MeshNode {
                 input,
                 stop: Some(stop),
                 task,
-                thread: None,
+                _thread: thread,
             },
             applies,
         ))

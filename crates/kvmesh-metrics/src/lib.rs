@@ -19,6 +19,7 @@ pub const MICRO_BUCKETS: &[f64] = &[
 ];
 
 /// A histogram with fixed upper bounds, observed in microseconds, rendered in seconds.
+#[derive(Debug)]
 pub struct Histogram {
     bounds: &'static [f64],
     counts: Box<[AtomicU64]>,
@@ -95,6 +96,20 @@ impl Histogram {
         let inside: u64 = v.iter().map(|x| x.1).sum();
         v.push((f64::INFINITY, self.count().saturating_sub(inside)));
         v
+    }
+
+    /// Adds `other`'s observations (a histogram over the same bounds: several sources as
+    /// one). Buckets past `self`'s bounds count only in the total.
+    pub fn merge_from(&self, other: &Histogram) {
+        debug_assert_eq!(
+            self.bounds, other.bounds,
+            "merging histograms of other bounds"
+        );
+        for (c, o) in self.counts.iter().zip(other.counts.iter()) {
+            c.fetch_add(o.load(Relaxed), Relaxed);
+        }
+        self.count.fetch_add(other.count(), Relaxed);
+        self.sum_us.fetch_add(other.sum_us.load(Relaxed), Relaxed);
     }
 
     /// Forgets every observation (a rolling window starting anew).
@@ -180,6 +195,11 @@ mod tests {
         assert_eq!(h.quantile_bound(0.3), Some(0.1));
         assert_eq!(Histogram::new(&[1.0]).quantile_bound(0.99), None);
         assert_eq!(h.buckets(), vec![(0.1, 1), (1.0, 1), (f64::INFINITY, 1)]);
+        let all = Histogram::new(&[0.1, 1.0]);
+        all.merge_from(&h);
+        all.merge_from(&h);
+        assert_eq!(all.buckets(), vec![(0.1, 2), (1.0, 2), (f64::INFINITY, 2)]);
+        assert_eq!(all.sum_secs(), 2.0 * h.sum_secs());
         h.reset();
         assert_eq!(h.count(), 0);
         assert_eq!(h.quantile_bound(0.5), None);

@@ -508,9 +508,9 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
                     };
                     let sampler = fleet::in_flight_sampler(&routers, &urls, SAMPLE_EVERY);
                     let decisions = LoadDecisions::watch(&routers);
-                    let ages = fleet::envelope_ages(&routers);
+                    fleet::reset_envelope_ages(&routers);
                     let row = measure(&p, &name, fleet::targets(&routers, &urls), &urls, p.prompts, sampler).await;
-                    let age = fleet::envelope_age_since(&routers, &ages);
+                    let age = fleet::envelope_age(&routers);
                     fleet::shutdown_routers(routers).await;
                     let mut row = match row {
                         Ok(r) => r,

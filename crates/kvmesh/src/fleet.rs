@@ -261,31 +261,24 @@ pub fn in_flight_sampler(
     }))
 }
 
-/// Every meshed router's histogram of the ages of the state envelopes it received (empty
-/// without a mesh).
-pub fn envelope_ages(routers: &[GatewayServer]) -> Vec<kvmesh_mesh::core::AgeHistogram> {
-    routers
-        .iter()
-        .filter_map(|r| r.cluster.as_ref().map(|c| c.envelope_age()))
-        .collect()
+/// Forgets what the meshed routers' histograms of envelope ages hold so far (the mesh's
+/// forming), so that [`envelope_age`] covers what follows.
+pub fn reset_envelope_ages(routers: &[GatewayServer]) {
+    for c in routers.iter().filter_map(|r| r.cluster.as_ref()) {
+        c.envelope_age().reset();
+    }
 }
 
-/// The routers' envelope ages since `before` ([`envelope_ages`] of the same routers), all
-/// together: the upper bounds (ms) of the buckets holding the median and the 99th percentile
-/// (infinite past the last bound); `None` without a mesh or without envelopes.
-pub fn envelope_age_since(
-    routers: &[GatewayServer],
-    before: &[kvmesh_mesh::core::AgeHistogram],
-) -> Option<(f64, f64)> {
-    let mut all = kvmesh_mesh::core::AgeHistogram::default();
-    for (now, then) in envelope_ages(routers).iter().zip(before) {
-        all.add(&now.since(then));
+/// The ages of the state envelopes the meshed routers received, all together: the upper
+/// bounds (ms) of the buckets holding the median and the 99th percentile (the last bound,
+/// 1 s, for ages beyond it); `None` without a mesh or without envelopes.
+pub fn envelope_age(routers: &[GatewayServer]) -> Option<(f64, f64)> {
+    let all = kvmesh_metrics::Histogram::new(kvmesh_mesh::core::ENVELOPE_AGE_BUCKETS);
+    for c in routers.iter().filter_map(|r| r.cluster.as_ref()) {
+        all.merge_from(c.envelope_age());
     }
-    let q = |x: f64| {
-        all.quantile_bound_us(x)
-            .map_or(f64::INFINITY, |us| us as f64 / 1e3)
-    };
-    (all.count() > 0).then(|| (q(0.5), q(0.99)))
+    let q = |x: f64| all.quantile_bound(x).map(|s| s * 1e3);
+    q(0.5).zip(q(0.99))
 }
 
 /// The engines' prefix-cache and preemption counters, summed.

@@ -2,6 +2,8 @@
 
 use super::{Cluster, lock};
 use kvmesh_mesh::transport::{CLASSES, Counters};
+use kvmesh_metrics::Histogram;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 /// `GET /admin/cluster`: members with their lag, digests, counters, bytes by traffic class,
@@ -96,7 +98,7 @@ struct MeshMetrics {
     members: i64,
     owned: i64,
     max_lag_s: f64,
-    age: kvmesh_mesh::core::AgeHistogram,
+    age: Arc<Histogram>,
     counters: [(&'static str, &'static str, u64); 8],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
@@ -117,7 +119,7 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
         members,
         owned,
         max_lag_s,
-        age: k.envelope_age.clone(),
+        age: c.envelope_age().clone(),
         counters: [
             (
                 "kvmesh_mesh_anti_entropy_rounds",
@@ -195,18 +197,12 @@ impl prometheus_client::collector::Collector for MeshMetrics {
             Gauge,
         )?;
         m.encode_gauge(&self.max_lag_s)?;
-        let mut m = enc.encode_descriptor(
+        crate::metrics::histogram(
+            &mut enc,
             "kvmesh_mesh_envelope_age_seconds",
             "Age of each state envelope received from a member, at its handling here (the \
              sender's clock at sending against this router's; includes clock skew)",
-            None,
-            prometheus_client::metrics::MetricType::Histogram,
-        )?;
-        m.encode_histogram::<NoLabelSet>(
-            self.age.sum_us as f64 / 1e6,
-            self.age.count(),
-            &self.age.buckets_secs(),
-            None,
+            &[(&[], &self.age)],
         )?;
         let mut m = enc.encode_descriptor(
             "kvmesh_mesh_envelopes",

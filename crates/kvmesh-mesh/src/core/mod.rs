@@ -14,7 +14,6 @@
 //! * a member that joins gets this node's whole state at once; a joining node is warm (ready)
 //!   at the first whole state it receives, or after `warm_bound_us`.
 
-mod age;
 mod feeds;
 mod gossip;
 mod members;
@@ -22,15 +21,21 @@ pub mod sim;
 
 use crate::membership::{Membership, MeshId};
 use bytes::Bytes;
+use kvmesh_metrics::Histogram;
 use kvmesh_state::{
     Control, Delta, EngineRecord, FeedApply, FeedIn, FeedOut, FeedSnapshot, LoadMap, MarkDelta,
     MarkMap, NodeId, RegistrySet, StateDigest,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-pub use age::{AGE_BOUNDS_US, AgeHistogram};
 pub use gossip::DELTAS_PER_ENVELOPE;
+
+/// Buckets (seconds) of [`MeshCore::envelope_age`]: 25 µs to 1 s.
+pub const ENVELOPE_AGE_BUCKETS: &[f64] = &[
+    25e-6, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0,
+];
 
 /// How a node behaves (the router's `[serve.mesh]` section fills it).
 #[derive(Debug, Clone)]
@@ -158,8 +163,6 @@ pub struct CoreCounters {
     /// Speculative marks kept local (their engine's feed is in sync: see
     /// [`MeshCore::local_mark`]).
     pub marks_kept: u64,
-    /// Ages of the envelopes received from peers.
-    pub envelope_age: AgeHistogram,
 }
 
 /// Per peer: when its last envelope arrived and how old it was.
@@ -213,6 +216,7 @@ pub struct MeshCore {
     lag: BTreeMap<NodeId, PeerLag>,
     out: Vec<Output>,
     counters: CoreCounters,
+    envelope_age: Arc<Histogram>,
 }
 
 impl MeshCore {
@@ -249,6 +253,7 @@ impl MeshCore {
             lag: BTreeMap::new(),
             out: Vec::new(),
             counters: CoreCounters::default(),
+            envelope_age: Arc::new(Histogram::new(ENVELOPE_AGE_BUCKETS)),
         }
     }
 
@@ -270,6 +275,13 @@ impl MeshCore {
     /// Holds the cluster's state (see the module docs).
     pub fn is_warm(&self) -> bool {
         self.warm
+    }
+
+    /// Ages of the envelopes received from peers, at their handling here (the sender's clock
+    /// at sending against this node's): how late peers' counts and marks arrive. Shared, so
+    /// that it can be read without the node.
+    pub fn envelope_age(&self) -> &Arc<Histogram> {
+        &self.envelope_age
     }
 
     /// Counters.
@@ -439,7 +451,9 @@ impl MeshCore {
             return;
         }
         let lag_us = now_us as i64 - env.sent_us as i64;
-        self.counters.envelope_age.observe(lag_us);
+        // A negative age (clock skew) counts as 0.
+        self.envelope_age
+            .observe_us(u64::try_from(lag_us).unwrap_or(0));
         self.lag.insert(
             env.from,
             PeerLag {

@@ -1,0 +1,255 @@
+//! The engine's body streamed through to the client (`TrackedBody`): cancellation when the
+//! client leaves, a break mid-stream, coalescing of the frames already there, and the end of
+//! the count at the stream's end — on tokio's paused time with a scripted upstream.
+
+use super::*;
+
+/// A streamed reply: each chunk after its delay (ms).
+fn stream_reply(chunks: &[(u64, &str)]) -> MockReply {
+    MockReply::Respond {
+        head_after: Duration::ZERO,
+        status: 200,
+        chunks: chunks
+            .iter()
+            .map(|(ms, s)| {
+                (
+                    Duration::from_millis(*ms),
+                    Ok(Bytes::copy_from_slice(s.as_bytes())),
+                )
+            })
+            .collect(),
+    }
+}
+
+fn data(f: Option<Result<hyper::body::Frame<Bytes>, crate::upstream::BoxError>>) -> Bytes {
+    f.expect("a frame")
+        .expect("no error")
+        .into_data()
+        .expect("a data frame")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_mid_stream_cancels_upstream_and_releases_the_engine() {
+    let mock = MockUpstream::new();
+    let chunk = |ms, s: &str| {
+        (
+            Duration::from_millis(ms),
+            Ok(Bytes::copy_from_slice(s.as_bytes())),
+        )
+    };
+    mock.set_default(
+        A,
+        MockReply::Respond {
+            head_after: Duration::from_millis(5),
+            status: 200,
+            chunks: vec![chunk(1, "data: 1\n\n"), chunk(1_000, "data: 2\n\n")],
+        },
+    );
+    let gw = gateway(cfg(), &mock, &[A]);
+    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
+    assert_eq!(r.status(), 200);
+    let mut body = r.into_body();
+    let first = body.frame().await.expect("a frame").expect("data");
+    assert_eq!(first.into_data().expect("data"), "data: 1\n\n");
+    assert_eq!(in_flight(&gw), 1, "counted until the end of the stream");
+    assert_eq!(mock.live_bodies(), 1);
+    drop(body); // the client goes away
+    assert_eq!(
+        mock.live_bodies(),
+        0,
+        "the upstream body is dropped: the engine aborts"
+    );
+    assert_eq!(in_flight(&gw), 0);
+    let a = engine(&gw, A);
+    assert!(
+        a.metrics
+            .errors
+            .iter()
+            .all(|e| e.load(Ordering::Relaxed) == 0)
+    );
+    assert_eq!(
+        a.tracker().breaker().state(gw.clock.now_us()),
+        BreakerState::Closed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_breaks_mid_stream_is_a_failure_not_a_retry() {
+    let mock = MockUpstream::new();
+    mock.set_default(
+        A,
+        MockReply::Respond {
+            head_after: Duration::ZERO,
+            status: 200,
+            chunks: vec![
+                (Duration::ZERO, Ok(Bytes::from_static(b"data: 1\n\n"))),
+                (Duration::from_millis(3), Err("reset".into())),
+            ],
+        },
+    );
+    mock.set_default(B, MockReply::ok(200, "{}"));
+    let gw = gateway(cfg(), &mock, &[A, B]);
+    engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
+    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.into_body().collect().await.is_err(),
+        "the client sees the break"
+    );
+    engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    assert_eq!(errors(&gw, A, FailKind::Stream), 1);
+    assert_eq!(
+        mock.calls().len(),
+        1,
+        "bytes reached the client: never retried"
+    );
+    assert_eq!(in_flight(&gw), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn coalescing_never_holds_back_a_lone_frame() {
+    use futures::FutureExt;
+    let mock = MockUpstream::new();
+    mock.set_default(
+        A,
+        stream_reply(&[
+            (0, "data: 1\n\n"),
+            (1_000, "data: 2\n\n"),
+            (0, "data: [DONE]\n\n"),
+        ]),
+    );
+    let gw = gateway(cfg(), &mock, &[A]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    // Polled once, without waiting for anything (no timer runs, the clock does not move):
+    // the frame in hand is delivered while the upstream still holds the next one back.
+    let first = body
+        .frame()
+        .now_or_never()
+        .expect("the lone frame is delivered at the first poll");
+    assert_eq!(data(first), "data: 1\n\n");
+    assert_eq!(
+        engine(&gw, A).metrics.ttft.count(),
+        1,
+        "TTFT at the first frame"
+    );
+    assert!(
+        body.frame().now_or_never().is_none(),
+        "nothing else is available yet: the body is pending"
+    );
+    // The next frame and the closing one become available together: one write.
+    assert_eq!(data(body.frame().await), "data: 2\n\ndata: [DONE]\n\n");
+    assert!(body.frame().await.is_none());
+    assert_eq!(in_flight(&gw), 0);
+    assert_eq!(
+        engine(&gw, A).metrics.e2e.count(),
+        1,
+        "accounted as a success"
+    );
+    assert_eq!(engine(&gw, A).metrics.ttft.count(), 1);
+}
+
+/// The event stream's terminator ends the attempt when it passes, before the upstream body
+/// ends: the client that reads it and sends its next request never finds this one still
+/// counted in flight.
+#[tokio::test(start_paused = true)]
+async fn the_stream_s_terminator_ends_the_count_before_the_body_ends() {
+    let mock = MockUpstream::new();
+    mock.set_default(
+        A,
+        stream_reply(&[(0, "data: 1\n\n"), (0, "data: [DONE]\n\n"), (1_000, "")]),
+    );
+    // A frame that only contains the marker's text is not the end.
+    mock.set_default(B, stream_reply(&[(0, "xdata: [DONE]\n\n"), (1_000, "")]));
+    let gw = gateway(cfg(), &mock, &[A]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(data(body.frame().await), "data: 1\n\ndata: [DONE]\n\n");
+    assert_eq!(in_flight(&gw), 0, "ended with the terminator");
+    assert_eq!(
+        engine(&gw, A).metrics.e2e.count(),
+        1,
+        "accounted as a success"
+    );
+    // The rest of the body still passes, and is not counted again.
+    while let Some(f) = body.frame().await {
+        f.expect("no error");
+    }
+    assert_eq!(engine(&gw, A).metrics.e2e.count(), 1);
+    assert_eq!(in_flight(&gw), 0);
+
+    let gw = gateway(cfg(), &mock, &[B]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(data(body.frame().await), "xdata: [DONE]\n\n");
+    assert_eq!(in_flight(&gw), 1, "not an end: still in flight");
+    while let Some(f) = body.frame().await {
+        f.expect("no error");
+    }
+    assert_eq!(in_flight(&gw), 0);
+    assert_eq!(engine(&gw, B).metrics.e2e.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn frames_already_available_are_merged_into_one_up_to_the_bound() {
+    let mock = MockUpstream::new();
+    let frames: Vec<String> = (0..16).map(|i| format!("data: {i}\n\n")).collect();
+    let script: Vec<(u64, &str)> = frames.iter().map(|f| (0, f.as_str())).collect();
+    mock.set_default(A, stream_reply(&script));
+    let big = "x".repeat(40 * 1024);
+    mock.set_default(B, stream_reply(&[(0, &big), (0, &big), (0, &big)]));
+    let gw = gateway(cfg(), &mock, &[A]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(
+        data(body.frame().await),
+        frames.concat(),
+        "one frame for the burst"
+    );
+    assert!(body.frame().await.is_none());
+    assert_eq!(in_flight(&gw), 0);
+    assert_eq!(engine(&gw, A).metrics.e2e.count(), 1);
+
+    // Past the bound (64 KiB), the rest goes in the next write.
+    let gw = gateway(cfg(), &mock, &[B]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(data(body.frame().await).len(), 80 * 1024);
+    assert_eq!(data(body.frame().await).len(), 40 * 1024);
+    assert!(body.frame().await.is_none());
+    assert_eq!(engine(&gw, B).metrics.e2e.count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_met_while_coalescing_follows_the_data_and_is_a_failure() {
+    let mock = MockUpstream::new();
+    mock.set_default(
+        A,
+        MockReply::Respond {
+            head_after: Duration::ZERO,
+            status: 200,
+            chunks: vec![
+                (Duration::ZERO, Ok(Bytes::from_static(b"data: 1\n\n"))),
+                (Duration::ZERO, Ok(Bytes::from_static(b"data: 2\n\n"))),
+                (Duration::ZERO, Err("reset".into())),
+            ],
+        },
+    );
+    let gw = gateway(cfg(), &mock, &[A]);
+    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+        .await
+        .into_body();
+    assert_eq!(data(body.frame().await), "data: 1\n\ndata: 2\n\n");
+    assert!(
+        !hyper::body::Body::is_end_stream(&body),
+        "never an end while the error waits"
+    );
+    assert!(matches!(body.frame().await, Some(Err(_))), "then the break");
+    assert_eq!(errors(&gw, A, FailKind::Stream), 1);
+    assert_eq!(in_flight(&gw), 0);
+}
