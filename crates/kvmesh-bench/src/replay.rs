@@ -49,6 +49,23 @@ pub struct ReplayOptions {
     /// holding a keep-alive connection would); `false`: every request goes to the next
     /// target (a conversation's turns through different routers: the mesh's hard case).
     pub sticky_clients: bool,
+    /// Closed loop: a client's mean pause after each request (a user reading the answer, an
+    /// agent running a tool) before it sends the next; each pause is drawn uniformly from
+    /// `[0, 2 × think]`, fixed by the job. Zero: the next request leaves as soon as the answer
+    /// has ended (the default; every turn of the fleet's clients then follows an engine's
+    /// decode step at once).
+    pub think: Duration,
+}
+
+/// The pause after job `id` for a mean of `think`: uniform in `[0, 2 × think]`, the same in
+/// every run of the job set.
+pub fn think_pause(think: Duration, id: u64) -> Duration {
+    let span = think.as_micros().saturating_mul(2) as u64;
+    if span == 0 {
+        return Duration::ZERO;
+    }
+    let draw = kvmesh_policy::mix64(id ^ 0x7417_C0DE) % (span + 1);
+    Duration::from_micros(draw)
 }
 
 /// The outcome of one request.
@@ -131,6 +148,10 @@ pub async fn replay(
                             failed |= r.error.is_some();
                             progress();
                             out.push(r);
+                            let pause = think_pause(opts.think, job.id);
+                            if !failed && !pause.is_zero() {
+                                tokio::time::sleep(pause).await;
+                            }
                         }
                     }
                     out
@@ -316,4 +337,27 @@ pub async fn post_empty(url: &str, timeout: Duration) -> Result<(), String> {
     })
     .await
     .map_err(|_| format!("{url}: timeout after {timeout:?}"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::think_pause;
+    use std::time::Duration;
+
+    #[test]
+    fn think_pauses_are_fixed_by_the_job_and_average_the_mean() {
+        assert_eq!(think_pause(Duration::ZERO, 7), Duration::ZERO);
+        let think = Duration::from_millis(20);
+        assert_eq!(think_pause(think, 7), think_pause(think, 7));
+        let n = 20_000u64;
+        let pauses: Vec<Duration> = (0..n).map(|id| think_pause(think, id)).collect();
+        assert!(pauses.iter().all(|p| *p <= 2 * think));
+        let mean = pauses.iter().sum::<Duration>() / n as u32;
+        assert!(
+            mean > Duration::from_millis(19) && mean < Duration::from_millis(21),
+            "mean pause {mean:?} for a mean of {think:?}"
+        );
+        assert!(pauses.iter().any(|p| *p < Duration::from_millis(1)));
+        assert!(pauses.iter().any(|p| *p > Duration::from_millis(39)));
+    }
 }

@@ -26,6 +26,9 @@ pub struct BenchSettings {
     pub shared_prefix: SharedPrefixWorkload,
     /// Closed loop: conversations in flight at once.
     pub concurrency: usize,
+    /// Closed loop: a client's mean pause after each request before its next, ms (each pause
+    /// uniform in `[0, 2 ×` this`]`, fixed by the job); 0 = the next turn leaves at once.
+    pub think_ms: u64,
     /// KV-cache blocks per engine for the trace (its prompts are long: 15k tokens on average;
     /// prompt + completion above `blocks × 16` tokens are skipped, counted).
     pub trace_kv_blocks: u32,
@@ -69,6 +72,7 @@ impl BenchSettings {
                 seed: 1,
             },
             concurrency: 32,
+            think_ms: 0,
             trace_kv_blocks: 8_000,
             trace_requests: 60,
             trace_speedup: 0.8,

@@ -105,6 +105,8 @@ pub struct BenchArgs {
     pub repeats: Option<u32>,
     #[arg(long, help = format!("Closed loop: conversations at once [default: {} quick, {} full]", q().concurrency, f().concurrency))]
     pub concurrency: Option<usize>,
+    #[arg(long, value_name = "MS", help = format!("Closed loop: a client's mean pause after each request before its next, ms (each pause uniform in [0, 2 × MS], fixed by the job; 0 = at once) [default: {}]", q().think_ms))]
+    pub think_ms: Option<u64>,
     #[arg(long, help = format!("Engines' time scale [default: {}]", q().time_scale))]
     pub time_scale: Option<f64>,
     #[arg(long, help = format!("Trace lines / overhead requests [default: {}/{} quick, {}/{} full]", q().trace_requests, q().overhead_requests, f().trace_requests, f().overhead_requests))]
@@ -139,6 +141,7 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     s.repeats = a.repeats.unwrap_or(s.repeats).max(1);
     s.seed = a.seed.unwrap_or(s.seed);
     s.concurrency = a.concurrency.unwrap_or(s.concurrency).max(1);
+    s.think_ms = a.think_ms.unwrap_or(s.think_ms);
     s.time_scale = a.time_scale.unwrap_or(s.time_scale);
     s.trace_speedup = a.speedup.unwrap_or(s.trace_speedup);
     s.shared_prefix.seed = s.seed;
@@ -312,6 +315,7 @@ fn replay_opts(p: &Plan) -> ReplayOptions {
         request_timeout: Duration::from_secs(p.s.request_timeout_s),
         deadline: Duration::from_secs(p.s.run_deadline_s),
         sticky_clients: p.sticky_clients,
+        think: Duration::from_millis(p.s.think_ms),
     }
 }
 
@@ -651,6 +655,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
             "prompts": p.prompts,
             "concurrency": closed_concurrency,
             "sticky_clients": p.sticky_clients,
+            "think_ms": p.s.think_ms,
             "shared_prefix": if p.set.name == "shared-prefix" { serde_json::to_value(&p.s.shared_prefix).unwrap_or_default() } else { serde_json::Value::Null },
             "trace_speedup": if p.set.name == "trace" { serde_json::json!(p.s.trace_speedup) } else { serde_json::Value::Null },
             "mode": if a.quick { "quick" } else { "full" },
