@@ -4,21 +4,31 @@
 
 use super::*;
 
-/// A streamed reply: each chunk after its delay (ms).
-fn stream_reply(chunks: &[(u64, &str)]) -> MockReply {
-    MockReply::Respond {
-        head_after: Duration::ZERO,
-        status: 200,
-        chunks: chunks
-            .iter()
-            .map(|(ms, s)| {
-                (
-                    Duration::from_millis(*ms),
-                    Ok(Bytes::copy_from_slice(s.as_bytes())),
-                )
-            })
-            .collect(),
+/// A streamed reply: the head after `head_ms`, each chunk after its delay (ms), then, if
+/// given, an error after its delay (the body breaks there).
+fn scripted(head_ms: u64, chunks: &[(u64, &str)], error: Option<(u64, &str)>) -> MockReply {
+    let mut script: Vec<(Duration, Result<Bytes, String>)> = chunks
+        .iter()
+        .map(|(ms, s)| {
+            (
+                Duration::from_millis(*ms),
+                Ok(Bytes::copy_from_slice(s.as_bytes())),
+            )
+        })
+        .collect();
+    if let Some((ms, e)) = error {
+        script.push((Duration::from_millis(ms), Err(e.into())));
     }
+    MockReply::Respond {
+        head_after: Duration::from_millis(head_ms),
+        status: 200,
+        chunks: script,
+    }
+}
+
+/// A streamed reply: the head at once, each chunk after its delay (ms).
+fn stream_reply(chunks: &[(u64, &str)]) -> MockReply {
+    scripted(0, chunks, None)
 }
 
 fn data(f: Option<Result<hyper::body::Frame<Bytes>, crate::upstream::BoxError>>) -> Bytes {
@@ -31,19 +41,9 @@ fn data(f: Option<Result<hyper::body::Frame<Bytes>, crate::upstream::BoxError>>)
 #[tokio::test(start_paused = true)]
 async fn a_client_that_leaves_mid_stream_cancels_upstream_and_releases_the_engine() {
     let mock = MockUpstream::new();
-    let chunk = |ms, s: &str| {
-        (
-            Duration::from_millis(ms),
-            Ok(Bytes::copy_from_slice(s.as_bytes())),
-        )
-    };
     mock.set_default(
         A,
-        MockReply::Respond {
-            head_after: Duration::from_millis(5),
-            status: 200,
-            chunks: vec![chunk(1, "data: 1\n\n"), chunk(1_000, "data: 2\n\n")],
-        },
+        scripted(5, &[(1, "data: 1\n\n"), (1_000, "data: 2\n\n")], None),
     );
     let gw = gateway(cfg(), &mock, &[A]);
     let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
@@ -76,17 +76,7 @@ async fn a_client_that_leaves_mid_stream_cancels_upstream_and_releases_the_engin
 #[tokio::test(start_paused = true)]
 async fn a_body_that_breaks_mid_stream_is_a_failure_not_a_retry() {
     let mock = MockUpstream::new();
-    mock.set_default(
-        A,
-        MockReply::Respond {
-            head_after: Duration::ZERO,
-            status: 200,
-            chunks: vec![
-                (Duration::ZERO, Ok(Bytes::from_static(b"data: 1\n\n"))),
-                (Duration::from_millis(3), Err("reset".into())),
-            ],
-        },
-    );
+    mock.set_default(A, scripted(0, &[(0, "data: 1\n\n")], Some((3, "reset"))));
     mock.set_default(B, MockReply::ok(200, "{}"));
     let gw = gateway(cfg(), &mock, &[A, B]);
     engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
@@ -230,15 +220,11 @@ async fn an_error_met_while_coalescing_follows_the_data_and_is_a_failure() {
     let mock = MockUpstream::new();
     mock.set_default(
         A,
-        MockReply::Respond {
-            head_after: Duration::ZERO,
-            status: 200,
-            chunks: vec![
-                (Duration::ZERO, Ok(Bytes::from_static(b"data: 1\n\n"))),
-                (Duration::ZERO, Ok(Bytes::from_static(b"data: 2\n\n"))),
-                (Duration::ZERO, Err("reset".into())),
-            ],
-        },
+        scripted(
+            0,
+            &[(0, "data: 1\n\n"), (0, "data: 2\n\n")],
+            Some((0, "reset")),
+        ),
     );
     let gw = gateway(cfg(), &mock, &[A]);
     let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
