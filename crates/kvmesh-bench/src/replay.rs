@@ -58,14 +58,15 @@ pub struct ReplayOptions {
 }
 
 /// The pause after job `id` for a mean of `think`: uniform in `[0, 2 × think]`, the same in
-/// every run of the job set.
-pub fn think_pause(think: Duration, id: u64) -> Duration {
-    let span = think.as_micros().saturating_mul(2) as u64;
+/// every run of the job set, and never longer than `left` (what remains of the run's
+/// deadline: a client does not sleep past the end of the run).
+pub fn think_pause(think: Duration, id: u64, left: Duration) -> Duration {
+    let span = u64::try_from(think.as_micros().saturating_mul(2)).unwrap_or(u64::MAX);
     if span == 0 {
         return Duration::ZERO;
     }
-    let draw = kvmesh_policy::mix64(id ^ 0x7417_C0DE) % (span + 1);
-    Duration::from_micros(draw)
+    let draw = kvmesh_policy::mix64(id ^ 0x7417_C0DE) % span.saturating_add(1);
+    Duration::from_micros(draw).min(left)
 }
 
 /// The outcome of one request.
@@ -148,7 +149,8 @@ pub async fn replay(
                             failed |= r.error.is_some();
                             progress();
                             out.push(r);
-                            let pause = think_pause(opts.think, job.id);
+                            let left = opts.deadline.saturating_sub(start.elapsed());
+                            let pause = think_pause(opts.think, job.id, left);
                             if !failed && !pause.is_zero() {
                                 tokio::time::sleep(pause).await;
                             }
@@ -346,11 +348,12 @@ mod tests {
 
     #[test]
     fn think_pauses_are_fixed_by_the_job_and_average_the_mean() {
-        assert_eq!(think_pause(Duration::ZERO, 7), Duration::ZERO);
+        let run = Duration::from_secs(60);
+        assert_eq!(think_pause(Duration::ZERO, 7, run), Duration::ZERO);
         let think = Duration::from_millis(20);
-        assert_eq!(think_pause(think, 7), think_pause(think, 7));
+        assert_eq!(think_pause(think, 7, run), think_pause(think, 7, run));
         let n = 20_000u64;
-        let pauses: Vec<Duration> = (0..n).map(|id| think_pause(think, id)).collect();
+        let pauses: Vec<Duration> = (0..n).map(|id| think_pause(think, id, run)).collect();
         assert!(pauses.iter().all(|p| *p <= 2 * think));
         let mean = pauses.iter().sum::<Duration>() / n as u32;
         assert!(
@@ -359,5 +362,9 @@ mod tests {
         );
         assert!(pauses.iter().any(|p| *p < Duration::from_millis(1)));
         assert!(pauses.iter().any(|p| *p > Duration::from_millis(39)));
+        // Never past the run's deadline, whatever the mean.
+        let short = Duration::from_millis(3);
+        assert!((0..1_000).all(|id| think_pause(think, id, short) <= short));
+        assert!((0..100).all(|id| think_pause(Duration::MAX, id, run) <= run));
     }
 }
