@@ -252,7 +252,9 @@ pub enum UpstreamProtocol {
 pub struct TimeoutConfig {
     /// TCP connect.
     pub connect_ms: u64,
-    /// From sending the request to the response head (an engine queues before answering).
+    /// From sending the request to the first byte of the answer: the response head, and for
+    /// a success its body's first data (an engine queues and prefills before answering). Until
+    /// then nothing has reached the client: a failure is retried on another engine.
     pub first_byte_ms: u64,
     /// Whole request, including the streamed body (SGLang's gateway default: 1800 s).
     pub total_ms: u64,

@@ -16,9 +16,11 @@ use crate::gateway::Gateway;
 use crate::prefix::{self, Endpoint, Lookup, ParsedRequest};
 use crate::registry::{ModelRoute, RouteView};
 use crate::track::{Attempt, TrackedBody};
+use crate::upstream::{BoxError, UpstreamBody};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
+use hyper::body::Frame;
 use hyper::body::Incoming;
 use kvmesh_http::{Body, error, read_body, strip_hop_by_hop};
 use kvmesh_openai::{ApiError, parse_body};
@@ -639,14 +641,55 @@ async fn send(
             attempt,
         );
     }
-    // Success or the client's own error: stream it through, tracked to the end.
-    let (mut p, b) = resp.into_parts();
+    // Success or the client's own error: stream it through, tracked to the end. A success's
+    // head waits for its body's first frame (within the same first-byte timeout): an engine
+    // that fails after its head but before any byte of the answer (it died during the
+    // prefill) is retried on another engine like one that failed before its head, since
+    // nothing has reached the client yet.
+    let (mut p, mut b) = resp.into_parts();
+    let mut attempt = attempt;
+    let first = if status.is_success() {
+        let left = first_byte.saturating_sub(attempt.elapsed());
+        match tokio::time::timeout(left, first_frame(&mut b)).await {
+            Err(_) => {
+                let detail = format!("{}: no answer within {first_byte:?}", engine.url);
+                return failed(FailKind::Timeout, detail, attempt);
+            }
+            Ok(Err(e)) => {
+                let detail = format!(
+                    "{}: the answer broke before its first byte: {e}",
+                    engine.url
+                );
+                return failed(FailKind::Transport, detail, attempt);
+            }
+            Ok(Ok(f)) => {
+                if f.as_ref().is_some_and(Frame::is_data) {
+                    attempt.first_byte();
+                }
+                Some(f)
+            }
+        }
+    } else {
+        None
+    };
     strip_hop_by_hop(&mut p.headers);
     p.headers
         .insert("x-kvmesh-engine", engine.header_value.clone());
     let total = Duration::from_millis(gw.cfg.timeouts.total_ms);
-    let tracked = TrackedBody::new(b, attempt, total);
+    let tracked = TrackedBody::new(b, attempt, total, first);
     Sent::Answer(Response::from_parts(p, tracked.boxed_unsync()))
+}
+
+/// The body's first frame that is not empty data (`None`: it ended without one).
+async fn first_frame(b: &mut UpstreamBody) -> Result<Option<Frame<Bytes>>, BoxError> {
+    while let Some(f) = b.frame().await {
+        let f = f?;
+        if f.data_ref().is_some_and(Bytes::is_empty) {
+            continue;
+        }
+        return Ok(Some(f));
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -92,7 +92,8 @@ impl Attempt {
         Duration::from_micros(self.gw.clock.now_us().saturating_sub(self.sent_us))
     }
 
-    fn first_byte(&mut self) {
+    /// The answer's first data reached the router: TTFT (once per attempt).
+    pub fn first_byte(&mut self) {
         if self.first_byte_seen {
             return;
         }
@@ -136,6 +137,9 @@ pub const COALESCE_MAX: usize = 64 * 1024;
 /// taken when they are met).
 pub struct TrackedBody {
     inner: UpstreamBody,
+    /// The body's first frame, read before the head was passed on (see `proxy::send`):
+    /// returned before anything else is polled.
+    first: Option<Frame<Bytes>>,
     attempt: Option<Attempt>,
     /// When the total timeout ends the attempt; its timer is made at the first `Pending`
     /// (a body that is there at once never registers one).
@@ -154,16 +158,30 @@ enum Held {
 
 impl TrackedBody {
     /// Wraps `inner`; `total` bounds the whole attempt, counted from when it was sent.
-    pub fn new(inner: UpstreamBody, attempt: Attempt, total: Duration) -> Self {
+    /// `first`: the body's first frame when the caller read it already (its TTFT observed),
+    /// `Some(None)` when the body ended before any frame, `None` when nothing was read.
+    pub fn new(
+        inner: UpstreamBody,
+        attempt: Attempt,
+        total: Duration,
+        first: Option<Option<Frame<Bytes>>>,
+    ) -> Self {
         let left = total.saturating_sub(attempt.elapsed());
-        TrackedBody {
+        let ended = matches!(first, Some(None));
+        let mut body = TrackedBody {
             inner,
+            first: first.flatten(),
             attempt: Some(attempt),
             deadline_at: tokio::time::Instant::now() + left,
             deadline: None,
             held: None,
-            ended: false,
+            ended,
+        };
+        if ended {
+            // An empty answer: whole already (the upstream body is never polled again).
+            body.end(StreamEnd::Complete);
         }
+        body
     }
 
     fn end(&mut self, end: StreamEnd) {
@@ -241,7 +259,11 @@ impl HttpBody for TrackedBody {
             // Ended while coalescing (verdict taken): never poll a finished body again.
             return Poll::Ready(None);
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let polled = match this.first.take() {
+            Some(f) => Poll::Ready(Some(Ok(f))),
+            None => Pin::new(&mut this.inner).poll_frame(cx),
+        };
+        match polled {
             Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => {
                     if let Some(a) = this.attempt.as_mut() {
@@ -292,10 +314,29 @@ impl HttpBody for TrackedBody {
     fn is_end_stream(&self) -> bool {
         // Never claim the end before the inner body said so (the verdict is taken there), nor
         // while an error or trailers wait to be returned.
-        self.held.is_none() && self.attempt.is_none() && (self.ended || self.inner.is_end_stream())
+        self.first.is_none()
+            && self.held.is_none()
+            && self.attempt.is_none()
+            && (self.ended || self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let inner = self.inner.size_hint();
+        // The first frame, read already, is still to come (hyper checks the hint against the
+        // engine's content-length).
+        let Some(n) = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map(|d| d.len() as u64)
+        else {
+            return inner;
+        };
+        let mut h = SizeHint::new();
+        h.set_lower(inner.lower().saturating_add(n));
+        if let Some(u) = inner.upper() {
+            h.set_upper(u.saturating_add(n));
+        }
+        h
     }
 }

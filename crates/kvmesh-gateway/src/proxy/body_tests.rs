@@ -239,3 +239,91 @@ async fn an_error_met_while_coalescing_follows_the_data_and_is_a_failure() {
     assert_eq!(errors(&gw, A, FailKind::Stream), 1);
     assert_eq!(in_flight(&gw), 0);
 }
+
+/// An engine that sends its head and breaks before the first byte of the answer (it died
+/// during the prefill): nothing reached the client, so the request is retried elsewhere.
+#[tokio::test(start_paused = true)]
+async fn an_answer_that_breaks_before_its_first_byte_is_retried_on_another_engine() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, scripted(0, &[(0, "")], Some((3, "reset"))));
+    mock.set_default(
+        B,
+        stream_reply(&[(2, "data: 1\n\n"), (0, "data: [DONE]\n\n")]),
+    );
+    let gw = gateway(cfg(), &mock, &[A, B]);
+    // A is the least loaded: the first attempt goes there.
+    engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
+    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
+    engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-kvmesh-engine"], engine(&gw, B).header_value);
+    let body = r.into_body().collect().await.expect("whole").to_bytes();
+    assert_eq!(body, "data: 1\n\ndata: [DONE]\n\n");
+    let authorities: Vec<String> = mock.calls().into_iter().map(|c| c.authority).collect();
+    assert_eq!(authorities, [A, B], "one retry, on the other engine");
+    assert_eq!(errors(&gw, A, FailKind::Transport), 1);
+    assert_eq!(
+        errors(&gw, A, FailKind::Stream),
+        0,
+        "no stream reached the client"
+    );
+    assert_eq!(engine(&gw, A).metrics.ttft.count(), 0);
+    assert_eq!(engine(&gw, B).metrics.ttft.count(), 1);
+    assert_eq!(engine(&gw, B).metrics.e2e.count(), 1);
+    assert_eq!(in_flight(&gw), 0);
+}
+
+/// A head followed by nothing until the first-byte timeout: a timeout, retried elsewhere.
+#[tokio::test(start_paused = true)]
+async fn a_head_without_a_first_byte_times_out_and_is_retried() {
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = 1_000;
+    let mock = MockUpstream::new();
+    mock.set_default(A, stream_reply(&[(5_000, "data: late\n\n")]));
+    mock.set_default(B, MockReply::ok(200, "{}"));
+    let gw = gateway(c, &mock, &[A, B]);
+    engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
+    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
+    engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.into_body().collect().await.expect("whole").to_bytes(),
+        "{}"
+    );
+    assert_eq!(errors(&gw, A, FailKind::Timeout), 1);
+    assert_eq!(mock.calls().len(), 2);
+    assert_eq!(
+        mock.live_bodies(),
+        0,
+        "the late body is dropped: the engine aborts"
+    );
+    assert_eq!(in_flight(&gw), 0);
+}
+
+/// A success with an empty body passes through whole and is accounted as a success.
+#[tokio::test(start_paused = true)]
+async fn an_empty_answer_passes_through_as_a_success() {
+    let mock = MockUpstream::new();
+    mock.set_default(
+        A,
+        MockReply::Respond {
+            head_after: Duration::ZERO,
+            status: 200,
+            chunks: Vec::new(),
+        },
+    );
+    let gw = gateway(cfg(), &mock, &[A]);
+    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(in_flight(&gw), 0, "whole before the client reads it");
+    assert!(
+        r.into_body()
+            .collect()
+            .await
+            .expect("whole")
+            .to_bytes()
+            .is_empty()
+    );
+    assert_eq!(engine(&gw, A).metrics.e2e.count(), 1, "a success");
+    assert_eq!(mock.calls().len(), 1);
+}

@@ -27,7 +27,8 @@ pub enum FailKind {
     Status429,
     /// The body broke or the total timeout hit mid-stream.
     Stream,
-    /// Any other transport error before the response head.
+    /// Any other transport error before the first byte of the answer (before the head, or a
+    /// success's body that broke before its first data).
     Transport,
 }
 
