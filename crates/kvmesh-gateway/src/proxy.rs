@@ -566,8 +566,8 @@ fn failed(kind: FailKind, detail: String, attempt: Attempt) -> Sent {
     )
 }
 
-/// One attempt: forward, wait for the response head (bounded by the first-byte timeout),
-/// classify it.
+/// One attempt: forward, wait for the response head and, for a success, its body's first
+/// data (both bounded by the first-byte timeout), classify it.
 async fn send(
     gw: &Gateway,
     engine: &Engine,

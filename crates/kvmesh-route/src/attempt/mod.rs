@@ -19,7 +19,8 @@ use kvmesh_policy::RetryBudget;
 pub enum FailKind {
     /// TCP connect failed or was refused.
     Connect,
-    /// No response head within the first-byte timeout.
+    /// No first byte of the answer within the first-byte timeout (no head, or a success's
+    /// body silent until then).
     Timeout,
     /// 5xx answer.
     Status5xx,
