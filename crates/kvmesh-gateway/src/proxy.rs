@@ -15,7 +15,7 @@ use crate::engine::Engine;
 use crate::gateway::Gateway;
 use crate::prefix::{self, Endpoint, Lookup, ParsedRequest};
 use crate::registry::{ModelRoute, RouteView};
-use crate::track::{Attempt, TrackedBody};
+use crate::track::{Attempt, ReadAhead, TrackedBody};
 use crate::upstream::{BoxError, UpstreamBody};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
@@ -574,7 +574,7 @@ async fn send(
     parts: &http::request::Parts,
     body: Bytes,
     request_id: &HeaderValue,
-    attempt: Attempt,
+    mut attempt: Attempt,
     retry_429: bool,
 ) -> Sent {
     let mut headers = parts.headers.clone();
@@ -647,8 +647,7 @@ async fn send(
     // prefill) is retried on another engine like one that failed before its head, since
     // nothing has reached the client yet.
     let (mut p, mut b) = resp.into_parts();
-    let mut attempt = attempt;
-    let first = if status.is_success() {
+    let ahead = if status.is_success() {
         let left = first_byte.saturating_sub(attempt.elapsed());
         match tokio::time::timeout(left, first_frame(&mut b)).await {
             Err(_) => {
@@ -662,21 +661,22 @@ async fn send(
                 );
                 return failed(FailKind::Transport, detail, attempt);
             }
-            Ok(Ok(f)) => {
-                if f.as_ref().is_some_and(Frame::is_data) {
+            Ok(Ok(Some(f))) => {
+                if f.is_data() {
                     attempt.first_byte();
                 }
-                Some(f)
+                ReadAhead::First(f)
             }
+            Ok(Ok(None)) => ReadAhead::Ended,
         }
     } else {
-        None
+        ReadAhead::Nothing
     };
     strip_hop_by_hop(&mut p.headers);
     p.headers
         .insert("x-kvmesh-engine", engine.header_value.clone());
     let total = Duration::from_millis(gw.cfg.timeouts.total_ms);
-    let tracked = TrackedBody::new(b, attempt, total, first);
+    let tracked = TrackedBody::new(b, attempt, total, ahead);
     Sent::Answer(Response::from_parts(p, tracked.boxed_unsync()))
 }
 

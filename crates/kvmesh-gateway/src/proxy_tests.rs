@@ -68,6 +68,14 @@ async fn call(gw: &Arc<Gateway>) -> (u16, HeaderMap, String) {
     )
 }
 
+/// Runs `f` (a request) while B looks 5 requests busier, so that least request tries A first.
+async fn a_first<T>(gw: &Gateway, f: impl std::future::Future<Output = T>) -> T {
+    engine(gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
+    let out = f.await;
+    engine(gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    out
+}
+
 fn calls_to(mock: &MockUpstream, a: &str) -> usize {
     mock.calls().iter().filter(|c| c.authority == a).count()
 }
@@ -182,11 +190,8 @@ async fn a_hung_engine_times_out_and_the_retry_succeeds_after_a_backoff() {
     mock.set_default(A, MockReply::Hang);
     mock.set_default(B, MockReply::ok(200, "{}"));
     let gw = gateway(c, &mock, &[A, B]);
-    // Make A the first choice: B looks busier.
-    engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
     let t0 = tokio::time::Instant::now();
-    let (status, ..) = call(&gw).await;
-    engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    let (status, ..) = a_first(&gw, call(&gw)).await;
     assert_eq!(status, 200);
     assert_eq!(errors(&gw, A, FailKind::Timeout), 1);
     // Virtual time: the first-byte timeout, then the first backoff (10 ms ± 20%).
@@ -224,9 +229,7 @@ async fn a_429_is_retried_elsewhere_but_never_opens_the_breaker() {
     for _ in 0..40 {
         // 100 ms between requests: the budget's floor (10/s) pays each retry.
         tokio::time::advance(Duration::from_millis(100)).await;
-        engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
-        let (status, ..) = call(&gw).await;
-        engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+        let (status, ..) = a_first(&gw, call(&gw)).await;
         assert_eq!(status, 200);
     }
     assert_eq!(errors(&gw, A, FailKind::Status429), 40);

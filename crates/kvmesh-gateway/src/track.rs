@@ -150,6 +150,17 @@ pub struct TrackedBody {
     ended: bool,
 }
 
+/// What the caller of [`TrackedBody::new`] read of the upstream body before the head was
+/// passed on.
+pub enum ReadAhead {
+    /// Nothing: the body is polled from its start.
+    Nothing,
+    /// Its first frame (its TTFT observed by the caller), returned first.
+    First(Frame<Bytes>),
+    /// The body ended before any frame: an empty answer.
+    Ended,
+}
+
 /// What the coalescing loop met after data: returned on the next poll.
 enum Held {
     Frame(Frame<Bytes>),
@@ -157,20 +168,18 @@ enum Held {
 }
 
 impl TrackedBody {
-    /// Wraps `inner`; `total` bounds the whole attempt, counted from when it was sent.
-    /// `first`: the body's first frame when the caller read it already (its TTFT observed),
-    /// `Some(None)` when the body ended before any frame, `None` when nothing was read.
-    pub fn new(
-        inner: UpstreamBody,
-        attempt: Attempt,
-        total: Duration,
-        first: Option<Option<Frame<Bytes>>>,
-    ) -> Self {
+    /// Wraps `inner`; `total` bounds the whole attempt, counted from when it was sent;
+    /// `ahead`: what the caller read of the body already.
+    pub fn new(inner: UpstreamBody, attempt: Attempt, total: Duration, ahead: ReadAhead) -> Self {
         let left = total.saturating_sub(attempt.elapsed());
-        let ended = matches!(first, Some(None));
+        let (first, ended) = match ahead {
+            ReadAhead::Nothing => (None, false),
+            ReadAhead::First(f) => (Some(f), false),
+            ReadAhead::Ended => (None, true),
+        };
         let mut body = TrackedBody {
             inner,
-            first: first.flatten(),
+            first,
             attempt: Some(attempt),
             deadline_at: tokio::time::Instant::now() + left,
             deadline: None,

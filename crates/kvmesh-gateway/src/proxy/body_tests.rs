@@ -79,14 +79,13 @@ async fn a_body_that_breaks_mid_stream_is_a_failure_not_a_retry() {
     mock.set_default(A, scripted(0, &[(0, "data: 1\n\n")], Some((3, "reset"))));
     mock.set_default(B, MockReply::ok(200, "{}"));
     let gw = gateway(cfg(), &mock, &[A, B]);
-    engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
-    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
-    assert_eq!(r.status(), 200);
-    assert!(
-        r.into_body().collect().await.is_err(),
-        "the client sees the break"
-    );
-    engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    let broke = a_first(&gw, async {
+        let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
+        assert_eq!(r.status(), 200);
+        r.into_body().collect().await.is_err()
+    })
+    .await;
+    assert!(broke, "the client sees the break");
     assert_eq!(errors(&gw, A, FailKind::Stream), 1);
     assert_eq!(
         mock.calls().len(),
@@ -251,10 +250,7 @@ async fn an_answer_that_breaks_before_its_first_byte_is_retried_on_another_engin
         stream_reply(&[(2, "data: 1\n\n"), (0, "data: [DONE]\n\n")]),
     );
     let gw = gateway(cfg(), &mock, &[A, B]);
-    // A is the least loaded: the first attempt goes there.
-    engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
-    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
-    engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    let r = a_first(&gw, send_chat(&gw, Bytes::from_static(BODY.as_bytes()))).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-kvmesh-engine"], engine(&gw, B).header_value);
     let body = r.into_body().collect().await.expect("whole").to_bytes();
@@ -282,9 +278,7 @@ async fn a_head_without_a_first_byte_times_out_and_is_retried() {
     mock.set_default(A, stream_reply(&[(5_000, "data: late\n\n")]));
     mock.set_default(B, MockReply::ok(200, "{}"));
     let gw = gateway(c, &mock, &[A, B]);
-    engine(&gw, B).in_flight.fetch_add(5, Ordering::Relaxed);
-    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
-    engine(&gw, B).in_flight.fetch_sub(5, Ordering::Relaxed);
+    let r = a_first(&gw, send_chat(&gw, Bytes::from_static(BODY.as_bytes()))).await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.into_body().collect().await.expect("whole").to_bytes(),
