@@ -506,6 +506,30 @@ impl InFlightSamples {
         Some((mean, p99))
     }
 
+    /// Over the samples whose mean is at least `min_mean`: the mean in flight per engine, and
+    /// the mean of how many requests the busiest engine held above the fewest possible for
+    /// that many in flight (max − ⌈total / engines⌉). The second separates how requests were
+    /// spread from how many were in flight, which max / mean mixes: with fewer in flight (a
+    /// longer turnaround between a request's end and its client's next one) max / mean rises
+    /// even when every engine holds at most one more than another. `None` without such samples.
+    pub fn shape(&self, min_mean: f64) -> Option<(f64, f64)> {
+        let (n, mean, excess) = self
+            .samples
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| {
+                let total: u32 = s.iter().sum();
+                let mean = f64::from(total) / s.len() as f64;
+                let max = s.iter().copied().max().unwrap_or(0);
+                let fewest = total.div_ceil(s.len() as u32);
+                (mean >= min_mean && mean > 0.0).then(|| (mean, f64::from(max - fewest)))
+            })
+            .fold((0usize, 0.0, 0.0), |(n, a, b), (m, e)| {
+                (n + 1, a + m, b + e)
+            });
+        (n > 0).then(|| (mean / n as f64, excess / n as f64))
+    }
+
     /// The sample of the highest max / mean among those whose mean is at least `min_mean`.
     pub fn worst(&self, min_mean: f64) -> Option<Imbalance> {
         self.moments()
@@ -651,5 +675,33 @@ mod tests {
         assert!((mean - 1.6).abs() < 1e-9, "{mean}");
         assert_eq!(p99, 2.0);
         assert!(s.spread(50.0).is_none());
+    }
+
+    #[test]
+    fn the_shape_takes_the_number_in_flight_out_of_the_spread() {
+        // 95 and 94 in flight over 8 engines, each spread as evenly as it can be: max / mean
+        // differs (12 / 11.875, 12 / 11.75), the excess over the fewest possible is 0 for both.
+        let even = InFlightSamples {
+            samples: vec![
+                vec![12, 12, 12, 12, 12, 12, 12, 11],
+                vec![12, 12, 12, 12, 12, 12, 11, 11],
+            ],
+        };
+        let (mean, excess) = even.shape(1.0).unwrap();
+        assert!((mean - 11.8125).abs() < 1e-9, "{mean}");
+        assert_eq!(excess, 0.0);
+        // One engine two above the fewest possible (⌈95 / 8⌉ = 12), then one at the fewest;
+        // the moment below the floor is not counted.
+        let uneven = InFlightSamples {
+            samples: vec![
+                vec![14, 12, 12, 12, 12, 11, 11, 11],
+                vec![12; 8],
+                vec![1, 0, 0, 0],
+            ],
+        };
+        let (mean, excess) = uneven.shape(9.0).unwrap();
+        assert!((mean - 11.9375).abs() < 1e-9, "{mean}");
+        assert_eq!(excess, 1.0);
+        assert!(uneven.shape(50.0).is_none());
     }
 }

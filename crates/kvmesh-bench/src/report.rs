@@ -56,6 +56,14 @@ pub struct ContenderRow {
     pub inflight_spread: Option<f64>,
     /// The same samples' 99th percentile of max / mean.
     pub inflight_spread_p99: Option<f64>,
+    /// The same samples' mean in flight per engine.
+    #[serde(default)]
+    pub inflight_mean: Option<f64>,
+    /// The same samples' mean of the busiest engine's count above the fewest possible for the
+    /// number in flight (max − ⌈total / engines⌉): the spread with the number in flight taken
+    /// out.
+    #[serde(default)]
+    pub inflight_excess: Option<f64>,
     /// `least_request` decisions of the routers run in this process, and how many of them
     /// did not go to the least loaded engine by every router's own in-flight counts at that
     /// moment; `None` without such decisions.
@@ -198,6 +206,8 @@ impl ContenderRow {
             load_spread: m(|r| r.load_spread),
             inflight_spread: opt_median(runs, |r| r.inflight_spread),
             inflight_spread_p99: opt_median(runs, |r| r.inflight_spread_p99),
+            inflight_mean: opt_median(runs, |r| r.inflight_mean),
+            inflight_excess: opt_median(runs, |r| r.inflight_excess),
             least_load_decisions: sum_pairs(runs.iter().map(|r| r.least_load_decisions)),
             mesh_envelope_age_ms: opt_median(runs, |r| r.mesh_envelope_age_ms.map(|a| a.0))
                 .zip(opt_median(runs, |r| r.mesh_envelope_age_ms.map(|a| a.1))),
@@ -415,6 +425,25 @@ impl Report {
                 "\n`least_request` decisions that did not go to the least loaded engine by every \
                  router's own in-flight counts at that moment (all repeats): {}.",
                 judged.join("; ")
+            );
+        }
+        let shapes: Vec<String> = self
+            .contenders
+            .iter()
+            .filter_map(|r| {
+                Some(format!(
+                    "{} {:.2} / +{:.3}",
+                    r.name, r.inflight_mean?, r.inflight_excess?
+                ))
+            })
+            .collect();
+        if !shapes.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nIn flight per engine under load (the same samples as max / mean; medians of the \
+                 repeats): the mean, and the busiest engine's count above the fewest possible for \
+                 the number in flight: {}.",
+                shapes.join("; ")
             );
         }
         let ages: Vec<String> = self

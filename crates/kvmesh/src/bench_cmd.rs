@@ -351,7 +351,8 @@ async fn measure(
         Some(s) => {
             let s = s.stop().await;
             let peak = s.moments().map(|m| m.mean).fold(0.0, f64::max);
-            s.spread((peak / 2.0).max(1.0))
+            let under_load = (peak / 2.0).max(1.0);
+            s.spread(under_load).zip(s.shape(under_load))
         }
         None => None,
     };
@@ -365,8 +366,10 @@ async fn measure(
     if engine_urls.is_empty() {
         row.hit_rate = row.client_hit_rate;
     }
-    row.inflight_spread = spread.map(|s| s.0);
-    row.inflight_spread_p99 = spread.map(|s| s.1);
+    row.inflight_spread = spread.map(|s| s.0.0);
+    row.inflight_spread_p99 = spread.map(|s| s.0.1);
+    row.inflight_mean = spread.map(|s| s.1.0);
+    row.inflight_excess = spread.map(|s| s.1.1);
     if let Some(e) = records.iter().find_map(|r| r.error.as_ref()) {
         eprintln!("{name}: {} errors, first: {e}", row.errors);
     }

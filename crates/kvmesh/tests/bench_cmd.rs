@@ -209,6 +209,15 @@ fn bench_router_counts_interleave_in_one_run() {
         assert!(c["requests"].as_u64().unwrap() > 0, "{c}");
         let s = c["inflight_spread"].as_f64().expect("in-flight samples");
         assert!(s >= 1.0, "max / mean is at least 1: {c}");
+        let mean = c["inflight_mean"].as_f64().expect("mean in flight");
+        assert!(mean > 0.0, "the counted samples are under load: {c}");
+        let excess = c["inflight_excess"]
+            .as_f64()
+            .expect("excess over the fewest");
+        assert!(
+            excess >= 0.0,
+            "no engine holds fewer than the fewest possible max: {c}"
+        );
     }
     assert_eq!(report["fleet"]["routers"].as_array().unwrap().len(), 3);
     let _ = std::fs::remove_dir_all(&dir);
