@@ -137,6 +137,7 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
             .map_err(GatewayError::Config)?;
     }
     spawn_sweeper(&gw);
+    spawn_reference_refresh(&gw);
     for e in gw.cfg.engines.clone() {
         probe::add_engine(&gw, &e, Source::Static, false).map_err(GatewayError::Config)?;
     }
@@ -209,6 +210,22 @@ fn spawn_sweeper(gw: &Arc<Gateway>) {
         loop {
             tick.tick().await;
             g.registry.prefix.sweep(g.clock.now_us());
+        }
+    });
+}
+
+/// Recomputes the fleet's median latency (the reference of the automatic weights) every
+/// `auto_weight.reference_refresh_ms`: one O(engines) pass per period whatever the fleet's
+/// size, and a reference that follows a slowdown of the whole fleet before it derates anyone.
+fn spawn_reference_refresh(gw: &Arc<Gateway>) {
+    let g = gw.clone();
+    let every = Duration::from_millis(gw.cfg.routing.health.auto_weight.reference_refresh_ms);
+    gw.tasks.spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            g.registry.refresh_fleet_latency();
         }
     });
 }

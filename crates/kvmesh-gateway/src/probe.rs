@@ -233,10 +233,7 @@ async fn engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
         loop {
             tokio::select! {
                 _ = health.tick() => check_health(&gw, &e).await,
-                _ = disc.tick() => {
-                    discover(&gw, &e).await;
-                    gw.registry.refresh_fleet_latency();
-                }
+                _ = disc.tick() => discover(&gw, &e).await,
             }
         }
     }

@@ -580,3 +580,38 @@ async fn the_decision_observer_sees_each_decision_with_its_reservation() {
     assert_eq!(mock.calls().len(), 1);
     assert_eq!(mock.calls()[0].authority, A);
 }
+
+/// The automatic weight an engine has now, against the router's current fleet reference.
+fn weight(gw: &Gateway, a: &str) -> f64 {
+    engine(gw, a)
+        .view(gw.clock.now_us(), gw.registry.fleet_latency_us())
+        .weight
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slowdown_of_the_whole_fleet_derates_no_engine_once_the_reference_follows() {
+    let mock = MockUpstream::new();
+    let gw = gateway(cfg(), &mock, &[A, B, C]);
+    gw.registry.refresh_fleet_latency();
+    assert_eq!(weight(&gw, A), 1.0);
+    // Every engine answers its first byte 2 s late (a burst queued on the whole fleet).
+    let now = gw.clock.now_us();
+    for a in [A, B, C] {
+        engine(&gw, a).tracker().on_first_byte(now, 2_000_000);
+    }
+    // Against the reference from before, each looks 5.5 × slower than the median.
+    assert!(weight(&gw, A) < 0.3, "{}", weight(&gw, A));
+    crate::spawn_reference_refresh(&gw);
+    let every = gw.cfg.routing.health.auto_weight.reference_refresh_ms;
+    tokio::time::sleep(Duration::from_millis(every + 1)).await;
+    for a in [A, B, C] {
+        assert_eq!(weight(&gw, a), 1.0, "{a} after one refresh period");
+    }
+    // One engine slower than the rest still loses weight.
+    let now = gw.clock.now_us();
+    engine(&gw, A).tracker().on_first_byte(now, 10_000_000);
+    tokio::time::sleep(Duration::from_millis(every + 1)).await;
+    assert!(weight(&gw, A) < 0.5, "{}", weight(&gw, A));
+    assert_eq!(weight(&gw, B), 1.0);
+    gw.tasks.shutdown(Duration::from_secs(1)).await;
+}

@@ -173,6 +173,12 @@ impl HealthConfig {
             "auto_weight.min_factor",
             "must be between 0.0001 and 1",
         )?;
+        check(
+            (10..=60_000).contains(&w.reference_refresh_ms),
+            at,
+            "auto_weight.reference_refresh_ms",
+            "must be between 10 and 60,000 ms",
+        )?;
         let l = &self.latency;
         check(
             l.decay_ms >= 1,
@@ -350,6 +356,10 @@ pub struct AutoWeightConfig {
     pub error_min_step: f64,
     /// The whole factor never goes below this. Default 0.01.
     pub min_factor: f64,
+    /// How often a router recomputes the fleet's median latency, the reference of `f_lat`.
+    /// A stale median turns a slowdown of the whole fleet (a burst, the warm-up) into
+    /// per-engine weight loss that differs from engine to engine. Default 100 ms.
+    pub reference_refresh_ms: u64,
 }
 
 impl Default for AutoWeightConfig {
@@ -363,6 +373,7 @@ impl Default for AutoWeightConfig {
             error_decay_ms: 30_000,
             error_min_step: 0.1,
             min_factor: 0.01,
+            reference_refresh_ms: 100,
         }
     }
 }

@@ -88,8 +88,9 @@ pub fn auto_weight_factor(
 }
 
 /// The fleet's reference latency for [`auto_weight_factor`]: the median of the engines'
-/// latency estimates (reorders `latencies`; O(n)). Compute it off the request path, e.g.
-/// once a second, and hand it to every [`EngineTracker::view`]. 0 for an empty slice.
+/// latency estimates (reorders `latencies`; O(n)). Compute it off the request path, often
+/// enough to follow the whole fleet (the gateway: every `auto_weight.reference_refresh_ms`),
+/// and hand it to every [`EngineTracker::view`]. 0 for an empty slice.
 pub fn fleet_reference_latency(latencies: &mut [f64]) -> f64 {
     if latencies.is_empty() {
         return 0.0;
