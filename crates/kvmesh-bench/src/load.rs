@@ -462,6 +462,8 @@ pub struct Imbalance {
     pub max: u32,
     /// The mean over engines.
     pub mean: f64,
+    /// The fewest the busiest engine could hold with this many in flight: ⌈total / engines⌉.
+    pub fewest: u32,
 }
 
 impl Imbalance {
@@ -482,10 +484,14 @@ impl InFlightSamples {
             .iter()
             .enumerate()
             .filter(|(_, s)| !s.is_empty())
-            .map(|(at, s)| Imbalance {
-                at,
-                max: s.iter().copied().max().unwrap_or(0),
-                mean: s.iter().map(|&x| f64::from(x)).sum::<f64>() / s.len() as f64,
+            .map(|(at, s)| {
+                let total: u32 = s.iter().sum();
+                Imbalance {
+                    at,
+                    max: s.iter().copied().max().unwrap_or(0),
+                    mean: f64::from(total) / s.len() as f64,
+                    fewest: total.div_ceil(s.len() as u32),
+                }
             })
     }
 
@@ -514,18 +520,10 @@ impl InFlightSamples {
     /// even when every engine holds at most one more than another. `None` without such samples.
     pub fn shape(&self, min_mean: f64) -> Option<(f64, f64)> {
         let (n, mean, excess) = self
-            .samples
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| {
-                let total: u32 = s.iter().sum();
-                let mean = f64::from(total) / s.len() as f64;
-                let max = s.iter().copied().max().unwrap_or(0);
-                let fewest = total.div_ceil(s.len() as u32);
-                (mean >= min_mean && mean > 0.0).then(|| (mean, f64::from(max - fewest)))
-            })
-            .fold((0usize, 0.0, 0.0), |(n, a, b), (m, e)| {
-                (n + 1, a + m, b + e)
+            .moments()
+            .filter(|m| m.mean >= min_mean && m.mean > 0.0)
+            .fold((0usize, 0.0, 0.0), |(n, a, b), m| {
+                (n + 1, a + m.mean, b + f64::from(m.max - m.fewest))
             });
         (n > 0).then(|| (mean / n as f64, excess / n as f64))
     }

@@ -203,14 +203,8 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
 /// Drops expired speculative prefix entries once a second (lookups already ignore them; this
 /// returns their memory and capacity).
 fn spawn_sweeper(gw: &Arc<Gateway>) {
-    let g = gw.clone();
-    gw.tasks.spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            g.registry.prefix.sweep(g.clock.now_us());
-        }
+    spawn_every(gw, Duration::from_secs(1), |g| {
+        g.registry.prefix.sweep(g.clock.now_us());
     });
 }
 
@@ -218,14 +212,19 @@ fn spawn_sweeper(gw: &Arc<Gateway>) {
 /// `auto_weight.reference_refresh_ms`: one O(engines) pass per period whatever the fleet's
 /// size, and a reference that follows a slowdown of the whole fleet before it derates anyone.
 fn spawn_reference_refresh(gw: &Arc<Gateway>) {
-    let g = gw.clone();
     let every = Duration::from_millis(gw.cfg.routing.health.auto_weight.reference_refresh_ms);
+    spawn_every(gw, every, |g| g.registry.refresh_fleet_latency());
+}
+
+/// Runs `f` every `period` (the first time at once) among the router's tasks, until it stops.
+fn spawn_every(gw: &Arc<Gateway>, period: Duration, f: impl Fn(&Gateway) + Send + 'static) {
+    let g = gw.clone();
     gw.tasks.spawn(async move {
-        let mut tick = tokio::time::interval(every);
+        let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            g.registry.refresh_fleet_latency();
+            f(&g);
         }
     });
 }

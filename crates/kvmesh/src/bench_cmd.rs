@@ -356,6 +356,7 @@ async fn measure(
         }
         None => None,
     };
+    let (spread, shape) = (spread.map(|s| s.0), spread.map(|s| s.1));
     let after = each(engine_urls).await?;
     let deltas: Vec<(String, EngineCounters)> = engine_urls
         .iter()
@@ -366,10 +367,10 @@ async fn measure(
     if engine_urls.is_empty() {
         row.hit_rate = row.client_hit_rate;
     }
-    row.inflight_spread = spread.map(|s| s.0.0);
-    row.inflight_spread_p99 = spread.map(|s| s.0.1);
-    row.inflight_mean = spread.map(|s| s.1.0);
-    row.inflight_excess = spread.map(|s| s.1.1);
+    row.inflight_spread = spread.map(|(mean, _)| mean);
+    row.inflight_spread_p99 = spread.map(|(_, p99)| p99);
+    row.inflight_mean = shape.map(|(mean, _)| mean);
+    row.inflight_excess = shape.map(|(_, excess)| excess);
     if let Some(e) = records.iter().find_map(|r| r.error.as_ref()) {
         eprintln!("{name}: {} errors, first: {e}", row.errors);
     }
