@@ -46,8 +46,8 @@ pub struct CoreConfig {
     pub flush_us: u64,
     /// In-flight changes go out at once, not a whole flush period later, as long as this
     /// router's envelopes stay under one per this long × routers (µs; at most the flush
-    /// period) with bursts of `load_burst`: routers see a finished request before its
-    /// client's next turn reaches another router. 0 = with the flush period.
+    /// period) with bursts of `load_burst`: peers hear of a request routed or finished
+    /// within the network's delay, not a flush later. 0 = with the flush period.
     pub load_flush_us: u64,
     /// Envelopes in-flight changes may send back to back before `load_flush_us` spaces
     /// them (at least 1); the long-run rate stays one per spacing.
