@@ -495,14 +495,17 @@ impl InFlightSamples {
             })
     }
 
+    /// The moments whose mean in flight per engine is at least `min_mean` (and above 0):
+    /// the samples every figure below is taken over.
+    fn under_load(&self, min_mean: f64) -> impl Iterator<Item = Imbalance> + '_ {
+        self.moments()
+            .filter(move |m| m.mean >= min_mean && m.mean > 0.0)
+    }
+
     /// Over the samples whose mean is at least `min_mean`: the mean of max / mean and its 99th
     /// percentile; `None` without such samples.
     pub fn spread(&self, min_mean: f64) -> Option<(f64, f64)> {
-        let mut r: Vec<f64> = self
-            .moments()
-            .filter(|m| m.mean >= min_mean && m.mean > 0.0)
-            .map(|m| m.ratio())
-            .collect();
+        let mut r: Vec<f64> = self.under_load(min_mean).map(|m| m.ratio()).collect();
         if r.is_empty() {
             return None;
         }
@@ -520,8 +523,7 @@ impl InFlightSamples {
     /// even when every engine holds at most one more than another. `None` without such samples.
     pub fn shape(&self, min_mean: f64) -> Option<(f64, f64)> {
         let (n, mean, excess) = self
-            .moments()
-            .filter(|m| m.mean >= min_mean && m.mean > 0.0)
+            .under_load(min_mean)
             .fold((0usize, 0.0, 0.0), |(n, a, b), m| {
                 (n + 1, a + m.mean, b + f64::from(m.max - m.fewest))
             });
@@ -530,17 +532,13 @@ impl InFlightSamples {
 
     /// The sample of the highest max / mean among those whose mean is at least `min_mean`.
     pub fn worst(&self, min_mean: f64) -> Option<Imbalance> {
-        self.moments()
-            .filter(|m| m.mean >= min_mean && m.mean > 0.0)
+        self.under_load(min_mean)
             .max_by(|a, b| a.ratio().total_cmp(&b.ratio()))
     }
 
     /// Samples whose mean is at least `min_mean`, and how many of them exceed `bound` × mean.
     pub fn count_over(&self, min_mean: f64, bound: f64) -> (usize, usize) {
-        let counted: Vec<_> = self
-            .moments()
-            .filter(|m| m.mean >= min_mean && m.mean > 0.0)
-            .collect();
+        let counted: Vec<_> = self.under_load(min_mean).collect();
         let over = counted
             .iter()
             .filter(|m| f64::from(m.max) > bound * m.mean)

@@ -40,9 +40,9 @@ pub struct MeshConfig {
     /// waiting for the flush, as long as the router's envelopes stay under one per this many
     /// µs × routers over time (bursts of `load_burst` go back to back; past that, a change
     /// waits its turn): peers hear of a request routed or finished within the network's
-    /// delay, not a flush later, and a router's envelope rate stays about 1 / this. Up to 16 routers; beyond,
-    /// the spacing is the flush period (each router holds a small share of the load).
-    /// 0 = always with the flush.
+    /// delay, not a flush later, and a router's envelope rate stays about 1 / this. Up to 16
+    /// routers; beyond, the spacing is the flush period (each router holds a small share of
+    /// the load). 0 = always with the flush.
     pub load_flush_us: u64,
     /// Envelopes in-flight changes may send back to back before `load_flush_us` spaces
     /// them (an engine ends several requests in one decode step, and their clients' next

@@ -344,7 +344,7 @@ async fn measure(
     };
     let (records, elapsed) = replay(&p.set, targets, &opts, Arc::new(move || b.inc(1))).await;
     bar.finish_and_clear();
-    let spread = match sampler {
+    let (spread, shape) = match sampler {
         // Under load only: the samples whose mean in flight per engine is at least half the
         // run's highest (the ramp-up and the drain at the end measure the order requests
         // finish in, not the balancing).
@@ -352,11 +352,10 @@ async fn measure(
             let s = s.stop().await;
             let peak = s.moments().map(|m| m.mean).fold(0.0, f64::max);
             let under_load = (peak / 2.0).max(1.0);
-            s.spread(under_load).zip(s.shape(under_load))
+            (s.spread(under_load), s.shape(under_load))
         }
-        None => None,
+        None => (None, None),
     };
-    let (spread, shape) = (spread.map(|s| s.0), spread.map(|s| s.1));
     let after = each(engine_urls).await?;
     let deltas: Vec<(String, EngineCounters)> = engine_urls
         .iter()
