@@ -538,12 +538,9 @@ impl InFlightSamples {
 
     /// Samples whose mean is at least `min_mean`, and how many of them exceed `bound` × mean.
     pub fn count_over(&self, min_mean: f64, bound: f64) -> (usize, usize) {
-        let counted: Vec<_> = self.under_load(min_mean).collect();
-        let over = counted
-            .iter()
-            .filter(|m| f64::from(m.max) > bound * m.mean)
-            .count();
-        (counted.len(), over)
+        self.under_load(min_mean).fold((0, 0), |(n, over), m| {
+            (n + 1, over + usize::from(f64::from(m.max) > bound * m.mean))
+        })
     }
 
     /// The mean over samples of the mean in flight per engine.

@@ -9,10 +9,9 @@ for fn in sys.argv[1:]:
         eng=[tuple(int(x) for x in e.split(',')) for e in f[5:]]
         rows.append((t,me,ch,miss,eng))
     rows.sort()
-    t0=rows[0][0]
     misses=[r for r in rows if r[3]]
     # stale engines
-    hi_age=[];lo_age=[];hi_store=[];lo_store=[];anymis=0
+    hi_age=[];lo_age=[];anymis=0
     hi_age_all=[];lo_age_all=[]
     for t,me,ch,miss,eng in rows:
         st=[(j,e) for j,e in enumerate(eng) if e[0]!=e[2]]
@@ -21,12 +20,7 @@ for fn in sys.argv[1:]:
             (hi_age_all if e[0]>e[2] else lo_age_all).append(e[3])
         if miss:
             for j,e in st:
-                if e[0]>e[2]: hi_age.append(e[3]); hi_store.append(e[4])
-                else: lo_age.append(e[3]); lo_store.append(e[4])
-    # inter-decision gaps across routers
-    gaps=[]
-    for i in range(1,len(rows)):
-        gaps.append((rows[i][0]-rows[i-1][0])/1000)
+                (hi_age if e[0]>e[2] else lo_age).append(e[3])
     near=[]
     for i,r in enumerate(rows):
         # nearest other-router decision before
