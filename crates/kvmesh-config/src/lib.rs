@@ -164,6 +164,12 @@ mod tests {
         )
         .expect_err("a negative bias must fail");
         assert!(err.to_string().contains("least_request.own_bias"), "{err}");
+        let err = KvmeshConfig::from_toml_str("[serve.mesh]\nrealtime_priority = 100\n", "t.toml")
+            .expect_err("a priority above 99 must fail");
+        assert!(
+            err.to_string().contains("serve.mesh.realtime_priority"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -54,6 +54,8 @@ pub struct Cluster {
     warm: AtomicBool,
     /// Marks not sent because the mesh's input was full (anti-entropy repairs them).
     dropped_marks: Arc<AtomicU64>,
+    /// The node's thread runs at real-time priority (`mesh.realtime_priority` granted).
+    realtime: bool,
     now: NowFn,
 }
 
@@ -176,9 +178,12 @@ impl Cluster {
             core_cfg,
             now.clone(),
             link,
+            cfg.realtime_priority,
         )
         .await
         .map_err(|e| format!("mesh: {e}"))?;
+        let realtime = node.realtime;
+        gw.registry.set_mesh_realtime(realtime);
         let dropped = Arc::new(AtomicU64::new(0));
         let (warm, envelope_age) = {
             let core = lock(&node.core);
@@ -195,6 +200,7 @@ impl Cluster {
             node: Mutex::new(Some(node)),
             warm: AtomicBool::new(warm),
             dropped_marks: dropped.clone(),
+            realtime,
             now,
         });
         gw.registry.prefix.set_delta_sink(Some(Box::new(Outbox {

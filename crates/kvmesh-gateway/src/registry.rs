@@ -19,7 +19,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -194,6 +194,9 @@ pub struct Registry {
     fleet_latency_bits: AtomicU64,
     /// Where the engines tell that this router's in-flight count on them changed (the mesh).
     pub load_signal: Arc<LoadSignal>,
+    /// The mesh's thread runs at real-time priority: peers' counts are not late, and an unset
+    /// `least_request.own_bias` is 0 (see [`Registry::set_mesh_realtime`]).
+    mesh_realtime: AtomicBool,
 }
 
 impl Registry {
@@ -215,6 +218,15 @@ impl Registry {
             decisions: Family::default(),
             fleet_latency_bits: AtomicU64::new(0f64.to_bits()),
             load_signal: Arc::default(),
+            mesh_realtime: AtomicBool::new(false),
+        }
+    }
+
+    /// The mesh started, its thread at real-time priority or not: the policies are rebuilt
+    /// with the `own_bias` that follows when the config leaves it unset.
+    pub fn set_mesh_realtime(&self, realtime: bool) {
+        if self.mesh_realtime.swap(realtime, Ordering::Relaxed) != realtime {
+            self.rebuild();
         }
     }
 
@@ -334,6 +346,11 @@ impl Registry {
                 // Meshed routers must agree on a new prefix's engine without talking (their
                 // marks reach each other tens of ms later): rendezvous for cold prompts.
                 policy_cfg.prefix.cold_prefix_rendezvous |= self.cfg.mesh.enabled;
+                // Peers' counts arrive at once from a real-time mesh thread: the bias that
+                // offsets their delay would only cost (see `LeastRequestConfig::own_bias`).
+                if self.mesh_realtime.load(Ordering::Relaxed) {
+                    policy_cfg.least_request.own_bias.get_or_insert(0.0);
+                }
                 let members: Vec<EngineMember> = engines
                     .iter()
                     .map(|e| {
@@ -462,6 +479,55 @@ mod tests {
         reg.prefix.sweep(4);
         let d = reg.add(&entry(4), Source::Static, false).expect("add d");
         assert_eq!(d.slot, 2);
+    }
+
+    /// What least request picks of two engines: `a` with 5 in flight, all this router's;
+    /// `b` with 6, all its peers'.
+    fn least_request_pick(reg: &Registry) -> usize {
+        let snap = reg.snapshot();
+        let route = snap.routes.get("m").expect("route");
+        let views: Vec<EngineView> = [(5, 5), (6, 0)]
+            .iter()
+            .map(|&(load, own)| {
+                let mut v = EngineView::new(1.0);
+                v.in_flight = load;
+                v.own_in_flight = own;
+                v
+            })
+            .collect();
+        let mut out = Vec::new();
+        route
+            .policy
+            .pick(&views, &kvmesh_policy::RequestCtx::new(1, 0), &mut out);
+        out[0]
+    }
+
+    #[test]
+    fn an_unset_own_bias_is_zero_once_the_mesh_thread_is_realtime() {
+        let mut cfg = ServeConfig::default();
+        cfg.routing.policy.policy = kvmesh_policy::PolicyKind::LeastRequest;
+        let reg = Registry::new(Arc::new(cfg.clone()), Clock::default());
+        reg.add(&entry(1), Source::Static, false).expect("add");
+        reg.add(&entry(2), Source::Static, false).expect("add");
+        // Peers' counts may be late: own requests count 4 more, so `b` (peers' 6) wins.
+        assert_eq!(least_request_pick(&reg), 1);
+        reg.set_mesh_realtime(true);
+        let snap = reg.snapshot();
+        assert_eq!(
+            snap.routes["m"].policy_cfg.least_request.own_bias,
+            Some(0.0)
+        );
+        // Counts are not late: the least loaded by the sum, `a`.
+        assert_eq!(least_request_pick(&reg), 0);
+        reg.set_mesh_realtime(false);
+        assert_eq!(least_request_pick(&reg), 1);
+        // A configured bias is kept either way.
+        cfg.routing.policy.least_request.own_bias = Some(4.0);
+        let reg = Registry::new(Arc::new(cfg), Clock::default());
+        reg.add(&entry(1), Source::Static, false).expect("add");
+        reg.add(&entry(2), Source::Static, false).expect("add");
+        reg.set_mesh_realtime(true);
+        assert_eq!(least_request_pick(&reg), 1);
     }
 
     #[test]

@@ -51,7 +51,7 @@ fn main() {
         let certs = generate(&["a".into(), "b".into()]).expect("certs");
         let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
         let any = "127.0.0.1:0".parse().expect("addr");
-        let (a, mut a_applies) = MeshNode::start("a", any, &tls("a"), Seeds::default(), cfg(true), now.clone(), None)
+        let (a, mut a_applies) = MeshNode::start("a", any, &tls("a"), Seeds::default(), cfg(true), now.clone(), None, 0)
             .await
             .expect("a");
         tokio::spawn(async move { while a_applies.recv().await.is_some() {} });
@@ -84,7 +84,7 @@ fn main() {
         // B joins with A as its seed.
         let seed = Seeds { addrs: vec![a.id.addr.to_string()], dns: None };
         let t0 = Instant::now();
-        let (b, mut b_applies) = MeshNode::start("b", any, &tls("b"), seed, cfg(false), now.clone(), None)
+        let (b, mut b_applies) = MeshNode::start("b", any, &tls("b"), seed, cfg(false), now.clone(), None, 0)
             .await
             .expect("b");
         let warm_at = Arc::new(AtomicU64::new(0));

@@ -8,6 +8,7 @@
 use crate::certs::NodeTls;
 use crate::core::{Apply, CoreConfig, MeshCore, Output};
 use crate::membership::MeshId;
+use crate::realtime;
 use crate::transport::{Class, Inbound, Transport, TransportError};
 use kvmesh_state::{EngineRecord, WireOp};
 use std::collections::BTreeSet;
@@ -104,6 +105,8 @@ pub struct MeshNode {
     pub core: Arc<Mutex<MeshCore>>,
     /// Where the router's changes go (bounded; a full channel drops, anti-entropy repairs).
     pub input: mpsc::Sender<Input>,
+    /// The node's thread runs at real-time priority (it asked and was allowed).
+    pub realtime: bool,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
     /// The thread the node runs on (held for its drop: the runtime stops with the node).
@@ -117,25 +120,50 @@ pub struct MeshNode {
 struct NodeThread {
     handle: tokio::runtime::Handle,
     stop: Option<oneshot::Sender<()>>,
+    /// The thread got the real-time priority it asked for.
+    realtime: bool,
 }
 
 impl NodeThread {
-    fn spawn(name: &str) -> std::io::Result<NodeThread> {
+    /// Starts the thread; it asks for real-time scheduling at `priority` first (0: never;
+    /// see [`crate::realtime`]), and a refusal is logged, not an error.
+    fn spawn(name: &str, priority: u8) -> std::io::Result<NodeThread> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let handle = rt.handle().clone();
         let (stop, stopped) = oneshot::channel::<()>();
+        let (raised_tx, raised) = std::sync::mpsc::sync_channel(1);
+        let node = name.to_string();
         std::thread::Builder::new()
             .name(format!("mesh-{name}"))
             .spawn(move || {
+                let realtime = priority > 0
+                    && match realtime::raise_current_thread(priority) {
+                        Ok(()) => {
+                            tracing::info!(node, priority, "mesh thread runs at real-time priority (SCHED_FIFO)");
+                            true
+                        }
+                        Err(e) => {
+                            tracing::warn!(
+                                node,
+                                priority,
+                                error = %e,
+                                "mesh thread stays at normal priority (real-time needs CAP_SYS_NICE): peers' in-flight counts may wait behind busy threads"
+                            );
+                            false
+                        }
+                    };
+                let _ = raised_tx.send(realtime);
                 rt.block_on(async {
                     let _ = stopped.await;
                 });
             })?;
+        let realtime = raised.recv().unwrap_or(false);
         Ok(NodeThread {
             handle,
             stop: Some(stop),
+            realtime,
         })
     }
 }
@@ -188,8 +216,10 @@ fn feed(core: &mut MeshCore, i: Input, now: u64) {
 
 impl MeshNode {
     /// Binds `listen`, starts the node as `name` (its incarnation: the start time, so a
-    /// restart wins over the old identity) on a thread of its own (see `NodeThread`) and
-    /// returns it with the receiver of the changes the router must apply.
+    /// restart wins over the old identity) on a thread of its own (see `NodeThread`; real-time
+    /// at `realtime_priority` if allowed, 0 = never asked) and returns it with the receiver of
+    /// the changes the router must apply.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         name: &str,
         listen: SocketAddr,
@@ -198,8 +228,9 @@ impl MeshNode {
         cfg: CoreConfig,
         now: NowFn,
         link: Option<LoadLink>,
+        realtime_priority: u8,
     ) -> Result<(MeshNode, mpsc::Receiver<Apply>), TransportError> {
-        let thread = NodeThread::spawn(name)?;
+        let thread = NodeThread::spawn(name, realtime_priority)?;
         // Everything the node starts (the endpoint's driver, its tasks) runs on its thread.
         let handle = thread.handle.clone();
         let _on_thread = handle.enter();
@@ -339,6 +370,7 @@ impl MeshNode {
                 id,
                 core,
                 input,
+                realtime: thread.realtime,
                 stop: Some(stop),
                 task,
                 _thread: thread,

@@ -53,7 +53,7 @@ async fn start(
         })
         .unwrap_or_default();
     let any = "127.0.0.1:0".parse().expect("addr");
-    MeshNode::start(name, any, tls, seeds, cfg(seed.is_none()), clock(), link)
+    MeshNode::start(name, any, tls, seeds, cfg(seed.is_none()), clock(), link, 0)
         .await
         .expect(name)
 }

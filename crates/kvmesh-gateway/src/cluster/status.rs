@@ -53,6 +53,7 @@ pub(super) fn status(c: &Cluster) -> serde_json::Value {
         "node": c.name,
         "id": format!("{:016x}", c.me.0),
         "warm": c.is_warm(),
+        "realtime": c.realtime,
         "addr": c.addr().map(|a| a.to_string()),
         "members": lags,
         "digests": {

@@ -189,7 +189,7 @@ impl PolicyConfig {
             "must be at least 2",
         )?;
         check(
-            (0.0..=1000.0).contains(&self.least_request.own_bias),
+            (0.0..=1000.0).contains(&self.least_request.own_bias()),
             at,
             "least_request.own_bias",
             "must be between 0 and 1000",
@@ -283,15 +283,30 @@ pub struct LeastRequestConfig {
     /// their own requests first keeps each router's own share spread, so the sum stays even.
     /// A router whose own requests are all the load it knows of (alone, no other clients)
     /// ranks exactly as with 0; a difference in the sum larger than `own_bias` still wins over
-    /// one own request more. 0 = every request alike. Default 4.
-    pub own_bias: f64,
+    /// one own request more. 0 = every request alike. The bias pays while peers' counts are
+    /// late; once they are not, it only turns a router away from the least loaded engine
+    /// (clients sprayed over the routers drift each router's own share). Unset (default): 0
+    /// when the router's mesh thread runs at real-time priority (`mesh.realtime_priority`
+    /// granted: counts arrive within ~0.2 ms), 4 otherwise.
+    pub own_bias: Option<f64>,
+}
+
+impl LeastRequestConfig {
+    /// `own_bias` when unset and peers' counts may be late (the mesh thread at normal
+    /// priority, or no mesh: alone, the bias changes nothing).
+    pub const OWN_BIAS_LATE: f64 = 4.0;
+
+    /// The bias in force: as set, else [`Self::OWN_BIAS_LATE`].
+    pub fn own_bias(&self) -> f64 {
+        self.own_bias.unwrap_or(Self::OWN_BIAS_LATE)
+    }
 }
 
 impl Default for LeastRequestConfig {
     fn default() -> Self {
         LeastRequestConfig {
             max_scan: 512,
-            own_bias: 4.0,
+            own_bias: None,
         }
     }
 }

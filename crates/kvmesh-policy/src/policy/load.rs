@@ -122,7 +122,7 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
     k: usize,
     cfg: &LeastRequestConfig,
 ) -> LeastBest {
-    let (max_scan, own_bias) = (cfg.max_scan, cfg.own_bias);
+    let (max_scan, own_bias) = (cfg.max_scan, cfg.own_bias());
     let n = engines.len();
     let k = k.clamp(1, MAX_CANDIDATES);
     let (start, len) = if n <= max_scan {
@@ -200,7 +200,7 @@ mod tests {
     /// The `k` engines least request ranks first, with the default config but `own_bias`.
     fn ranked(vs: &[EngineView], seed: u64, k: usize, own_bias: f64) -> Vec<usize> {
         let cfg = LeastRequestConfig {
-            own_bias,
+            own_bias: Some(own_bias),
             ..LeastRequestConfig::default()
         };
         let mut out = Vec::new();
