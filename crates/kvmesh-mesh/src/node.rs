@@ -120,20 +120,19 @@ pub struct MeshNode {
 struct NodeThread {
     handle: tokio::runtime::Handle,
     stop: Option<oneshot::Sender<()>>,
-    /// The thread got the real-time priority it asked for.
-    realtime: bool,
 }
 
 impl NodeThread {
     /// Starts the thread; it asks for real-time scheduling at `priority` first (0: never;
-    /// see [`crate::realtime`]), and a refusal is logged, not an error.
-    fn spawn(name: &str, priority: u8) -> std::io::Result<NodeThread> {
+    /// see [`crate::realtime`]) and tells through the receiver whether it got it (a refusal
+    /// is logged, not an error).
+    fn spawn(name: &str, priority: u8) -> std::io::Result<(NodeThread, oneshot::Receiver<bool>)> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let handle = rt.handle().clone();
         let (stop, stopped) = oneshot::channel::<()>();
-        let (raised_tx, raised) = std::sync::mpsc::sync_channel(1);
+        let (raised_tx, raised) = oneshot::channel();
         let node = name.to_string();
         std::thread::Builder::new()
             .name(format!("mesh-{name}"))
@@ -159,12 +158,13 @@ impl NodeThread {
                     let _ = stopped.await;
                 });
             })?;
-        let realtime = raised.recv().unwrap_or(false);
-        Ok(NodeThread {
-            handle,
-            stop: Some(stop),
-            realtime,
-        })
+        Ok((
+            NodeThread {
+                handle,
+                stop: Some(stop),
+            },
+            raised,
+        ))
     }
 }
 
@@ -230,7 +230,8 @@ impl MeshNode {
         link: Option<LoadLink>,
         realtime_priority: u8,
     ) -> Result<(MeshNode, mpsc::Receiver<Apply>), TransportError> {
-        let thread = NodeThread::spawn(name, realtime_priority)?;
+        let (thread, raised) = NodeThread::spawn(name, realtime_priority)?;
+        let realtime = raised.await.unwrap_or(false);
         // Everything the node starts (the endpoint's driver, its tasks) runs on its thread.
         let handle = thread.handle.clone();
         let _on_thread = handle.enter();
@@ -370,7 +371,7 @@ impl MeshNode {
                 id,
                 core,
                 input,
-                realtime: thread.realtime,
+                realtime,
                 stop: Some(stop),
                 task,
                 _thread: thread,
