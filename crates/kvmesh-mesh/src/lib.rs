@@ -3,7 +3,7 @@
 //! ([`core`]: membership + replicated state + ingest ownership + dissemination, time and
 //! randomness passed in) and its tokio shell ([`node`]).
 
-// Unsafe only in `realtime`: two libc calls that set and read the thread's scheduling.
+// Unsafe only in `realtime`: the one libc call that sets the thread's scheduling.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
