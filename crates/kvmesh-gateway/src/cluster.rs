@@ -21,10 +21,11 @@ use crate::{ingest, probe};
 use kvmesh_config::{EngineEntry, MeshConfig};
 use kvmesh_mesh::certs::NodeTls;
 use kvmesh_mesh::core::{Apply, CoreConfig, MeshCore};
-use kvmesh_mesh::membership::MeshId;
+use kvmesh_mesh::membership::{MeshId, rank_among};
 use kvmesh_mesh::node::{Input, LoadLink, MeshNode, NowFn, Seeds};
 use kvmesh_mesh::transport::Transport;
 use kvmesh_metrics::Histogram;
+use kvmesh_policy::RouterSlot;
 use kvmesh_prefix::{BlockKey, EngineId, IndexOp, IndexSink, OpVersion, Target};
 use kvmesh_state::{EngineRecord, NodeId, WireOp};
 use std::collections::BTreeSet;
@@ -215,6 +216,8 @@ impl Cluster {
         let (g, cl) = (gw.clone(), c.clone());
         gw.tasks
             .spawn(async move { cl.apply_loop(g, applies).await });
+        let (g, cl) = (gw.clone(), c.clone());
+        gw.tasks.spawn(async move { cl.slot_loop(g).await });
         Ok(c)
     }
 
@@ -285,6 +288,19 @@ impl Cluster {
                         .is_some_and(|f| f.feed().is_some() && !f.is_stale());
                     e.ingest.mesh_live.store(live, Relaxed);
                 }
+            }
+        }
+    }
+
+    /// Keeps the registry told where this router stands among the live routers (its rank by
+    /// name), which `least_request` splits ties by.
+    async fn slot_loop(self: Arc<Self>, gw: Arc<Gateway>) {
+        let mut members = self.members.clone();
+        loop {
+            let (rank, routers) = rank_among(&self.name, members.borrow_and_update().iter());
+            gw.registry.set_router_slot(RouterSlot { rank, routers });
+            if members.changed().await.is_err() {
+                return;
             }
         }
     }

@@ -13,7 +13,7 @@ use kvmesh_config::{EngineEntry, ServeConfig};
 use kvmesh_policy::{
     EngineMember, EngineSet, EngineTracker, EngineView, Policy, PolicyConfig, stable_hash,
 };
-use kvmesh_policy::{Reason, Totals};
+use kvmesh_policy::{Reason, RouterSlot, Totals};
 use kvmesh_prefix::EngineId;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -197,6 +197,8 @@ pub struct Registry {
     /// The mesh's thread runs at real-time priority: peers' counts are not late, and an unset
     /// `least_request.own_bias` is 0 (see [`Registry::set_mesh_realtime`]).
     mesh_realtime: AtomicBool,
+    /// This router's place among the mesh's live routers (see [`Registry::set_router_slot`]).
+    router_slot: Mutex<RouterSlot>,
 }
 
 impl Registry {
@@ -219,6 +221,7 @@ impl Registry {
             fleet_latency_bits: AtomicU64::new(0f64.to_bits()),
             load_signal: Arc::default(),
             mesh_realtime: AtomicBool::new(false),
+            router_slot: Mutex::new(RouterSlot::ALONE),
         }
     }
 
@@ -228,6 +231,24 @@ impl Registry {
         if self.mesh_realtime.swap(realtime, Ordering::Relaxed) != realtime {
             self.rebuild();
         }
+    }
+
+    /// The mesh's live routers changed: where this one stands among them. The policies are
+    /// rebuilt with it, and `least_request` splits engines tied for least loaded between the
+    /// routers by it ([`Policy::with_router_slot`]).
+    pub fn set_router_slot(&self, slot: RouterSlot) {
+        let changed = {
+            let mut s = lock(&self.router_slot);
+            std::mem::replace(&mut *s, slot) != slot
+        };
+        if changed {
+            self.rebuild();
+        }
+    }
+
+    /// Where this router stands among the mesh's live routers.
+    pub fn router_slot(&self) -> RouterSlot {
+        *lock(&self.router_slot)
     }
 
     /// The health configuration every tracker was built from.
@@ -339,6 +360,7 @@ impl Registry {
             }
         }
         let version = self.version.fetch_add(1, Ordering::Relaxed) + 1;
+        let slot = self.router_slot();
         let routes = by_model
             .into_iter()
             .map(|(model, engines)| {
@@ -360,7 +382,7 @@ impl Registry {
                     })
                     .collect();
                 let seed = self.cfg.seed ^ stable_hash(model.as_bytes()) ^ version;
-                let policy = Policy::new(&policy_cfg, &members, seed);
+                let policy = Policy::new(&policy_cfg, &members, seed).with_router_slot(slot);
                 // A LoRA adapter's blocks carry its name (as vLLM hashes them): from the
                 // config, else from the engines' /v1/models (`parent`).
                 let lora = self

@@ -229,11 +229,22 @@ async fn meshed_routers_share_marks_load_and_engines() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(agree, "digests agree");
-    for r in [&a, &b, &c_router] {
+    for (rank, r) in [&a, &b, &c_router].into_iter().enumerate() {
+        let status = cluster_json(&c, r).await;
+        assert_eq!(status["warm"], true, "every router is warm");
+        // Each knows its own place among the three (by name), and its policies split ties
+        // by it.
         assert_eq!(
-            cluster_json(&c, r).await["warm"],
-            true,
-            "every router is warm"
+            status["rank"],
+            serde_json::json!({ "rank": rank, "routers": 3 }),
+            "{status}"
+        );
+        assert_eq!(
+            r.gateway.registry.router_slot(),
+            kvmesh_policy::RouterSlot {
+                rank: rank as u32,
+                routers: 3
+            }
         );
     }
     // The mesh's families on /metrics.

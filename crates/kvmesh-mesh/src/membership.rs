@@ -235,3 +235,45 @@ impl Membership {
         }
     }
 }
+
+/// This node's place among the live routers, as every router computes it alike: `(rank,
+/// routers)`, its rank (0-based) when the distinct names of `me` and `live` are sorted, and
+/// how many there are. Routers use it to split engines tied for least loaded between them.
+pub fn rank_among<'a>(me: &str, live: impl IntoIterator<Item = &'a MeshId>) -> (u32, u32) {
+    let mut names: Vec<&str> = live.into_iter().map(|m| m.name.as_str()).collect();
+    names.push(me);
+    names.sort_unstable();
+    names.dedup();
+    let rank = names.partition_point(|n| *n < me);
+    (
+        u32::try_from(rank).unwrap_or(u32::MAX),
+        u32::try_from(names.len()).unwrap_or(u32::MAX),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(name: &str, port: u16, bump: u64) -> MeshId {
+        MeshId {
+            name: name.into(),
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            bump,
+        }
+    }
+
+    #[test]
+    fn every_router_computes_a_distinct_rank() {
+        let all = [id("c", 1, 0), id("a", 2, 0), id("b", 3, 0)];
+        let mut ranks: Vec<(u32, u32)> = all
+            .iter()
+            .map(|me| rank_among(&me.name, all.iter().filter(|m| m.name != me.name)))
+            .collect();
+        ranks.sort_unstable();
+        assert_eq!(ranks, [(0, 3), (1, 3), (2, 3)]);
+        assert_eq!(rank_among("b", &[]), (0, 1));
+        // A restarted peer briefly known under two addresses counts once.
+        assert_eq!(rank_among("b", &[id("a", 2, 0), id("a", 4, 1)]), (1, 2));
+    }
+}

@@ -5,12 +5,16 @@
 //! shows the cost without them. `tracker_view` is the cost of building one engine's view
 //! from its `EngineTracker`. The cache-aware policies (`cache_aware`, `precise`, `scored`) get
 //! precomputed prefix matches (8 matched engines at 64, 64 at 4,096; the index lookup that
-//! produces them is benchmarked in kvmesh-prefix) of a 64-block prompt.
+//! produces them is benchmarked in kvmesh-prefix) of a 64-block prompt. `least_request/even`
+//! and `least_request/even_split` run it over engines of equal weight (so loads tie, as in a
+//! uniform fleet), alone and as router 1 of 3 (ties split by rank: a second pass when the
+//! first finds a tie).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kvmesh_policy::{
     EngineMember, EngineSet, EngineTracker, EngineView, HealthConfig, MAX_CANDIDATES, Policy,
-    PolicyConfig, PolicyKind, PrefixInput, PrefixMatch, RequestCtx, Rng, Totals, stable_hash,
+    PolicyConfig, PolicyKind, PrefixInput, PrefixMatch, RequestCtx, Rng, RouterSlot, Totals,
+    stable_hash,
 };
 use std::hint::black_box;
 use std::time::Duration;
@@ -104,6 +108,42 @@ fn decision(c: &mut Criterion) {
                     }
                     black_box(policy.pick(&fleet, &ctx, &mut out));
                     black_box(out.first().copied())
+                })
+            });
+        }
+        let even = Fleet {
+            views: fleet
+                .views
+                .iter()
+                .map(|v| {
+                    let mut e = *v;
+                    e.weight = 1.0;
+                    e
+                })
+                .collect(),
+            totals: fleet.totals,
+        };
+        let cfg = PolicyConfig {
+            policy: PolicyKind::LeastRequest,
+            ..PolicyConfig::default()
+        };
+        for (name, slot) in [
+            ("least_request/even", RouterSlot::ALONE),
+            (
+                "least_request/even_split",
+                RouterSlot {
+                    rank: 1,
+                    routers: 3,
+                },
+            ),
+        ] {
+            let policy = Policy::new(&cfg, &members, 1).with_router_slot(slot);
+            let mut out = Vec::with_capacity(MAX_CANDIDATES);
+            let mut seed = 0u64;
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    seed = seed.wrapping_add(1);
+                    black_box(policy.pick(&even, &RequestCtx::new(seed, seed), &mut out))
                 })
             });
         }

@@ -15,7 +15,9 @@
 //!   usable cached prefix unless that engine is overloaded, else least request; the matches
 //!   come from the gateway's own decisions or from engine KV events) and `scored` (a weighted
 //!   sum of prefix match, queue, KV utilisation, load and latency). Ties are broken at
-//!   random; when no engine is eligible the policy runs over all of them (panic mode).
+//!   random, except that meshed routers split engines tied for least loaded by their rank
+//!   ([`Policy::with_router_slot`]); when no engine is eligible the policy runs over all of
+//!   them (panic mode).
 //! * **Health** ([`EngineTracker`] bundles them): [`CircuitBreaker`] (closed / open /
 //!   half-open, growing open periods) with the fleet-wide [`EjectionGuard`],
 //!   [`ActiveHealth`] thresholds, [`LatencyTracker`] (peak EWMA of TTFT and end to end;
@@ -50,5 +52,6 @@ pub use policy::{Policy, load_score};
 pub use retry::{AtomicRetryBudget, RetryBudget};
 pub use rng::{Rng, mix64, stable_hash, unit_f64};
 pub use view::{
-    EngineMember, EngineSet, EngineView, PrefixInput, PrefixMatch, Reason, RequestCtx, Totals,
+    EngineMember, EngineSet, EngineView, PrefixInput, PrefixMatch, Reason, RequestCtx, RouterSlot,
+    Totals,
 };

@@ -324,3 +324,22 @@ impl EngineMember {
         }
     }
 }
+
+/// Where this router stands among the live routers of its mesh: its `rank` (0-based, in an
+/// order every router computes alike, e.g. by node name) of `routers`. `least_request` splits
+/// engines tied for least loaded by it (see [`Policy::with_router_slot`](crate::Policy::with_router_slot)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterSlot {
+    /// This router's place, `0..routers`.
+    pub rank: u32,
+    /// Live routers, this one included.
+    pub routers: u32,
+}
+
+impl RouterSlot {
+    /// A router alone.
+    pub const ALONE: RouterSlot = RouterSlot {
+        rank: 0,
+        routers: 1,
+    };
+}

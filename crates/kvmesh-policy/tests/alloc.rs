@@ -1,10 +1,10 @@
 //! The hot path does not allocate: a counting global allocator around `Policy::pick` for every
-//! policy, at 64 and 4,096 engines, with and
-//! without prefix input.
+//! policy, at 64 and 4,096 engines, with and without prefix input, alone and as one of three
+//! meshed routers (ties split by rank).
 
 use kvmesh_policy::{
     EngineMember, EngineSet, EngineView, MAX_CANDIDATES, Policy, PolicyConfig, PolicyKind,
-    PrefixInput, PrefixMatch, RequestCtx, Rng, Totals, stable_hash,
+    PrefixInput, PrefixMatch, RequestCtx, Rng, RouterSlot, Totals, stable_hash,
 };
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -75,12 +75,22 @@ fn pick_does_not_allocate() {
                 blocks: rng.below(65) as u32,
             })
             .collect();
-        for kind in PolicyKind::ALL {
+        let slots = [
+            RouterSlot::ALONE,
+            RouterSlot {
+                rank: 1,
+                routers: 3,
+            },
+        ];
+        for (kind, slot) in PolicyKind::ALL
+            .into_iter()
+            .flat_map(|k| slots.map(|s| (k, s)))
+        {
             let cfg = PolicyConfig {
                 policy: kind,
                 ..PolicyConfig::default()
             };
-            let p = Policy::new(&cfg, &members, 1);
+            let p = Policy::new(&cfg, &members, 1).with_router_slot(slot);
             let mut out = Vec::with_capacity(MAX_CANDIDATES);
             let before = ALLOCS.with(|a| a.get());
             for s in 0..1_000u64 {
@@ -96,7 +106,11 @@ fn pick_does_not_allocate() {
                 assert!(!out.is_empty());
             }
             let after = ALLOCS.with(|a| a.get());
-            assert_eq!(after - before, 0, "{kind:?} at {n} engines allocated");
+            assert_eq!(
+                after - before,
+                0,
+                "{kind:?} at {n} engines ({slot:?}) allocated"
+            );
         }
     }
 }

@@ -13,13 +13,19 @@
 //! share drifts and the bias turns it away from the least loaded engine. Measured on the
 //! bench's fleet alike (BENCHMARKS.md, "The mesh", *A real-time mesh thread*); one difference:
 //! with late counts and sprayed clients the fleet did better with the bias, the model without.
+//!
+//! Each router also splits engines tied for least loaded by its rank among the routers (as
+//! the gateway's do, `Policy::with_router_slot`), so routers deciding at once on the same
+//! counts take different engines of a tie. With late counts and no bias that takes part of
+//! the herd away when clients keep their router; sprayed, it changes little. The fleet
+//! measured the same at real-time priority (BENCHMARKS.md, *Ties split by rank*).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use kvmesh_policy::{
     EngineMember, EngineView, LeastRequestConfig, MAX_CANDIDATES, Policy, PolicyConfig, PolicyKind,
-    RequestCtx, Rng, stable_hash,
+    RequestCtx, Rng, RouterSlot, stable_hash,
 };
 
 const ENGINES: usize = 8;
@@ -38,6 +44,9 @@ struct Fleet {
     /// Each client keeps one router (`false`: every request goes to the next router).
     sticky: bool,
     own_bias: f64,
+    /// Routers split engines tied for least loaded by their rank, as the gateway's do
+    /// (`Policy::with_router_slot`); `false`: ties at random.
+    split: bool,
     /// How late counts reach the other routers.
     delay: Delay,
     seed: u64,
@@ -72,7 +81,8 @@ enum Event {
 
 struct Model {
     fleet: Fleet,
-    policy: Policy,
+    /// Each router's policy.
+    policies: Vec<Policy>,
     rng: Rng,
     queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
@@ -96,9 +106,18 @@ impl Model {
         };
         cfg.least_request.own_bias = Some(fleet.own_bias);
         let r = fleet.routers;
+        let policies = (0..r)
+            .map(|rank| {
+                let slot = RouterSlot {
+                    rank: rank as u32,
+                    routers: if fleet.split { r as u32 } else { 1 },
+                };
+                Policy::new(&cfg, &members, fleet.seed ^ rank as u64).with_router_slot(slot)
+            })
+            .collect();
         Model {
             fleet,
-            policy: Policy::new(&cfg, &members, fleet.seed),
+            policies,
             rng: Rng::new(fleet.seed),
             queue: BinaryHeap::new(),
             seq: 0,
@@ -164,7 +183,7 @@ impl Model {
         self.decisions += 1;
         let mut out = Vec::with_capacity(MAX_CANDIDATES);
         let ctx = RequestCtx::new(self.fleet.seed ^ self.decisions, 0);
-        self.policy.pick(&views, &ctx, &mut out);
+        self.policies[r].pick(&views, &ctx, &mut out);
         out[0]
     }
 
@@ -243,6 +262,11 @@ impl Model {
 
 /// Mean spread over seeds.
 fn spread(routers: usize, sticky: bool, own_bias: f64, delay: Delay) -> f64 {
+    spread_split(routers, sticky, own_bias, delay, true)
+}
+
+/// Mean spread over seeds, the routers splitting ties by rank or not.
+fn spread_split(routers: usize, sticky: bool, own_bias: f64, delay: Delay, split: bool) -> f64 {
     let seeds = 1..=8u64;
     let n = seeds.clone().count() as f64;
     seeds
@@ -251,6 +275,7 @@ fn spread(routers: usize, sticky: bool, own_bias: f64, delay: Delay) -> f64 {
                 routers,
                 sticky,
                 own_bias,
+                split,
                 delay,
                 seed,
             })
@@ -264,13 +289,22 @@ fn spread(routers: usize, sticky: bool, own_bias: f64, delay: Delay) -> f64 {
 fn with_late_counts_routers_that_count_their_own_requests_first_spread_load_as_one_router_does() {
     let bias = LeastRequestConfig::OWN_BIAS_LATE;
     let one = spread(1, true, bias, Delay::Late);
-    let three_flat = spread(3, true, 0.0, Delay::Late);
+    let three_flat = spread_split(3, true, 0.0, Delay::Late, false);
+    let three_flat_split = spread(3, true, 0.0, Delay::Late);
     let three = spread(3, true, bias, Delay::Late);
     eprintln!(
-        "max/mean in flight, late counts: 1 router {one:.3}; 3 routers whose clients keep \
-         them: own_bias 0 {three_flat:.3}, 4 {three:.3}; sprayed: own_bias 0 {:.3}, 4 {:.3}",
+        "max/mean in flight, late counts: 1 router {one:.4}; 3 routers whose clients keep \
+         them: own_bias 0 {three_flat:.4} (ties split by rank {three_flat_split:.4}), 4 \
+         {three:.4}; sprayed: own_bias 0 {:.4} (split {:.4}), 4 {:.4}",
+        spread_split(3, false, 0.0, Delay::Late, false),
         spread(3, false, 0.0, Delay::Late),
         spread(3, false, bias, Delay::Late),
+    );
+    // Splitting ties by rank takes part of the herd away: simultaneous decisions on the same
+    // counts no longer pick the same engine of a tie.
+    assert!(
+        three_flat_split < three_flat,
+        "ties split by rank {three_flat_split} vs at random {three_flat}"
     );
     // One router's own counts are the whole truth: the bias changes nothing there.
     assert!(
@@ -296,9 +330,9 @@ fn with_counts_on_time_routers_without_the_bias_spread_load_as_one_router_does()
     let spray = spread(3, false, 0.0, Delay::Realtime);
     let spray_bias = spread(3, false, LeastRequestConfig::OWN_BIAS_LATE, Delay::Realtime);
     eprintln!(
-        "max/mean in flight, counts within 0.2 ms: 1 router {one:.3}; 3 routers, own_bias 0: \
-         clients keep their router {sticky:.3}, sprayed {spray:.3}; sprayed, own_bias 4 \
-         {spray_bias:.3}"
+        "max/mean in flight, counts within 0.2 ms: 1 router {one:.4}; 3 routers, own_bias 0: \
+         clients keep their router {sticky:.4}, sprayed {spray:.4}; sprayed, own_bias 4 \
+         {spray_bias:.4}"
     );
     assert!(
         sticky <= one + 0.003,

@@ -3,7 +3,43 @@
 use super::{Filter, Picks, sample};
 use crate::config::{LeastRequestConfig, MAX_CANDIDATES};
 use crate::rng::{Rng, mix64};
-use crate::view::{EngineSet, EngineView};
+use crate::view::{EngineMember, EngineSet, EngineView, RouterSlot};
+
+/// Least request as one [`Policy`](crate::Policy) runs it: its config, and how it splits ties
+/// with the other routers of its mesh.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Least<'a> {
+    pub(crate) cfg: &'a LeastRequestConfig,
+    pub(crate) split: Option<&'a TieSplit>,
+}
+
+/// Ties split between routers: engines tied for least loaded are put in an order every router
+/// shares (a hash of each engine's stable id), and the router of rank `r` among `n` live
+/// routers takes the `(r mod ties)`-th. Routers that decide at the same moment from the same
+/// counts (a peer's newest count not yet arrived) then take different engines of the tie
+/// where picking at random would put two on one engine half the time with two tied.
+#[derive(Debug, Clone)]
+pub(crate) struct TieSplit {
+    rank: u32,
+    /// Per engine index: its place in the shared order.
+    keys: Vec<u64>,
+}
+
+impl TieSplit {
+    /// The split for `slot` over `members`; `None` for a router alone (no one to split with).
+    pub(crate) fn new(slot: RouterSlot, members: &[EngineMember]) -> Option<TieSplit> {
+        (slot.routers > 1).then(|| TieSplit {
+            rank: slot.rank % slot.routers,
+            keys: members
+                .iter()
+                .map(|m| mix64(m.id ^ 0x5917_7135_0C0F_FEE5))
+                .collect(),
+        })
+    }
+}
+
+/// Most tied engines [`TieSplit`] orders (on the stack); ties past it are not considered.
+const MAX_SPLIT: usize = 64;
 
 /// `(load + 1) / weight`: in-flight requests per unit of weight, counting the new one (what
 /// `least_request` and the power-of-two policies compare).
@@ -71,10 +107,10 @@ pub(crate) fn least_request<S: EngineSet + ?Sized>(
     seed: u64,
     filter: Filter,
     k: usize,
-    cfg: &LeastRequestConfig,
+    lr: &Least<'_>,
     out: &mut Vec<usize>,
 ) {
-    let best = least_request_best(engines, rng, seed, filter, k, cfg);
+    let best = least_request_best(engines, rng, seed, filter, k, lr);
     out.extend_from_slice(best.as_slice());
 }
 
@@ -87,13 +123,13 @@ pub(crate) fn fill_least_request<S: EngineSet + ?Sized>(
     seed: u64,
     filter: Filter,
     k: usize,
-    cfg: &LeastRequestConfig,
+    lr: &Least<'_>,
     out: &mut Vec<usize>,
 ) {
     if out.len() >= k {
         return;
     }
-    let best = least_request_best(engines, rng, seed, filter, k, cfg);
+    let best = least_request_best(engines, rng, seed, filter, k, lr);
     for &i in best.as_slice() {
         if out.len() < k && !out.contains(&i) {
             out.push(i);
@@ -113,16 +149,17 @@ impl LeastBest {
     }
 }
 
-/// The `k` best engines of least request (see [`least_request`]), on the stack.
+/// The `k` best engines of least request (see [`least_request`]), on the stack; with a
+/// [`TieSplit`], the first is the tied engine this router's rank takes.
 pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
     engines: &S,
     rng: &mut Rng,
     seed: u64,
     filter: Filter,
     k: usize,
-    cfg: &LeastRequestConfig,
+    lr: &Least<'_>,
 ) -> LeastBest {
-    let (max_scan, own_bias) = (cfg.max_scan, cfg.own_bias());
+    let (max_scan, own_bias) = (lr.cfg.max_scan, lr.cfg.own_bias());
     let n = engines.len();
     let k = k.clamp(1, MAX_CANDIDATES);
     let (start, len) = if n <= max_scan {
@@ -134,6 +171,10 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
     // Best k so far, sorted ascending by (score, tie).
     let mut best = [(f64::INFINITY, u64::MAX, usize::MAX); MAX_CANDIDATES];
     let mut have = 0usize;
+    // The lowest score and the engines that have it, in the order the routers share (kept
+    // only with a split, which needs two of them).
+    let mut least = f64::INFINITY;
+    let mut tied = Tied::new();
     for j in 0..len {
         let i = if start + j < n {
             start + j
@@ -145,6 +186,15 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
             continue;
         }
         let s = least_score(&v, own_bias);
+        if let Some(split) = lr.split
+            && s <= least
+        {
+            if s < least {
+                least = s;
+                tied.clear();
+            }
+            tied.push(split.key(i), i);
+        }
         if have == k {
             let worst = best[k - 1];
             if s > worst.0 {
@@ -161,6 +211,11 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
             insert(&mut best, have, (s, tie, i));
         }
     }
+    if let Some(split) = lr.split
+        && let Some(i) = split.take(&mut tied)
+    {
+        have = first(&mut best, have, k, i);
+    }
     let mut r = LeastBest {
         items: [usize::MAX; MAX_CANDIDATES],
         len: have,
@@ -169,6 +224,71 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
         *slot = i;
     }
     r
+}
+
+impl TieSplit {
+    /// Engine `i`'s place in the order the routers share.
+    #[inline]
+    fn key(&self, i: usize) -> u64 {
+        self.keys.get(i).copied().unwrap_or(i as u64)
+    }
+
+    /// Of the engines tied for least loaded, the one this router's rank takes; `None` without
+    /// a tie.
+    fn take(&self, tied: &mut Tied) -> Option<usize> {
+        let tied = tied.as_mut_slice();
+        if tied.len() < 2 {
+            return None;
+        }
+        tied.sort_unstable();
+        Some(tied[self.rank as usize % tied.len()].1)
+    }
+}
+
+/// Engines tied for the lowest score so far, with their keys (on the stack; past
+/// [`MAX_SPLIT`] further ones are not kept).
+struct Tied {
+    items: [(u64, usize); MAX_SPLIT],
+    len: usize,
+}
+
+impl Tied {
+    fn new() -> Tied {
+        Tied {
+            items: [(0, 0); MAX_SPLIT],
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    #[inline]
+    fn push(&mut self, key: u64, i: usize) {
+        if self.len < MAX_SPLIT {
+            self.items[self.len] = (key, i);
+            self.len += 1;
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [(u64, usize)] {
+        &mut self.items[..self.len]
+    }
+}
+
+/// Moves engine `i` to the front of `best[..have]` (inserting it, the last dropping off at
+/// `k`, when it is not there); the new length.
+fn first(best: &mut [(f64, u64, usize); MAX_CANDIDATES], have: usize, k: usize, i: usize) -> usize {
+    let at = best[..have].iter().position(|b| b.2 == i);
+    let (item, end, have) = match at {
+        Some(p) => (best[p], p, have),
+        None => ((best[0].0, 0, i), have.min(k - 1), (have + 1).min(k)),
+    };
+    best.copy_within(0..end, 1);
+    best[0] = item;
+    have
 }
 
 /// Inserts `item` into the sorted prefix `best[..len]`, dropping what falls off the end.
@@ -210,10 +330,90 @@ mod tests {
             seed,
             Filter::Eligible,
             k,
-            &cfg,
+            &Least {
+                cfg: &cfg,
+                split: None,
+            },
             &mut out,
         );
         out
+    }
+
+    /// The `k` engines ranked first by the router of `rank` among `routers`, over engines of
+    /// the given stable ids.
+    fn ranked_at(vs: &[EngineView], ids: &[u64], rank: u32, routers: u32, k: usize) -> Vec<usize> {
+        let members: Vec<EngineMember> = ids.iter().map(|&id| EngineMember::new(id)).collect();
+        let split = TieSplit::new(RouterSlot { rank, routers }, &members);
+        let cfg = LeastRequestConfig {
+            own_bias: Some(0.0),
+            ..LeastRequestConfig::default()
+        };
+        let lr = Least {
+            cfg: &cfg,
+            split: split.as_ref(),
+        };
+        let mut out = Vec::new();
+        least_request(vs, &mut Rng::new(7), 7, Filter::Eligible, k, &lr, &mut out);
+        out
+    }
+
+    #[test]
+    fn routers_of_different_ranks_take_different_engines_of_a_tie() {
+        // Engines 1, 2 and 3 tie; 4 is ineligible though idle.
+        let mut vs = views(&[4, 2, 2, 2, 0, 6]);
+        vs[4].eligible = false;
+        let ids = [11, 22, 33, 44, 55, 66];
+        for k in [1, 3, 8] {
+            let firsts: Vec<usize> = (0..3).map(|r| ranked_at(&vs, &ids, r, 3, k)[0]).collect();
+            let mut distinct = firsts.clone();
+            distinct.sort_unstable();
+            assert_eq!(distinct, [1, 2, 3], "k={k}: each rank its own tied engine");
+            for r in 0..3 {
+                let out = ranked_at(&vs, &ids, r, 3, k);
+                let mut seen = out.clone();
+                seen.sort_unstable();
+                seen.dedup();
+                assert_eq!(seen.len(), out.len(), "k={k}: distinct candidates {out:?}");
+                assert_eq!(out.len(), k.min(5), "k={k}: {out:?}");
+                assert!(!out.contains(&4), "ineligible engine offered: {out:?}");
+            }
+        }
+        // Two tied among three routers: two ranks must share one, but both are used.
+        let vs = views(&[3, 1, 1, 3]);
+        let mut firsts: Vec<usize> = (0..3).map(|r| ranked_at(&vs, &ids, r, 3, 1)[0]).collect();
+        firsts.sort_unstable();
+        firsts.dedup();
+        assert_eq!(firsts, [1, 2]);
+    }
+
+    #[test]
+    fn the_split_follows_engine_ids_not_positions() {
+        // The same three tied engines, listed in another order by a second router.
+        let a = views(&[1, 1, 1, 9]);
+        let ids_a = [101, 202, 303, 404];
+        let ids_b = [303, 101, 202, 404];
+        for rank in 0..3 {
+            let at_a = ids_a[ranked_at(&a, &ids_a, rank, 3, 1)[0]];
+            let at_b = ids_b[ranked_at(&a, &ids_b, rank, 3, 1)[0]];
+            assert_eq!(
+                at_a, at_b,
+                "rank {rank}: the same engine whatever the order"
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_tie_or_alone_the_split_changes_nothing() {
+        let ids = [1, 2, 3, 4, 5];
+        // A single least loaded engine: every rank takes it, fallbacks as without a split.
+        let vs = views(&[5, 1, 3, 0, 2]);
+        for rank in 0..4 {
+            assert_eq!(ranked_at(&vs, &ids, rank, 4, 3), ranked(&vs, 7, 3, 0.0));
+        }
+        // Alone: ties broken at random, exactly as without a slot.
+        let vs = views(&[2, 0, 0, 0, 0]);
+        assert!(TieSplit::new(RouterSlot::ALONE, &[EngineMember::new(1)]).is_none());
+        assert_eq!(ranked_at(&vs, &ids, 0, 1, 3), ranked(&vs, 7, 3, 0.0));
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod wrr;
 
 use crate::config::{MAX_CANDIDATES, PolicyConfig, PolicyKind};
 use crate::rng::{Rng, mix64};
-use crate::view::{EngineMember, EngineSet, EngineView, Reason, RequestCtx};
+use crate::view::{EngineMember, EngineSet, EngineView, Reason, RequestCtx, RouterSlot};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -51,6 +51,7 @@ pub struct Policy {
     rr: AtomicU64,
     wrr: Option<Mutex<Edf>>,
     ring: Option<Ring>,
+    split: Option<load::TieSplit>,
 }
 
 impl Policy {
@@ -71,7 +72,18 @@ impl Policy {
             members: members.to_vec(),
             wrr,
             ring,
+            split: None,
         }
+    }
+
+    /// Tells the policy where this router stands among its mesh's live routers: with
+    /// several, `least_request` (and the prefix policies' fallback to it) gives each router
+    /// a different engine of those tied for least loaded, in an order all routers share, so
+    /// routers deciding at the same moment from the same counts do not pile onto one.
+    /// [`RouterSlot::ALONE`] (the default) breaks ties at random.
+    pub fn with_router_slot(mut self, slot: RouterSlot) -> Self {
+        self.split = load::TieSplit::new(slot, &self.members);
+        self
     }
 
     /// The policy kind.
@@ -118,6 +130,13 @@ impl Policy {
         }
     }
 
+    fn least(&self) -> load::Least<'_> {
+        load::Least {
+            cfg: &self.cfg.least_request,
+            split: self.split.as_ref(),
+        }
+    }
+
     fn pick_with<S: EngineSet + ?Sized>(
         &self,
         engines: &S,
@@ -155,7 +174,7 @@ impl Policy {
                 Reason::WeightedRoundRobin
             }
             PolicyKind::LeastRequest => {
-                let lr = &self.cfg.least_request;
+                let lr = &self.least();
                 load::least_request(engines, &mut rng, req.seed, filter, k, lr, out);
                 Reason::LeastLoad
             }
@@ -187,7 +206,7 @@ impl Policy {
                 r
             }
             PolicyKind::CacheAware | PolicyKind::Precise => {
-                let lr = &self.cfg.least_request;
+                let lr = &self.least();
                 match req.prefix {
                     Some(px) if px.total_blocks > 0 => prefix::cache_aware(
                         engines,
@@ -208,7 +227,7 @@ impl Policy {
                 }
             }
             PolicyKind::Scored => {
-                let lr = &self.cfg.least_request;
+                let lr = &self.least();
                 match req.prefix {
                     Some(px) if px.total_blocks > 0 => scored::scored(
                         engines,
@@ -219,7 +238,7 @@ impl Policy {
                         req.seed,
                         filter,
                         k,
-                        lr.max_scan,
+                        lr.cfg.max_scan,
                         out,
                     ),
                     _ => load::least_request(engines, &mut rng, req.seed, filter, k, lr, out),

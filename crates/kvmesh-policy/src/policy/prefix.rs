@@ -2,8 +2,8 @@
 //! gateway gets the matches from), and the load guard they share with `scored`.
 
 use super::Filter;
-use super::load::{fill_least_request, load_score};
-use crate::config::{LeastRequestConfig, MAX_CANDIDATES, PrefixAffinityConfig};
+use super::load::{Least, fill_least_request, load_score};
+use crate::config::{MAX_CANDIDATES, PrefixAffinityConfig};
 use crate::rng::{Rng, mix64};
 use crate::view::{EngineMember, EngineSet, EngineView, PrefixInput, Reason};
 
@@ -159,7 +159,7 @@ pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
     seed: u64,
     filter: Filter,
     k: usize,
-    lr: &LeastRequestConfig,
+    lr: &Least<'_>,
     out: &mut Vec<usize>,
 ) -> Reason {
     let n = engines.len();
