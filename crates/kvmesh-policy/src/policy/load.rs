@@ -36,6 +36,56 @@ impl TieSplit {
                 .collect(),
         })
     }
+
+    /// Engine `i`'s place in the order the routers share.
+    #[inline]
+    fn key(&self, i: usize) -> u64 {
+        self.keys.get(i).copied().unwrap_or(i as u64)
+    }
+
+    /// Of the engines tied for least loaded, the one this router's rank takes; `None` without
+    /// a tie.
+    fn take(&self, tied: &mut Tied) -> Option<usize> {
+        let tied = tied.as_mut_slice();
+        if tied.len() < 2 {
+            return None;
+        }
+        tied.sort_unstable();
+        Some(tied[self.rank as usize % tied.len()].1)
+    }
+}
+
+/// Engines tied for the lowest score so far, with their keys (on the stack; past
+/// [`MAX_SPLIT`] further ones are not kept).
+struct Tied {
+    items: [(u64, usize); MAX_SPLIT],
+    len: usize,
+}
+
+impl Tied {
+    fn new() -> Tied {
+        Tied {
+            items: [(0, 0); MAX_SPLIT],
+            len: 0,
+        }
+    }
+
+    #[inline]
+    fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    #[inline]
+    fn push(&mut self, key: u64, i: usize) {
+        if self.len < MAX_SPLIT {
+            self.items[self.len] = (key, i);
+            self.len += 1;
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [(u64, usize)] {
+        &mut self.items[..self.len]
+    }
 }
 
 /// Most tied engines [`TieSplit`] orders (on the stack); ties past it are not considered.
@@ -174,7 +224,7 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
     // The lowest score and the engines that have it, in the order the routers share (kept
     // only with a split, which needs two of them).
     let mut least = f64::INFINITY;
-    let mut tied = Tied::new();
+    let mut split = lr.split.map(|split| (split, Tied::new()));
     for j in 0..len {
         let i = if start + j < n {
             start + j
@@ -186,7 +236,7 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
             continue;
         }
         let s = least_score(&v, own_bias);
-        if let Some(split) = lr.split
+        if let Some((split, tied)) = split.as_mut()
             && s <= least
         {
             if s < least {
@@ -211,8 +261,8 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
             insert(&mut best, have, (s, tie, i));
         }
     }
-    if let Some(split) = lr.split
-        && let Some(i) = split.take(&mut tied)
+    if let Some((split, tied)) = split.as_mut()
+        && let Some(i) = split.take(tied)
     {
         have = first(&mut best, have, k, i);
     }
@@ -224,58 +274,6 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
         *slot = i;
     }
     r
-}
-
-impl TieSplit {
-    /// Engine `i`'s place in the order the routers share.
-    #[inline]
-    fn key(&self, i: usize) -> u64 {
-        self.keys.get(i).copied().unwrap_or(i as u64)
-    }
-
-    /// Of the engines tied for least loaded, the one this router's rank takes; `None` without
-    /// a tie.
-    fn take(&self, tied: &mut Tied) -> Option<usize> {
-        let tied = tied.as_mut_slice();
-        if tied.len() < 2 {
-            return None;
-        }
-        tied.sort_unstable();
-        Some(tied[self.rank as usize % tied.len()].1)
-    }
-}
-
-/// Engines tied for the lowest score so far, with their keys (on the stack; past
-/// [`MAX_SPLIT`] further ones are not kept).
-struct Tied {
-    items: [(u64, usize); MAX_SPLIT],
-    len: usize,
-}
-
-impl Tied {
-    fn new() -> Tied {
-        Tied {
-            items: [(0, 0); MAX_SPLIT],
-            len: 0,
-        }
-    }
-
-    #[inline]
-    fn clear(&mut self) {
-        self.len = 0;
-    }
-
-    #[inline]
-    fn push(&mut self, key: u64, i: usize) {
-        if self.len < MAX_SPLIT {
-            self.items[self.len] = (key, i);
-            self.len += 1;
-        }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [(u64, usize)] {
-        &mut self.items[..self.len]
-    }
 }
 
 /// Moves engine `i` to the front of `best[..have]` (inserting it, the last dropping off at
