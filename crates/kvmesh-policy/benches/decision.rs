@@ -7,8 +7,8 @@
 //! precomputed prefix matches (8 matched engines at 64, 64 at 4,096; the index lookup that
 //! produces them is benchmarked in kvmesh-prefix) of a 64-block prompt. `least_request/even`
 //! and `least_request/even_split` run it over engines of equal weight (so loads tie, as in a
-//! uniform fleet), alone and as router 1 of 3 (ties split by rank: a second pass when the
-//! first finds a tie).
+//! uniform fleet), alone and as router 1 of 3 (ties split by rank: the tied engines kept
+//! during the one scan, then sorted by the order the routers share).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kvmesh_policy::{
