@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering::Relaxed;
 /// and per engine with KV events its owners and how this router follows it.
 pub(super) fn status(c: &Cluster) -> serde_json::Value {
     let members = c.members();
-    let (rank, routers) = kvmesh_mesh::membership::rank_among(&c.name, &members);
     let now = (c.now)();
     let t = c.transport.counters();
     let mut core = lock(&c.core);
@@ -55,7 +54,6 @@ pub(super) fn status(c: &Cluster) -> serde_json::Value {
         "id": format!("{:016x}", c.me.0),
         "warm": c.is_warm(),
         "realtime": c.realtime,
-        "rank": { "rank": rank, "routers": routers },
         "addr": c.addr().map(|a| a.to_string()),
         "members": lags,
         "digests": {
