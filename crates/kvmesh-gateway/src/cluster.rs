@@ -418,8 +418,8 @@ impl MeshHook for Cluster {
         status::collector(self)
     }
 
-    fn status(&self) -> serde_json::Value {
-        status::status(self)
+    fn status(&self, slot: RouterSlot) -> serde_json::Value {
+        status::status(self, slot)
     }
 
     fn engine_added(&self, entry: &EngineEntry) {

@@ -293,14 +293,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         )),
         (_, "/admin/engines") => admin::engines(&gw, req).await,
         (&Method::GET, "/admin/cluster") => match gw.mesh.get() {
-            Some(m) => {
-                // The place `least_request` splits ties by: the registry's copy, which the
-                // policies were built with.
-                let mut s = m.status();
-                let slot = gw.registry.router_slot();
-                s["rank"] = serde_json::json!({ "rank": slot.rank, "routers": slot.routers });
-                json(200, s.to_string())
-            }
+            Some(m) => json(200, m.status(gw.registry.router_slot()).to_string()),
             None => json(
                 200,
                 serde_json::json!({ "mesh": "disabled", "members": [] }).to_string(),

@@ -209,7 +209,7 @@ pub async fn run(a: &UpArgs, c: &Cluster, wl: &SharedPrefixWorkload) -> Result<(
             .mesh
             .get()
             .map(|m| {
-                let s = m.status();
+                let s = m.status(r.gateway.registry.router_slot());
                 format!(
                     "; {} mesh members, reads the KV events of {} engines",
                     s["members"].as_array().map_or(0, Vec::len),

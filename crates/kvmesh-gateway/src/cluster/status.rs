@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 /// `GET /admin/cluster`: members with their lag, digests, counters, bytes by traffic class,
-/// and per engine with KV events its owners and how this router follows it.
-pub(super) fn status(c: &Cluster) -> serde_json::Value {
+/// and per engine with KV events its owners and how this router follows it; `slot` is the
+/// rank `least_request` splits ties by (the registry's copy, which the policies were built with).
+pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json::Value {
     let members = c.members();
     let now = (c.now)();
     let t = c.transport.counters();
@@ -54,6 +55,7 @@ pub(super) fn status(c: &Cluster) -> serde_json::Value {
         "id": format!("{:016x}", c.me.0),
         "warm": c.is_warm(),
         "realtime": c.realtime,
+        "rank": { "rank": slot.rank, "routers": slot.routers },
         "addr": c.addr().map(|a| a.to_string()),
         "members": lags,
         "digests": {
