@@ -3,7 +3,8 @@
 repeat's N meshed routers against the same repeat's one router (`--routers 1 --routers N`),
 under one policy (default least_request). Prints each pair, then the mean difference with its
 standard error and how many pairs are above, and the same for the mean in flight per engine
-and the busiest engine's count above the fewest possible.
+and the busiest engine's count above the fewest possible (over the samples under load, and
+over the steady part alone when the report has it).
 
     scripts/spread-pairs.py [--policy P] [--routers N] DIR...
 """
@@ -28,7 +29,8 @@ def main():
     if not rows:
         raise SystemExit("no pairs: each report needs --routers 1 and meshed --routers N runs")
     fields = [("inflight_spread", "max/mean"), ("inflight_mean", "mean in flight"),
-              ("inflight_excess", "above the fewest")]
+              ("inflight_excess", "above the fewest"),
+              ("inflight_excess_steady", "above the fewest, steady")]
     for d, k, o, m in rows:
         cells = "  ".join(f"{label} {o.get(key) or 0:.4f} {m.get(key) or 0:.4f}"
                           for key, label in fields)

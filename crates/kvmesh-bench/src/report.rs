@@ -64,6 +64,11 @@ pub struct ContenderRow {
     /// out.
     #[serde(default)]
     pub inflight_excess: Option<f64>,
+    /// The same excess over the steady part of the run only: the samples with at least 90% of
+    /// the run's highest total in flight (the ramp and the drain left out, where the order
+    /// requests finish in makes the excess, not the balancing).
+    #[serde(default)]
+    pub inflight_excess_steady: Option<f64>,
     /// `least_request` decisions of the routers run in this process, and how many of them
     /// did not go to the least loaded engine by every router's own in-flight counts at that
     /// moment; `None` without such decisions.
@@ -208,6 +213,7 @@ impl ContenderRow {
             inflight_spread_p99: opt_median(runs, |r| r.inflight_spread_p99),
             inflight_mean: opt_median(runs, |r| r.inflight_mean),
             inflight_excess: opt_median(runs, |r| r.inflight_excess),
+            inflight_excess_steady: opt_median(runs, |r| r.inflight_excess_steady),
             least_load_decisions: sum_pairs(runs.iter().map(|r| r.least_load_decisions)),
             mesh_envelope_age_ms: opt_median(runs, |r| r.mesh_envelope_age_ms.map(|a| a.0))
                 .zip(opt_median(runs, |r| r.mesh_envelope_age_ms.map(|a| a.1))),
@@ -431,8 +437,11 @@ impl Report {
             .contenders
             .iter()
             .filter_map(|r| {
+                let steady = r
+                    .inflight_excess_steady
+                    .map_or(String::new(), |x| format!(" (steady +{x:.3})"));
                 Some(format!(
-                    "{} {:.2} / +{:.3}",
+                    "{} {:.2} / +{:.3}{steady}",
                     r.name, r.inflight_mean?, r.inflight_excess?
                 ))
             })
@@ -442,7 +451,8 @@ impl Report {
                 s,
                 "\nIn flight per engine under load (the same samples as max / mean; medians of the \
                  repeats): the mean, and the busiest engine's count above the fewest possible for \
-                 the number in flight: {}.",
+                 the number in flight (steady: over the samples with at least 90% of the run's \
+                 highest total in flight): {}.",
                 shapes.join("; ")
             );
         }

@@ -19,6 +19,12 @@
 //! counts take different engines of a tie. With late counts and no bias that takes part of
 //! the herd away when clients keep their router; sprayed, it changes little. The fleet
 //! measured the same at real-time priority (BENCHMARKS.md, *Ties split by rank*).
+//!
+//! Before the split, least request breaks ties in the sum by the router's own count (fewer
+//! of its own first). With late counts, no bias and clients that keep their router, that
+//! takes nearly all the herd away (max/mean 1.009 by the sum alone, 1.001 with it; 8 seeds),
+//! as it lowered the fleet's steady-state excess (BENCHMARKS.md, *The own count breaks
+//! ties*). `Fleet::blind` ranks by the sum alone, as before.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -47,6 +53,10 @@ struct Fleet {
     /// Routers split engines tied for least loaded by their rank, as the gateway's do
     /// (`Policy::with_router_slot`); `false`: ties at random.
     split: bool,
+    /// Routers rank by the sum alone, blind to their own part of it (`own_in_flight` 0): no
+    /// own bias and no tie-break by the own count, as least request ranked before the own
+    /// count broke ties. `false`: as the gateway's routers do.
+    blind: bool,
     /// How late counts reach the other routers.
     delay: Delay,
     seed: u64,
@@ -176,7 +186,7 @@ impl Model {
                     .sum();
                 let mut v = EngineView::new(1.0);
                 v.in_flight = self.own[r][e] + peers;
-                v.own_in_flight = self.own[r][e];
+                v.own_in_flight = if self.fleet.blind { 0 } else { self.own[r][e] };
                 v
             })
             .collect();
@@ -267,6 +277,22 @@ fn spread(routers: usize, sticky: bool, own_bias: f64, delay: Delay) -> f64 {
 
 /// Mean spread over seeds, the routers splitting ties by rank or not.
 fn spread_split(routers: usize, sticky: bool, own_bias: f64, delay: Delay, split: bool) -> f64 {
+    spread_with(routers, sticky, own_bias, delay, split, false)
+}
+
+/// Mean spread over seeds of routers that rank by the sum alone (see [`Fleet::blind`]).
+fn spread_blind(routers: usize, sticky: bool, delay: Delay, split: bool) -> f64 {
+    spread_with(routers, sticky, 0.0, delay, split, true)
+}
+
+fn spread_with(
+    routers: usize,
+    sticky: bool,
+    own_bias: f64,
+    delay: Delay,
+    split: bool,
+    blind: bool,
+) -> f64 {
     let seeds = 1..=8u64;
     let n = seeds.clone().count() as f64;
     seeds
@@ -276,6 +302,7 @@ fn spread_split(routers: usize, sticky: bool, own_bias: f64, delay: Delay, split
                 sticky,
                 own_bias,
                 split,
+                blind,
                 delay,
                 seed,
             })
@@ -289,33 +316,46 @@ fn spread_split(routers: usize, sticky: bool, own_bias: f64, delay: Delay, split
 fn with_late_counts_routers_that_count_their_own_requests_first_spread_load_as_one_router_does() {
     let bias = LeastRequestConfig::OWN_BIAS_LATE;
     let one = spread(1, true, bias, Delay::Late);
+    let blind = spread_blind(3, true, Delay::Late, false);
+    let blind_split = spread_blind(3, true, Delay::Late, true);
     let three_flat = spread_split(3, true, 0.0, Delay::Late, false);
     let three_flat_split = spread(3, true, 0.0, Delay::Late);
     let three = spread(3, true, bias, Delay::Late);
     eprintln!(
         "max/mean in flight, late counts: 1 router {one:.4}; 3 routers whose clients keep \
-         them: own_bias 0 {three_flat:.4} (ties split by rank {three_flat_split:.4}), 4 \
-         {three:.4}; sprayed: own_bias 0 {:.4} (split {:.4}), 4 {:.4}",
+         them: by the sum alone {blind:.4} (ties split by rank {blind_split:.4}), own_bias 0 \
+         (own count breaks ties) {three_flat:.4} (split {three_flat_split:.4}), 4 {three:.4}; \
+         sprayed: by the sum alone {:.4} (split {:.4}), own_bias 0 {:.4} (split {:.4}), 4 {:.4}",
+        spread_blind(3, false, Delay::Late, false),
+        spread_blind(3, false, Delay::Late, true),
         spread_split(3, false, 0.0, Delay::Late, false),
         spread(3, false, 0.0, Delay::Late),
         spread(3, false, bias, Delay::Late),
-    );
-    // Splitting ties by rank takes part of the herd away: simultaneous decisions on the same
-    // counts no longer pick the same engine of a tie.
-    assert!(
-        three_flat_split < three_flat,
-        "ties split by rank {three_flat_split} vs at random {three_flat}"
     );
     // One router's own counts are the whole truth: the bias changes nothing there.
     assert!(
         (spread(1, true, 0.0, Delay::Late) - one).abs() < 1e-9,
         "one router: the bias must not change its decisions"
     );
-    // Ranking by the late sum herds; ranking own requests first does not.
+    // Ranking by the late sum alone herds.
     assert!(
-        three_flat > one + 0.005,
-        "the model should show the herd: {three_flat} vs {one}"
+        blind > one + 0.005,
+        "the model should show the herd: {blind} vs {one}"
     );
+    // Splitting ties by rank takes part of the herd away: simultaneous decisions on the same
+    // counts no longer pick the same engine of a tie.
+    assert!(
+        blind_split < blind,
+        "ties split by rank {blind_split} vs at random {blind}"
+    );
+    // The own count as the first tie-break takes nearly all of it away, with or without the
+    // split: each router keeps its own share even where the sum cannot tell engines apart.
+    for (name, x) in [("ties at random", three_flat), ("split", three_flat_split)] {
+        assert!(
+            x <= one + 0.002 && x < blind_split,
+            "own count breaking ties ({name}) {x} vs 1 router {one}, by the sum {blind_split}"
+        );
+    }
     assert!(
         three <= one + 0.003,
         "3 routers with the bias {three} vs 1 router {one}"

@@ -344,7 +344,7 @@ async fn measure(
     };
     let (records, elapsed) = replay(&p.set, targets, &opts, Arc::new(move || b.inc(1))).await;
     bar.finish_and_clear();
-    let (spread, shape) = match sampler {
+    let (spread, shape, steady) = match sampler {
         // Under load only: the samples whose mean in flight per engine is at least half the
         // run's highest (the ramp-up and the drain at the end measure the order requests
         // finish in, not the balancing).
@@ -352,9 +352,13 @@ async fn measure(
             let s = s.stop().await;
             let peak = s.moments().map(|m| m.mean).fold(0.0, f64::max);
             let under_load = (peak / 2.0).max(1.0);
-            (s.spread(under_load), s.shape(under_load))
+            (
+                s.spread(under_load),
+                s.shape(under_load),
+                s.steady_excess(0.9),
+            )
         }
-        None => (None, None),
+        None => (None, None, None),
     };
     let after = each(engine_urls).await?;
     let deltas: Vec<(String, EngineCounters)> = engine_urls
@@ -370,6 +374,7 @@ async fn measure(
     row.inflight_spread_p99 = spread.map(|(_, p99)| p99);
     row.inflight_mean = shape.map(|(mean, _)| mean);
     row.inflight_excess = shape.map(|(_, excess)| excess);
+    row.inflight_excess_steady = steady;
     if let Some(e) = records.iter().find_map(|r| r.error.as_ref()) {
         eprintln!("{name}: {} errors, first: {e}", row.errors);
     }

@@ -287,7 +287,8 @@ pub struct LeastRequestConfig {
     /// late; once they are not, it only turns a router away from the least loaded engine
     /// (clients sprayed over the routers drift each router's own share). Unset (default): 0
     /// when the router's mesh thread runs at real-time priority (`mesh.realtime_priority`
-    /// granted: counts arrive within ~0.2 ms), 4 otherwise.
+    /// granted: counts arrive within ~0.2 ms), 4 otherwise. Whatever the bias, engines equal
+    /// in the ranking go first to the one holding fewer of this router's own requests.
     pub own_bias: Option<f64>,
 }
 

@@ -13,11 +13,12 @@ pub(crate) struct Least<'a> {
     pub(crate) split: Option<&'a TieSplit>,
 }
 
-/// Ties split between routers: engines tied for least loaded are put in an order every router
-/// shares (a hash of each engine's stable id), and the router of rank `r` among `n` live
-/// routers takes the `(r mod ties)`-th. Routers that decide at the same moment from the same
-/// counts (a peer's newest count not yet arrived) then take different engines of the tie
-/// where picking at random would put two on one engine half the time with two tied.
+/// Ties split between routers: engines tied for least loaded (and for this router's own count
+/// on them, which breaks ties in the sum first: see [`least_request`]) are put in an order
+/// every router shares (a hash of each engine's stable id), and the router of rank `r` among
+/// `n` live routers takes the `(r mod ties)`-th. Routers that decide at the same moment from
+/// the same counts (a peer's newest count not yet arrived) then take different engines of the
+/// tie where picking at random would put two on one engine half the time with two tied.
 #[derive(Debug, Clone)]
 pub(crate) struct TieSplit {
     rank: u32,
@@ -145,9 +146,15 @@ pub(crate) fn power_of_two<S: EngineSet + ?Sized>(
     }
 }
 
-/// Least request: the `k` engines of lowest `(load + own_bias × own + 1) / weight`, ties
-/// broken by a random key per engine and request (uniform among the tied, never toward index
-/// 0).
+/// Least request: the `k` engines of lowest `(load + own_bias × own + 1) / weight`; of
+/// engines equal in that, the one holding fewer of this router's own requests first, then a
+/// random key per engine and request (uniform among the tied, never toward index 0).
+///
+/// The own count as the first tie-break keeps each router's own share even across engines
+/// equal in the sum: meshed routers that decide at the same moment on the same (partly late)
+/// sum then mostly take different engines — a router whose own request just ended on an
+/// engine sees its own count there lowest, and the peers' requests elsewhere. Alone, or
+/// without a mesh, the own count is the whole count and changes no ranking.
 ///
 /// Scans the whole fleet when it has at most `max_scan` engines, otherwise a window of
 /// `max_scan` consecutive engines starting at a random position.
@@ -221,9 +228,9 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
     // Best k so far, sorted ascending by (score, tie).
     let mut best = [(f64::INFINITY, u64::MAX, usize::MAX); MAX_CANDIDATES];
     let mut have = 0usize;
-    // The lowest score and the engines that have it, in the order the routers share (kept
-    // only with a split, which needs two of them).
-    let mut least = f64::INFINITY;
+    // The lowest (score, own) and the engines that have it, in the order the routers share
+    // (kept only with a split, which needs two of them).
+    let mut least = (f64::INFINITY, u32::MAX);
     let mut split = lr.split.map(|split| (split, Tied::new()));
     for j in 0..len {
         let i = if start + j < n {
@@ -236,27 +243,26 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
             continue;
         }
         let s = least_score(&v, own_bias);
+        let own = v.own_in_flight;
         if let Some((split, tied)) = split.as_mut()
-            && s <= least
+            && (s, own) <= least
         {
-            if s < least {
-                least = s;
+            if (s, own) < least {
+                least = (s, own);
                 tied.clear();
             }
             tied.push(split.key(i), i);
         }
+        // Equal scores: fewer of this router's own requests first, then at random.
+        let tie = (u64::from(own) << 32)
+            | (mix64(tie_seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 32);
         if have == k {
             let worst = best[k - 1];
-            if s > worst.0 {
-                continue;
-            }
-            let tie = mix64(tie_seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            if s == worst.0 && tie >= worst.1 {
+            if s > worst.0 || (s == worst.0 && tie >= worst.1) {
                 continue;
             }
             insert(&mut best, k, (s, tie, i));
         } else {
-            let tie = mix64(tie_seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
             have += 1;
             insert(&mut best, have, (s, tie, i));
         }
@@ -466,6 +472,36 @@ mod tests {
         assert_eq!((first(&a, 0.0), first(&b, 0.0)), (1, 1));
         assert_eq!(first(&a, 4.0), 0);
         assert_eq!(first(&b, 4.0), 1);
+    }
+
+    #[test]
+    fn of_engines_equal_in_the_sum_the_one_with_fewer_of_its_own_goes_first() {
+        // Engines 1 and 2 tie for least loaded in the sum (a slot freed on each, say by a
+        // different router). A holds fewer of its own on engine 2, B on engine 1: each takes
+        // that one, whatever its rank in the split, and the split keeps deciding between
+        // engines equal in both.
+        let cluster = [12, 11, 11, 12];
+        let a = router_views(&[3, 5, 2, 4], &cluster);
+        let b = router_views(&[3, 2, 5, 4], &cluster);
+        let ids = [11, 22, 33, 44];
+        for rank in 0..3 {
+            assert_eq!(ranked_at(&a, &ids, rank, 3, 1), [2], "A at rank {rank}");
+            assert_eq!(ranked_at(&b, &ids, rank, 3, 1), [1], "B at rank {rank}");
+            assert_eq!(
+                ranked_at(&a, &ids, rank, 3, 4)[1],
+                1,
+                "then the other tied one"
+            );
+        }
+        assert_eq!(first(&a, 0.0), 2);
+        // A difference of one in the sum still wins over the own count (the bias 0).
+        let c = router_views(&[9, 0, 0, 0], &[11, 12, 12, 12]);
+        assert_eq!(first(&c, 0.0), 0);
+        // Equal in both: the split's ranks take different engines, as before.
+        let d = router_views(&[2, 2, 2, 2], &[11, 11, 11, 12]);
+        let mut firsts: Vec<usize> = (0..3).map(|r| ranked_at(&d, &ids, r, 3, 1)[0]).collect();
+        firsts.sort_unstable();
+        assert_eq!(firsts, [0, 1, 2]);
     }
 
     #[test]
