@@ -253,16 +253,24 @@ pub(crate) fn least_request_best<S: EngineSet + ?Sized>(
             }
             tied.push(split.key(i), i);
         }
-        // Equal scores: fewer of this router's own requests first, then at random.
-        let tie = (u64::from(own) << 32)
-            | (mix64(tie_seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 32);
+        // Equal scores: fewer of this router's own requests first, then at random (the key
+        // is worked out only for an engine that may enter the best k).
+        let tie = || {
+            (u64::from(own) << 32)
+                | (mix64(tie_seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 32)
+        };
         if have == k {
             let worst = best[k - 1];
-            if s > worst.0 || (s == worst.0 && tie >= worst.1) {
+            if s > worst.0 {
+                continue;
+            }
+            let tie = tie();
+            if s == worst.0 && tie >= worst.1 {
                 continue;
             }
             insert(&mut best, k, (s, tie, i));
         } else {
+            let tie = tie();
             have += 1;
             insert(&mut best, have, (s, tie, i));
         }
