@@ -352,11 +352,9 @@ async fn measure(
             let s = s.stop().await;
             let peak = s.moments().map(|m| m.mean).fold(0.0, f64::max);
             let under_load = (peak / 2.0).max(1.0);
-            (
-                s.spread(under_load),
-                s.shape(under_load),
-                s.steady_excess(0.9),
-            )
+            // The steady part: at least 90% of the highest mean (the ramp and the drain out).
+            let steady = s.shape((0.9 * peak).max(1.0)).map(|(_, excess)| excess);
+            (s.spread(under_load), s.shape(under_load), steady)
         }
         None => (None, None, None),
     };
