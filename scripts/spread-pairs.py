@@ -31,8 +31,10 @@ def main():
     fields = [("inflight_spread", "max/mean"), ("inflight_mean", "mean in flight"),
               ("inflight_excess", "above the fewest"),
               ("inflight_excess_steady", "above the fewest, steady")]
+    # A figure the report does not have (an older build's) shows as "-", not as 0.
+    fmt = lambda x: "-" if x is None else f"{x:.4f}"
     for d, k, o, m in rows:
-        cells = "  ".join(f"{label} {o.get(key) or 0:.4f} {m.get(key) or 0:.4f}"
+        cells = "  ".join(f"{label} {fmt(o.get(key))} {fmt(m.get(key))}"
                           for key, label in fields)
         print(f"{d} repeat {k}: {cells}")
     for key, label in fields:
