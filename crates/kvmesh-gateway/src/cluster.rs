@@ -306,7 +306,7 @@ impl Cluster {
     }
 
     /// What the mesh says, applied in order.
-    async fn apply_loop(self: Arc<Self>, gw: Arc<Gateway>, mut rx: mpsc::Receiver<Apply>) {
+    async fn apply_loop(self: Arc<Self>, gw: Arc<Gateway>, mut rx: kvmesh_mesh::gate::Applies) {
         let ctx = probe::ingest_ctx(&gw, Some(self.input.clone()));
         while let Some(a) = rx.recv().await {
             let now = gw.clock.now_us();

@@ -3,9 +3,11 @@
 //! 1. **read**: the body under the size limit (413);
 //! 2. **prepare**: model → route of the current snapshot (404/400), consistent-hash key,
 //!    and for cache-aware routes prompt → block keys ([`prefix::prompt_keys`], no lock);
-//! 3. **decide**: [`kvmesh_route::decide`] — for cache-aware routes under one hold of the
-//!    prefix index lock with the lookup, the speculative mark and the reservation, so that a
-//!    sibling request sees both the mark and the load;
+//! 3. **decide**: [`kvmesh_route::decide`] — for cache-aware routes under the prefix index
+//!    lock with the lookup and the speculative mark, then the reservation (the count in
+//!    flight, after the mark, so that a peer router never learns of the load before the
+//!    mark); a prompt no engine holds is decided, marked and reserved under one hold of the
+//!    write lock, so that a sibling request sees both the mark and the load;
 //! 4. **attempt**: [`Attempts::next`] (breaker permit, retry budget, backoff) → forward →
 //!    [`classify_status`] → [`Attempts::on_head`] (deliver, or account and try the next);
 //! 5. **stream**: the answer through [`TrackedBody`], accounted at its end
@@ -196,8 +198,8 @@ fn hash_key(route: &ModelRoute, headers: &HeaderMap, user: Option<&str>) -> Opti
 }
 
 /// Step 3: the decision. Cache-aware routes: prompt → block keys (no lock), then lookup,
-/// decision, speculative mark and reservation under one hold of the index lock (the
-/// per-thread buffers never cross an await: this is synchronous).
+/// decision and speculative mark under the index lock, then the reservation (the per-thread
+/// buffers never cross an await: this is synchronous).
 fn decide_step(
     gw: &Gateway,
     route: &ModelRoute,
@@ -221,9 +223,7 @@ fn decide_step(
     let (decision, reservation, lookup) = match &route.prefix {
         None => {
             let d = decide::<_, IndexProbe>(&route.policy, &view, ctx, None, out);
-            let r = d
-                .reserve
-                .map(|i| Reservation::new(route.engines[i].clone()));
+            let r = Reservation::of(route, &d);
             (d, r, None)
         }
         Some(rp) => prefix::with_scratch(|s| {
@@ -246,17 +246,15 @@ fn decide_step(
             };
             let Some(l) = lookup else {
                 let d = decide::<_, IndexProbe>(&route.policy, &view, ctx, None, out);
-                let r = d
-                    .reserve
-                    .map(|i| Reservation::new(route.engines[i].clone()));
+                let r = Reservation::of(route, &d);
                 return (d, r, None);
             };
             let depth = route.policy_cfg.prefix.cold_prefix_blocks as usize;
             let cold_key = s.keys.get(s.keys.len().min(depth).wrapping_sub(1));
             let cold_key = cold_key.map_or(0, |k| k.0);
             let ttl = prefix::ttl_plan(state.config());
-            // Lookup (into the scratch buffers), decision and reservation over one view of
-            // the index; `None` when a match is required and no engine holds a usable prefix.
+            // Lookup (into the scratch buffers) and decision over one view of the index;
+            // `None` when a match is required and no engine holds a usable prefix.
             let decide_on = |index: &PrefixIndex,
                              s: &mut prefix::Scratch,
                              out: Vec<usize>,
@@ -279,18 +277,13 @@ fn decide_step(
                     ttl,
                 };
                 let d = decide(&route.policy, &view, ctx, Some(plan), out);
-                // Counted in flight right away, so that the next decision's load guard sees
-                // this request (the attempt takes the count over).
-                let r = d
-                    .reserve
-                    .map(|i| Reservation::new(route.engines[i].clone()));
-                Some((d, r))
+                Some(d)
             };
             // Most prompts match an engine: lookup and decision under the shared lock
             // (concurrent with other lookups), then the mark under a brief write lock.
             let warm = decide_on(&state.index(), s, out, true);
             let (d, r) = match warm {
-                Some((d, r)) => {
+                Some(d) => {
                     if let Some(m) = d.mark {
                         let known = d.predicted_blocks[0] as usize;
                         state.mark(
@@ -301,13 +294,14 @@ fn decide_step(
                             now,
                         );
                     }
+                    let r = Reservation::of(route, &d);
                     (d, r)
                 }
                 // No engine holds a usable part of the prompt: lookup, decision, mark and
                 // reservation again under the write lock, so that siblings of a new prefix
                 // arriving together see each other's mark and land on one engine.
                 None => state.exclusive(|x| {
-                    let Some((d, r)) =
+                    let Some(d) =
                         decide_on(x.index(), s, Vec::with_capacity(MAX_CANDIDATES), false)
                     else {
                         unreachable!("a decision is made when no match is required")
@@ -322,6 +316,7 @@ fn decide_step(
                             now,
                         );
                     }
+                    let r = Reservation::of(route, &d);
                     (d, r)
                 }),
             };
@@ -513,6 +508,16 @@ fn give_up(g: GiveUp, last: Option<Failed>, model: &str) -> Response<Body> {
 struct Reservation(Option<Arc<Engine>>);
 
 impl Reservation {
+    /// The decision's reservation, counted in flight right away so that the next decision's
+    /// load guard sees this request (the attempt takes the count over). Made after the
+    /// decision's mark: the mesh sends a mark no later than the counts that follow it, so a
+    /// peer router never sees this request's load without its mark (and sends a sibling of
+    /// a new prefix elsewhere for it).
+    fn of(route: &ModelRoute, d: &Decision) -> Option<Reservation> {
+        d.reserve
+            .map(|i| Reservation::new(route.engines[i].clone()))
+    }
+
     fn new(e: Arc<Engine>) -> Reservation {
         e.begin_request();
         Reservation(Some(e))

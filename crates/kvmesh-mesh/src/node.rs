@@ -7,6 +7,7 @@
 
 use crate::certs::NodeTls;
 use crate::core::{Apply, CoreConfig, MeshCore, Output};
+use crate::gate::{Applies, MarkGate};
 use crate::membership::MeshId;
 use crate::realtime;
 use crate::transport::{Class, Inbound, Transport, TransportError};
@@ -89,8 +90,10 @@ pub struct LoadLink {
     pub changed: mpsc::UnboundedReceiver<u64>,
     /// An engine's count now (and its signal re-armed); `None` for an unknown engine.
     pub read: Arc<dyn Fn(u64) -> Option<u32> + Send + Sync>,
-    /// Sets the other routers' total on an engine (what [`Apply::PeerLoad`] would carry).
-    pub peers: Arc<dyn Fn(u64, u64) + Send + Sync>,
+    /// Sets the other routers' total on an engine (what [`Apply::PeerLoad`] would carry);
+    /// never before the marks that came with the count or before it are applied
+    /// ([`crate::gate`]).
+    pub peers: crate::gate::SetPeers,
 }
 
 /// A running mesh node.
@@ -229,7 +232,7 @@ impl MeshNode {
         now: NowFn,
         link: Option<LoadLink>,
         realtime_priority: u8,
-    ) -> Result<(MeshNode, mpsc::Receiver<Apply>), TransportError> {
+    ) -> Result<(MeshNode, Applies), TransportError> {
         let (thread, raised) = NodeThread::spawn(name, realtime_priority)?;
         let realtime = raised.await.unwrap_or(false);
         // Everything the node starts (the endpoint's driver, its tasks) runs on its thread.
@@ -252,10 +255,14 @@ impl MeshNode {
         let (t, c) = (transport.clone(), core.clone());
         // The router's side of the short way: its signals with the reader of its counts, and
         // the hook that sets the peers' counts on it.
-        let (mut counts, peers) = match link {
-            Some(l) => (Some((l.changed, l.read)), Some(l.peers)),
+        let (mut counts, gate) = match link {
+            Some(l) => (
+                Some((l.changed, l.read)),
+                Some(Arc::new(MarkGate::new(l.peers))),
+            ),
             None => (None, None),
         };
+        let applies = Applies::new(applies, gate.clone());
         let task = tokio::spawn(async move {
             let mut ids: Vec<u64> = Vec::new();
             let out = Out {
@@ -263,7 +270,7 @@ impl MeshNode {
                 applies: &apply_tx,
                 members: &members_tx,
                 core: &c,
-                peers: peers.as_ref(),
+                gate: gate.as_ref(),
             };
             let mut reseed = tokio::time::interval(Duration::from_secs(1));
             reseed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -329,6 +336,15 @@ impl MeshNode {
                                 }
                             }
                             let mut core = lock(&c);
+                            // The marks the router made before these counts go with them (it
+                            // reserves a request's count after marking its prompt).
+                            let n = now();
+                            for _ in 0..1024 {
+                                match input_rx.try_recv() {
+                                    Ok(i) => feed(&mut core, i, n),
+                                    Err(_) => break,
+                                }
+                            }
                             for &id in &ids {
                                 if let Some(v) = read(id) {
                                     core.local_load(id, v);
@@ -402,7 +418,7 @@ struct Out<'a> {
     applies: &'a mpsc::Sender<Apply>,
     members: &'a watch::Sender<Vec<MeshId>>,
     core: &'a Arc<Mutex<MeshCore>>,
-    peers: Option<&'a Arc<dyn Fn(u64, u64) + Send + Sync>>,
+    gate: Option<&'a Arc<MarkGate>>,
 }
 
 impl Out<'_> {
@@ -439,14 +455,22 @@ impl Out<'_> {
                     });
                 }
                 Output::Apply(a) => {
-                    // Peers' counts go straight onto the router when it gave the hook.
-                    if let (Apply::PeerLoad { engine, others }, Some(p)) = (&a, self.peers) {
-                        p(*engine, *others);
+                    // Peers' counts go straight onto the router when it gave the hook, behind
+                    // the marks still waiting in its queue.
+                    if let (Apply::PeerLoad { engine, others }, Some(g)) = (&a, self.gate) {
+                        g.count(*engine, *others);
                         continue;
                     }
                     changed |= matches!(a, Apply::Members);
+                    let gated = self.gate.filter(|_| matches!(a, Apply::Mark(_)));
+                    if let Some(g) = gated {
+                        g.mark_queued();
+                    }
                     // The router applies in order; backpressure rather than loss.
                     if applies.send(a).await.is_err() {
+                        if let Some(g) = gated {
+                            g.mark_done();
+                        }
                         return;
                     }
                 }

@@ -155,3 +155,27 @@ fn a_burst_of_changes_goes_at_once_and_a_stream_keeps_to_the_spacing() {
         "{sent} envelopes < {least}: the stream waited for the flush period"
     );
 }
+
+#[test]
+fn a_mark_reaches_a_peer_no_later_than_the_count_made_after_it() {
+    // A router marks a new prompt's engine, then counts the request in flight: both go in the
+    // next envelope, and the peer applies the mark first. Seeing the count alone, it would
+    // take the engine for busier than it is and send a sibling of the prompt elsewhere.
+    let mut s = formed(100);
+    for k in 1..=5u32 {
+        let engine = u64::from(k % 4);
+        let expiry = s.now + 2_000_000;
+        let keys = vec![0x5EED_0000 + u64::from(k)];
+        node0(&mut s).local_mark(engine, keys, 0, expiry);
+        node0(&mut s).local_load(engine, k);
+        let node1 = |s: &Sim| s.nodes[1].as_ref().expect("node 1").index.order.clone();
+        let before = node1(&s).len();
+        let arrived = (0..400).any(|_| {
+            s.run(100, |_| {});
+            seen(&s, engine) == Some(u64::from(k))
+        });
+        assert!(arrived, "change {k} arrived");
+        let got: Vec<(u8, u64)> = node1(&s).into_iter().skip(before).collect();
+        assert_eq!(got, [(b'm', engine), (b'l', engine)], "change {k}");
+    }
+}

@@ -45,7 +45,7 @@ async fn start(
     tls: &NodeTls,
     seed: Option<&MeshNode>,
     link: Option<LoadLink>,
-) -> (MeshNode, mpsc::Receiver<Apply>) {
+) -> (MeshNode, kvmesh_mesh::gate::Applies) {
     let seeds = seed
         .map(|s| Seeds {
             addrs: vec![s.id.addr.to_string()],

@@ -649,9 +649,9 @@ fn cold_ctx<'a>(seed: u64, cold_key: u64, matches: &'a [PrefixMatch]) -> Request
 
 #[test]
 fn a_cold_prompt_goes_to_the_same_home_on_every_router_whatever_the_engine_order_or_seed() {
-    // Two "routers" list the same 8 engines in different orders and pick with different
-    // seeds and different loads (none busy: below half the guard's floor of 16): the home
-    // engine is the same member.
+    // Two "routers" list the same 8 engines in different orders, pick with different seeds
+    // and see the same loads (or loads that differ by less than the slack on the engines near
+    // the least loaded): the home engine is the same member.
     let ms = members(8);
     let mut rev = ms.clone();
     rev.reverse();
@@ -662,47 +662,65 @@ fn a_cold_prompt_goes_to_the_same_home_on_every_router_whatever_the_engine_order
         let b = Policy::new(&c, &rev, 2);
         let mut homes = std::collections::BTreeSet::new();
         for key in 1..200u64 {
-            let loads_a: Vec<u32> = (0..8).map(|i| (i * 3 + key as u32) % 7).collect();
-            let loads_b: Vec<u32> = (0..8).map(|i| (i * 5 + key as u32) % 6).collect();
-            let (ra, oa) = pick(&a, &views(&loads_a), &cold_ctx(key, key, &[]));
-            let (rb, ob) = pick(&b, &views(&loads_b), &cold_ctx(key * 7, key, &[]));
+            let loads: Vec<u32> = (0..8).map(|i| (i * 3 + key as u32) % 7).collect();
+            let mut loads_rev = loads.clone();
+            loads_rev.reverse();
+            let (ra, oa) = pick(&a, &views(&loads), &cold_ctx(key, key, &[]));
+            let (rb, ob) = pick(&b, &views(&loads_rev), &cold_ctx(key * 7, key, &[]));
             assert_eq!(ra, Reason::PrefixCold, "{kind:?}");
             assert_eq!(rb, Reason::PrefixCold, "{kind:?}");
             assert_eq!(ms[oa[0]].id, rev[ob[0]].id, "{kind:?} key {key}");
             assert_distinct(&oa, "cold");
             homes.insert(ms[oa[0]].id);
+            // Idle: the home among all 8, whatever the router.
+            let (_, oi) = pick(&a, &views(&[0; 8]), &cold_ctx(key, key, &[]));
+            let (_, oj) = pick(&b, &views(&[0; 8]), &cold_ctx(key * 3, key, &[]));
+            assert_eq!(ms[oi[0]].id, rev[oj[0]].id, "{kind:?} key {key}");
         }
         assert_eq!(homes.len(), 8, "199 keys spread over every engine");
     }
 }
 
 #[test]
-fn a_busy_cold_home_gives_way_to_the_second_choice_only_when_clearly_less_loaded() {
+fn a_cold_prompts_home_is_among_the_engines_within_the_slack_of_the_least_loaded() {
     let p = cold_policy(7, &members(4));
     let key = 0xBEEF;
     let (_, o) = pick(&p, &views(&[0, 0, 0, 0]), &cold_ctx(1, key, &[]));
     let home = o[0];
-    // The second choice: the home when the first is ineligible.
-    let mut vs = views(&[0, 0, 0, 0]);
-    vs[home].eligible = false;
-    let (_, o) = pick(&p, &vs, &cold_ctx(1, key, &[]));
-    let second = o[0];
-    // Busy (10 in flight, under the guard) and the second far less loaded: the second.
-    let mut loads = [12u32; 4];
-    loads[home] = 10;
-    loads[second] = 2;
+    // One request above the least loaded (the default slack of 1): still the home, so
+    // routers that saw one sibling more or less on it agree.
+    let mut loads = [3u32; 4];
+    loads[home] = 4;
     let (r, o) = pick(&p, &views(&loads), &cold_ctx(1, key, &[]));
-    assert_eq!((r, o[0]), (Reason::PrefixCold, second));
-    // Busy but the second within the margin: the home (routers whose views differ a little
-    // agree).
-    loads[second] = 8;
-    let (_, o) = pick(&p, &views(&loads), &cold_ctx(1, key, &[]));
-    assert_eq!(o[0], home);
-    // Not busy, the second idle: the home.
-    loads[home] = 6;
-    loads[second] = 0;
-    let (_, o) = pick(&p, &views(&loads), &cold_ctx(1, key, &[]));
-    assert_eq!(o[0], home);
+    assert_eq!((r, o[0]), (Reason::PrefixCold, home));
+    // Two above: the home among the others (all at the least load), the same on every
+    // router that sees these loads.
+    loads[home] = 5;
+    let (r, o) = pick(&p, &views(&loads), &cold_ctx(1, key, &[]));
+    assert_eq!(r, Reason::PrefixCold);
+    assert_ne!(o[0], home);
+    let (_, o2) = pick(&p, &views(&loads), &cold_ctx(99, key, &[]));
+    assert_eq!(o[0], o2[0], "the seed does not move it");
+    // Only the least loaded qualifies when the others are all busier: new prefixes fill the
+    // emptiest engine as least request would.
+    let (_, o) = pick(&p, &views(&[6, 6, 1, 6]), &cold_ctx(1, key, &[]));
+    assert_eq!(o[0], 2);
+    // A slack of 0 takes the least loaded alone; a very large one is hashing alone (under
+    // the guard's floor).
+    let with_slack = |slack: f64| {
+        let mut c = cfg(PolicyKind::CacheAware, 3);
+        c.prefix.cold_prefix_rendezvous = true;
+        c.prefix.cold_prefix_slack = slack;
+        Policy::new(&c, &members(4), 7)
+    };
+    let mut loads = [1u32; 4];
+    loads[home] = 2;
+    let (_, o) = pick(&with_slack(0.0), &views(&loads), &cold_ctx(1, key, &[]));
+    assert_ne!(o[0], home, "slack 0: one request above the least is out");
+    let mut loads = [0u32; 4];
+    loads[home] = 14;
+    let (_, o) = pick(&with_slack(1e6), &views(&loads), &cold_ctx(1, key, &[]));
+    assert_eq!(o[0], home, "a very large slack keeps the home");
 }
 
 #[test]

@@ -270,7 +270,9 @@ impl MeshCore {
         now_us: u64,
     ) -> Vec<Bytes> {
         // In-flight counts travel grouped by router (its id and incarnation once), feed
-        // batches by feed (its id once).
+        // batches by feed (its id once). Counts last: a receiver applies an envelope in
+        // order, and must not see a request's count before the mark of its prompt (a
+        // sibling of a new prefix would go elsewhere; `crate::gate`).
         let mut loads = Vec::new();
         let mut batches = Vec::new();
         let mut rest = Vec::new();
@@ -281,15 +283,18 @@ impl MeshCore {
                 d => rest.push(d),
             }
         }
-        let deltas = kvmesh_state::LoadBatch::compact(loads)
+        let deltas = rest
             .into_iter()
-            .map(Delta::LoadBatch)
             .chain(
                 kvmesh_state::FeedBatches::compact(batches)
                     .into_iter()
                     .map(Delta::FeedBatches),
             )
-            .chain(rest);
+            .chain(
+                kvmesh_state::LoadBatch::compact(loads)
+                    .into_iter()
+                    .map(Delta::LoadBatch),
+            );
         let mut chunks: Vec<Vec<Delta>> = Vec::new();
         let mut cur = Vec::new();
         let mut weight = 0usize;

@@ -113,9 +113,18 @@ pub struct SimIndex {
     pub mark_keys: u64,
     /// Σ others' in-flight per engine as last applied.
     pub peer_load: HashMap<u64, u64>,
+    /// The last marks and counts applied, in order: (`b'm'` or `b'l'`, engine); at most 64.
+    pub order: std::collections::VecDeque<(u8, u64)>,
 }
 
 impl SimIndex {
+    fn noted(&mut self, kind: u8, engine: u64) {
+        if self.order.len() == 64 {
+            self.order.pop_front();
+        }
+        self.order.push_back((kind, engine));
+    }
+
     fn apply(&mut self, a: &FeedApply) {
         let e = self.engines.entry(a.engine).or_default();
         if (a.epoch, a.n) <= e.0 && e.0 != (0, 0) {
@@ -311,9 +320,11 @@ impl Sim {
                     Apply::Mark(m) => {
                         n.index.marks += 1;
                         n.index.mark_keys += m.keys.len() as u64;
+                        n.index.noted(b'm', m.engine);
                     }
                     Apply::PeerLoad { engine, others } => {
                         n.index.peer_load.insert(engine, others);
+                        n.index.noted(b'l', engine);
                     }
                     Apply::Own { engine, from } => {
                         // Resume at the handover's seq, else read the engine from its start

@@ -234,6 +234,13 @@ impl PolicyConfig {
             "must be at least 1",
         )?;
         check(
+            finite_in(px.cold_prefix_slack, 0.0, 1e6),
+            at,
+            "prefix.cold_prefix_slack",
+            "must be between 0 and 1000000 (1 = the home among the engines within one request \
+             of the least loaded)",
+        )?;
+        check(
             px.cold_prefix_blocks >= 1,
             at,
             "prefix.cold_prefix_blocks",
@@ -336,15 +343,25 @@ pub struct PrefixAffinityConfig {
     /// ... and shorter than this many blocks neither. Default 1.
     pub min_match_blocks: u32,
     /// A prompt no engine holds a usable part of goes to the rendezvous home of its leading
-    /// blocks (weighted rendezvous hashing over the engines' stable ids, inside the load
-    /// guard) instead of the least loaded engine: every router picks the same engine for it
+    /// blocks (weighted rendezvous hashing over the stable ids of the engines within
+    /// `cold_prefix_slack` of the least loaded, inside the load guard) instead of to least
+    /// request's pick: routers whose views of the loads agree pick the same engine for it
     /// without talking, so siblings of a new prefix arriving at several routers (or at one
-    /// router faster than its marks) land together. Default false: on one router (whose
-    /// marks are visible to its next decision) least request balances new prefixes better —
-    /// measured on the 8-engine shared-prefix comparison, hashing 48 new groups over 8
-    /// engines cost 2.5 points of hit rate (85.8% → 83.1–83.4%) through uneven cache
-    /// occupancy; meshed routers need it (ARCHITECTURE.md).
+    /// router faster than its marks) land together. Default false, and on whenever the mesh
+    /// is (ARCHITECTURE.md): one router's marks are visible to its next decision, and there
+    /// least request balances new prefixes at least as well (hashing alone, before the
+    /// slack, cost 2.5 points of hit rate on the 8-engine shared-prefix comparison: 85.8% →
+    /// 83.1–83.4%, through uneven cache occupancy).
     pub cold_prefix_rendezvous: bool,
+    /// How far above the least loaded engine (in `(load + 1) / weight`) a cold prompt's home
+    /// may be: the rendezvous hashing ranks only the engines this close to the least loaded.
+    /// 0 = the least loaded alone (routers' views differing by one request split siblings);
+    /// larger = more routers agree on views that differ, new prefixes spread less by load
+    /// (very large = hashing alone). Measured on the 8-engine shared-prefix comparison with 3
+    /// meshed routers: 1 keeps every sibling burst of the mesh test on one engine and brings
+    /// the busiest engine's in-flight from 2.2 to 1.3-1.5 × the mean (BENCHMARKS.md).
+    /// Default 1.
+    pub cold_prefix_slack: f64,
     /// The leading blocks that name a cold prompt's home: its block key at depth
     /// `min(total, cold_prefix_blocks)`. Prompts that share this many blocks (512 tokens at
     /// the default block size) share a home. Default 32.
@@ -368,6 +385,7 @@ impl Default for PrefixAffinityConfig {
             min_match_ratio: 0.3,
             min_match_blocks: 1,
             cold_prefix_rendezvous: false,
+            cold_prefix_slack: 1.0,
             cold_prefix_blocks: 32,
         }
     }

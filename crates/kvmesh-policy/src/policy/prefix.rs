@@ -211,15 +211,15 @@ pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
     reason
 }
 
-/// The home of a cold prefix (no engine holds a usable part of it): of the two engines that
-/// weighted rendezvous hashing of `cold_key` ranks first among those passing `filter` and
-/// the load guard (by their stable ids), the first — unless it is busy (in flight above half
-/// the guard's absolute floor) and the second's `(load + 1) / weight` is lower by more than
-/// [`COLD_MARGIN`]. Every router computes the same two without talking to the others, and
-/// their loads as each router sees them differ by little, so siblings of a new prefix that
-/// arrive at several routers at once still land together, while new prefixes avoid a busy
-/// engine like the power of two choices rather than by hash alone. O(n) in the route's
-/// engines (only for cold prompts).
+/// The home of a cold prefix (no engine holds a usable part of it): of the engines passing
+/// `filter` and the load guard whose `(load + 1) / weight` is within `cold_prefix_slack` of
+/// the least loaded of them, the one weighted rendezvous hashing of `cold_key` ranks first (by
+/// their stable ids). Routers whose views of the loads agree pick the same engine without
+/// talking, so siblings of a new prefix that arrive at several routers at once land together
+/// (the mesh delivers a peer's mark no later than the in-flight count of the request that
+/// made it, so a router does not see a sibling's load without its mark); and new prefixes
+/// spread over the least loaded engines as one router's least request spreads them, rather
+/// than by hash alone. O(n) in the route's engines, two passes (only for cold prompts).
 fn cold_home<S: EngineSet + ?Sized>(
     engines: &S,
     members: &[EngineMember],
@@ -228,55 +228,44 @@ fn cold_home<S: EngineSet + ?Sized>(
     filter: Filter,
     guard: &mut Option<Guard>,
 ) -> Option<usize> {
-    // (rendezvous score, hash, engine): the two lowest scores.
-    let mut best: [Option<(f64, u64, usize)>; 2] = [None, None];
-    for (i, m) in members.iter().enumerate().take(engines.len()) {
+    let n = engines.len().min(members.len());
+    let mut usable = |i: usize, v: &EngineView| {
+        filter.ok(v)
+            && !(f64::from(v.load()) + 1.0 > f64::from(cfg.balance_abs_threshold)
+                && guard
+                    .get_or_insert_with(|| Guard::new(engines, cfg))
+                    .overloaded(v))
+            && i < n
+    };
+    let mut least = f64::INFINITY;
+    for i in 0..n {
         let v = engines.view(i);
-        if !filter.ok(&v) {
+        if usable(i, &v) {
+            least = least.min(load_score(&v));
+        }
+    }
+    let slack = if cfg.cold_prefix_slack.is_finite() {
+        cfg.cold_prefix_slack.max(0.0)
+    } else {
+        f64::MAX
+    };
+    // (rendezvous score, hash, engine): the lowest score among the least loaded.
+    let mut best: Option<(f64, u64, usize)> = None;
+    for (i, m) in members.iter().enumerate().take(n) {
+        let v = engines.view(i);
+        if load_score(&v) > least + slack || !usable(i, &v) {
             continue;
         }
         let h = mix64(cold_key ^ m.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         // Weighted rendezvous: −ln(u) / w, the lowest wins; (0, 1] so ln is finite.
         let u = ((h >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
         let score = -u.ln() / v.safe_weight();
-        if best[1].is_some_and(|b| (score, h) >= (b.0, b.1)) {
-            continue;
-        }
-        if f64::from(v.load()) + 1.0 > f64::from(cfg.balance_abs_threshold)
-            && guard
-                .get_or_insert_with(|| Guard::new(engines, cfg))
-                .overloaded(&v)
-        {
-            continue;
-        }
-        let c = Some((score, h, i));
-        if best[0].is_none_or(|b| (score, h) < (b.0, b.1)) {
-            best = [c, best[0]];
-        } else {
-            best[1] = c;
+        if best.is_none_or(|b| (score, h) < (b.0, b.1)) {
+            best = Some((score, h, i));
         }
     }
-    match best {
-        [Some(a), Some(b)] => {
-            let (va, vb) = (engines.view(a.2), engines.view(b.2));
-            // Only a busy first choice (half the guard's floor) gives way: below it, every
-            // router keeps the first, whatever small differences their views have.
-            let busy = 2.0 * (f64::from(va.load()) + 1.0) > f64::from(cfg.balance_abs_threshold);
-            Some(if busy && load_score(&vb) + COLD_MARGIN < load_score(&va) {
-                b.2
-            } else {
-                a.2
-            })
-        }
-        [Some(a), None] => Some(a.2),
-        _ => None,
-    }
+    best.map(|b| b.2)
 }
-
-/// How much less loaded (in `(load + 1) / weight`) a cold prefix's second rendezvous choice
-/// must be to take it over the first: routers whose views of the loads differ by less than
-/// this still agree.
-pub const COLD_MARGIN: f64 = 4.0;
 
 /// The smallest usable match: `max(min_match_blocks, ceil(min_match_ratio × total))`, at
 /// least 1 (a small epsilon keeps `0.3 × 10` at 3 despite rounding).
