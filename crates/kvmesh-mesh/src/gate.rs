@@ -8,11 +8,19 @@
 //! sibling of the prompt elsewhere. So while marks wait in the apply queue, [`MarkGate`] holds
 //! the counts that arrive (the newest per engine) and lets them through once the router has
 //! applied those marks ([`Applies::recv`] tells it: the router asks for the next change only
-//! when it has applied the last one).
+//! when it has applied the last one), or once they have waited [`MAX_HOLD`]: a router whose
+//! apply queue never empties (marks arriving as fast as it applies them) still gets its
+//! peers' counts, at most that late.
 
 use crate::core::Apply;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+
+/// The longest a peer's count is held behind marks (a sibling's mark is applied within
+/// microseconds of its arrival on a router that keeps up; this bounds how stale the counts
+/// get on one that does not).
+pub const MAX_HOLD: Duration = Duration::from_millis(1);
 
 /// Sets the other routers' total on an engine (the router's side of the short way).
 pub type SetPeers = Arc<dyn Fn(u64, u64) + Send + Sync>;
@@ -29,6 +37,8 @@ struct GateState {
     pending: usize,
     /// Counts held meanwhile: (engine, others), one per engine, the newest.
     held: Vec<(u64, u64)>,
+    /// Since when the oldest held count waits.
+    since: Option<Instant>,
     /// The router stopped reading its changes: nothing is held any more.
     open: bool,
 }
@@ -46,15 +56,18 @@ impl MarkGate {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A peer count: set now when no mark waits, else held (replacing an older one).
+    /// A peer count: set now when no mark waits (or the held ones waited [`MAX_HOLD`]), else
+    /// held (replacing an older one of the engine).
     pub fn count(&self, engine: u64, others: u64) {
         let mut g = self.lock();
-        if g.pending == 0 || g.open {
+        if g.pending == 0 || g.open || g.since.is_some_and(|t| t.elapsed() >= MAX_HOLD) {
+            self.release(&mut g);
             (self.set)(engine, others);
         } else if let Some(h) = g.held.iter_mut().find(|h| h.0 == engine) {
             h.1 = others;
         } else {
             g.held.push((engine, others));
+            g.since.get_or_insert_with(Instant::now);
         }
     }
 
@@ -67,7 +80,7 @@ impl MarkGate {
     pub fn mark_done(&self) {
         let mut g = self.lock();
         g.pending = g.pending.saturating_sub(1);
-        if g.pending == 0 {
+        if g.pending == 0 || g.since.is_some_and(|t| t.elapsed() >= MAX_HOLD) {
             self.release(&mut g);
         }
     }
@@ -80,6 +93,7 @@ impl MarkGate {
     }
 
     fn release(&self, g: &mut GateState) {
+        g.since = None;
         // In the order they first arrived; under the lock, so no newer count overtakes.
         for (engine, others) in g.held.drain(..) {
             (self.set)(engine, others);
@@ -206,6 +220,30 @@ mod tests {
         assert_eq!(*seen.lock().expect("seen"), [(7, 2), (9, 4)]);
         g.count(7, 0);
         assert_eq!(seen.lock().expect("seen").last(), Some(&(7, 0)));
+    }
+
+    #[test]
+    fn a_count_waits_no_longer_than_the_bound_when_marks_keep_coming() {
+        let (set, seen) = recorder();
+        let g = MarkGate::new(set);
+        g.mark_queued();
+        g.count(7, 1);
+        assert!(seen.lock().expect("seen").is_empty());
+        // Marks keep the queue from ever emptying; past the bound the next count (or the
+        // next mark applied) lets every held one through.
+        std::thread::sleep(MAX_HOLD);
+        g.mark_queued();
+        g.count(9, 2);
+        assert_eq!(*seen.lock().expect("seen"), [(7, 1), (9, 2)]);
+        g.count(7, 3);
+        assert_eq!(
+            seen.lock().expect("seen").len(),
+            2,
+            "held again: a mark still waits"
+        );
+        std::thread::sleep(MAX_HOLD);
+        g.mark_done();
+        assert_eq!(seen.lock().expect("seen").last(), Some(&(7, 3)));
     }
 
     #[test]

@@ -147,6 +147,27 @@ fn decision(c: &mut Criterion) {
                 })
             });
         }
+        // A prompt no engine holds at a meshed router: its rendezvous home among the
+        // engines near the least loaded (two scans of the fleet).
+        let mut cfg = PolicyConfig {
+            policy: PolicyKind::CacheAware,
+            ..PolicyConfig::default()
+        };
+        cfg.prefix.cold_prefix_rendezvous = true;
+        let policy = Policy::new(&cfg, &members, 1);
+        let mut out = Vec::with_capacity(MAX_CANDIDATES);
+        let mut seed = 0u64;
+        group.bench_function("cache_aware/cold_home", |b| {
+            b.iter(|| {
+                seed = seed.wrapping_add(1);
+                let ctx = RequestCtx::new(seed, seed).with_prefix(PrefixInput {
+                    total_blocks: PROMPT_BLOCKS,
+                    matches: &[],
+                    cold_key: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+                });
+                black_box(policy.pick(&fleet, &ctx, &mut out))
+            })
+        });
         let cfg = PolicyConfig {
             policy: PolicyKind::ConsistentHash,
             ..PolicyConfig::default()

@@ -229,18 +229,17 @@ fn cold_home<S: EngineSet + ?Sized>(
     guard: &mut Option<Guard>,
 ) -> Option<usize> {
     let n = engines.len().min(members.len());
-    let mut usable = |i: usize, v: &EngineView| {
+    let mut usable = |v: &EngineView| {
         filter.ok(v)
             && !(f64::from(v.load()) + 1.0 > f64::from(cfg.balance_abs_threshold)
                 && guard
                     .get_or_insert_with(|| Guard::new(engines, cfg))
                     .overloaded(v))
-            && i < n
     };
     let mut least = f64::INFINITY;
     for i in 0..n {
         let v = engines.view(i);
-        if usable(i, &v) {
+        if usable(&v) {
             least = least.min(load_score(&v));
         }
     }
@@ -253,7 +252,7 @@ fn cold_home<S: EngineSet + ?Sized>(
     let mut best: Option<(f64, u64, usize)> = None;
     for (i, m) in members.iter().enumerate().take(n) {
         let v = engines.view(i);
-        if load_score(&v) > least + slack || !usable(i, &v) {
+        if load_score(&v) > least + slack || !usable(&v) {
             continue;
         }
         let h = mix64(cold_key ^ m.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
