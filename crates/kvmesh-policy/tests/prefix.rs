@@ -701,6 +701,12 @@ fn a_cold_prompts_home_is_among_the_engines_within_the_slack_of_the_least_loaded
     assert_ne!(o[0], home);
     let (_, o2) = pick(&p, &views(&loads), &cold_ctx(99, key, &[]));
     assert_eq!(o[0], o2[0], "the seed does not move it");
+    // The engine-reported load, which each router scrapes at its own moments, does not move
+    // it either: only the routers' in-flight counts, which they see alike.
+    let mut vs = views(&[3, 3, 3, 3]);
+    vs[home].engine_load = Some(9);
+    let (r, o) = pick(&p, &vs, &cold_ctx(1, key, &[]));
+    assert_eq!((r, o[0]), (Reason::PrefixCold, home));
     // Only the least loaded qualifies when the others are all busier: new prefixes fill the
     // emptiest engine as least request would.
     let (_, o) = pick(&p, &views(&[6, 6, 1, 6]), &cold_ctx(1, key, &[]));

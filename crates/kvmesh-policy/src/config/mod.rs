@@ -353,14 +353,16 @@ pub struct PrefixAffinityConfig {
     /// slack, cost 2.5 points of hit rate on the 8-engine shared-prefix comparison: 85.8% →
     /// 83.1–83.4%, through uneven cache occupancy).
     pub cold_prefix_rendezvous: bool,
-    /// How far above the least loaded engine (in `(load + 1) / weight`) a cold prompt's home
-    /// may be: the rendezvous hashing ranks only the engines this close to the least loaded.
-    /// 0 = the least loaded alone (routers' views differing by one request split siblings);
-    /// larger = more routers agree on views that differ, new prefixes spread less by load
-    /// (very large = hashing alone). Measured on the 8-engine shared-prefix comparison with 3
-    /// meshed routers: 1 keeps every sibling burst of the mesh test on one engine and brings
-    /// the busiest engine's in-flight from 2.2 to 1.3-1.5 × the mean (BENCHMARKS.md).
-    /// Default 1.
+    /// How far above the least loaded engine a cold prompt's home may be, in `(in flight + 1)
+    /// / weight` (the routers' own counts, which the mesh shares within a fraction of a
+    /// millisecond; not the engine-reported load, which each router scrapes at its own
+    /// moments): the rendezvous hashing ranks only the engines this close to the least
+    /// loaded. 0 = the least loaded alone (routers' views differing by one request part
+    /// siblings); larger = routers agree on views that differ more, new prefixes spread less
+    /// by load (very large = hashing alone). 1, on the 8-engine shared-prefix comparison with
+    /// 3 meshed routers: every sibling burst of the mesh test on one engine, the busiest
+    /// engine's in-flight from 2.2 to 1.3-1.5 × the mean, output from 89–92% to 97–99% of
+    /// one router's (BENCHMARKS.md). Default 1.
     pub cold_prefix_slack: f64,
     /// The leading blocks that name a cold prompt's home: its block key at depth
     /// `min(total, cold_prefix_blocks)`. Prompts that share this many blocks (512 tokens at

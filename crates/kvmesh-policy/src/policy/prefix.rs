@@ -212,14 +212,17 @@ pub(crate) fn cache_aware<S: EngineSet + ?Sized>(
 }
 
 /// The home of a cold prefix (no engine holds a usable part of it): of the engines passing
-/// `filter` and the load guard whose `(load + 1) / weight` is within `cold_prefix_slack` of
-/// the least loaded of them, the one weighted rendezvous hashing of `cold_key` ranks first (by
-/// their stable ids). Routers whose views of the loads agree pick the same engine without
-/// talking, so siblings of a new prefix that arrive at several routers at once land together
-/// (the mesh delivers a peer's mark no later than the in-flight count of the request that
-/// made it, so a router does not see a sibling's load without its mark); and new prefixes
-/// spread over the least loaded engines as one router's least request spreads them, rather
-/// than by hash alone. O(n) in the route's engines, two passes (only for cold prompts).
+/// `filter` and the load guard whose `(in_flight + 1) / weight` is within `cold_prefix_slack`
+/// of the least of them, the one weighted rendezvous hashing of `cold_key` ranks first (by
+/// their stable ids). Routers whose views agree within the slack pick the same engine without
+/// talking, so siblings of a new prefix that arrive at several routers at once land together;
+/// and new prefixes spread over the least loaded engines as one router's least request
+/// spreads them, rather than by hash alone. The views are the routers' in-flight counts,
+/// which the mesh shares within a fraction of a millisecond and delivers no earlier than the
+/// marks before them (so a sibling's own load does not part siblings), not the
+/// engine-reported load, which each router scrapes at its own moments (reading it parted
+/// siblings under load). A burst of other new prefixes placed at several routers at once can
+/// still part them. O(n) in the route's engines, two passes (only for cold prompts).
 fn cold_home<S: EngineSet + ?Sized>(
     engines: &S,
     members: &[EngineMember],
@@ -236,11 +239,12 @@ fn cold_home<S: EngineSet + ?Sized>(
                     .get_or_insert_with(|| Guard::new(engines, cfg))
                     .overloaded(v))
     };
+    let shared = |v: &EngineView| (f64::from(v.in_flight) + 1.0) / v.safe_weight();
     let mut least = f64::INFINITY;
     for i in 0..n {
         let v = engines.view(i);
         if usable(&v) {
-            least = least.min(load_score(&v));
+            least = least.min(shared(&v));
         }
     }
     let slack = if cfg.cold_prefix_slack.is_finite() {
@@ -252,7 +256,7 @@ fn cold_home<S: EngineSet + ?Sized>(
     let mut best: Option<(f64, u64, usize)> = None;
     for (i, m) in members.iter().enumerate().take(n) {
         let v = engines.view(i);
-        if load_score(&v) > least + slack || !usable(&v) {
+        if shared(&v) > least + slack || !usable(&v) {
             continue;
         }
         let h = mix64(cold_key ^ m.id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
