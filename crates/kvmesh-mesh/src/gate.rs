@@ -100,7 +100,7 @@ impl MarkGate {
         }
     }
 
-    /// Counts held now (for tests and status).
+    /// Counts held now.
     pub fn held(&self) -> usize {
         self.lock().held.len()
     }

@@ -195,6 +195,16 @@ async fn resolve(seeds: &Seeds, me: SocketAddr) -> Vec<SocketAddr> {
     out
 }
 
+/// Feeds the router's changes already waiting (at most 1,024: one hold of the core's lock).
+fn feed_waiting(core: &mut MeshCore, rx: &mut mpsc::Receiver<Input>, now: u64) {
+    for _ in 0..1024 {
+        match rx.try_recv() {
+            Ok(i) => feed(core, i, now),
+            Err(_) => break,
+        }
+    }
+}
+
 fn feed(core: &mut MeshCore, i: Input, now: u64) {
     match i {
         Input::Mark {
@@ -338,13 +348,7 @@ impl MeshNode {
                             let mut core = lock(&c);
                             // The marks the router made before these counts go with them (it
                             // reserves a request's count after marking its prompt).
-                            let n = now();
-                            for _ in 0..1024 {
-                                match input_rx.try_recv() {
-                                    Ok(i) => feed(&mut core, i, n),
-                                    Err(_) => break,
-                                }
-                            }
+                            feed_waiting(&mut core, &mut input_rx, now());
                             for &id in &ids {
                                 if let Some(v) = read(id) {
                                     core.local_load(id, v);
@@ -358,12 +362,7 @@ impl MeshNode {
                         let n = now();
                         feed(&mut core, i, n);
                         // What else is waiting goes in the same hold of the lock.
-                        for _ in 0..1024 {
-                            match input_rx.try_recv() {
-                                Ok(i) => feed(&mut core, i, n),
-                                Err(_) => break,
-                            }
-                        }
+                        feed_waiting(&mut core, &mut input_rx, n);
                     }
                     _ = tokio::time::sleep(wait) => lock(&c).tick(now()),
                     _ = reseed.tick() => {
