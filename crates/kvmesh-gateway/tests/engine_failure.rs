@@ -75,7 +75,6 @@ async fn killed_engine_is_retried_around_ejected_and_ramped_back() {
     let c = client();
     let victim_idx = 1;
     let victim = engines[victim_idx].clone();
-    let victim_addr = proxies[victim_idx].addr;
 
     // The load: streaming chats, bounded in count and time, stopped once the ramp has been
     // seen. Until the kill, long answers (~2.5 s): every stream on the victim is still being
@@ -132,7 +131,7 @@ async fn killed_engine_is_retried_around_ejected_and_ramped_back() {
     let before = sample(&c, &base, &victim, t0).await;
     let killed_at = t0.elapsed();
     killed.store(true, Ordering::Relaxed);
-    proxies[victim_idx].crash();
+    proxies[victim_idx].crash().await;
     println!(
         "killed {victim} at {killed_at:?} with {} streams in flight",
         before.in_flight
@@ -184,7 +183,7 @@ async fn killed_engine_is_retried_around_ejected_and_ramped_back() {
     let mut cfg = real_time(0);
     cfg.seed = 99;
     let revived = kvmesh_sim::start(cfg).await.expect("start sim");
-    proxies[victim_idx] = CrashProxy::start(victim_addr, revived.http_addr).await;
+    proxies[victim_idx].restart(revived.http_addr).await;
     let restarted_at = t0.elapsed();
     sims.push(revived);
 

@@ -138,8 +138,11 @@ async fn a_restarted_engine_is_reconnected() {
     let sim = kvmesh_sim::start(instant_sim_cfg(MODEL))
         .await
         .expect("start sim");
-    let addr = sim.http_addr;
-    let engine = sim.base_url();
+    // The router knows the engine by an address that outlives the engine's process: a
+    // forwarder, so that the new engine is reached at the same address without rebinding a
+    // port another socket may have taken meanwhile.
+    let proxy = CrashProxy::start("127.0.0.1:0".parse().expect("addr"), sim.http_addr).await;
+    let engine = proxy.url();
     let router = start_router_with(h2_cfg(std::slice::from_ref(&engine)), MODEL, 1).await;
     let url = format!("{}/v1/chat/completions", router.base_url());
     let c = client();
@@ -147,21 +150,14 @@ async fn a_restarted_engine_is_reconnected() {
     assert!(r.ok(), "{r:?}");
     assert_eq!(connects(&router), 1);
 
-    // The engine stops (its HTTP/2 connections get a GOAWAY and close) and comes back on the
-    // same port: the router opens a new connection.
+    // A new engine comes up behind the same address and the old one stops (its HTTP/2
+    // connection gets a GOAWAY and closes): the router opens a new connection.
+    let new_sim = kvmesh_sim::start(instant_sim_cfg(MODEL))
+        .await
+        .expect("start the new sim");
+    proxy.retarget(new_sim.http_addr);
     sim.shutdown(Duration::from_secs(2)).await;
-    let mut cfg = instant_sim_cfg(MODEL);
-    cfg.listen = addr.to_string();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let sim = loop {
-        match kvmesh_sim::start(cfg.clone()).await {
-            Ok(s) => break s,
-            Err(e) => {
-                assert!(tokio::time::Instant::now() < deadline, "rebind {addr}: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let sim = new_sim;
     // Health checks may have ejected it meanwhile: bounded retries until it answers.
     wait_until(
         "a request through the restarted engine",
@@ -188,7 +184,7 @@ async fn a_connection_reset_by_a_crash_is_replaced() {
     // The router reaches the engine through a forwarder that can die like a killed process:
     // every connection reset at once, no GOAWAY.
     let target = sims[0].http_addr;
-    let proxy = CrashProxy::start("127.0.0.1:0".parse().expect("addr"), target).await;
+    let mut proxy = CrashProxy::start("127.0.0.1:0".parse().expect("addr"), target).await;
     let engine = proxy.url();
     let router = start_router_with(h2_cfg(std::slice::from_ref(&engine)), MODEL, 1).await;
     let url = format!("{}/v1/chat/completions", router.base_url());
@@ -197,10 +193,8 @@ async fn a_connection_reset_by_a_crash_is_replaced() {
     assert!(r.ok(), "{r:?}");
     assert_eq!(connects(&router), 1);
 
-    proxy.crash();
-    let addr = proxy.addr;
-    drop(proxy);
-    let _proxy = CrashProxy::start(addr, target).await;
+    proxy.crash().await;
+    proxy.restart(target).await;
     wait_until("a request after the crash", Duration::from_secs(20), || {
         let (c, url) = (c.clone(), url.clone());
         async move {

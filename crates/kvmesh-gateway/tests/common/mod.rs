@@ -177,29 +177,64 @@ pub async fn stop_sims(sims: Vec<SimServer>) {
 /// A TCP forwarder in front of an engine that can crash like a killed process: the listener
 /// closes (new connections are refused) and every open connection is reset at once, in-flight
 /// streams included. The router is given the proxy's address as the engine URL.
+///
+/// Between [`CrashProxy::crash`] and [`CrashProxy::restart`] the port stays reserved by a
+/// bound socket that does not listen: connections to it are refused as they are by a dead
+/// process, and no other socket on the machine (an outgoing connection's ephemeral port, a
+/// listener bound to port 0) can take it, so the engine comes back on the address the router
+/// knows.
 pub struct CrashProxy {
     /// Where it listens.
     pub addr: std::net::SocketAddr,
     kill: tokio::sync::watch::Sender<bool>,
+    accept: Option<tokio::task::JoinHandle<()>>,
+    /// Where new connections are forwarded.
+    target: Arc<std::sync::Mutex<std::net::SocketAddr>>,
+    /// Holds the port while crashed.
+    reserved: Option<tokio::net::TcpSocket>,
+}
+
+/// A socket that can share its port with the proxy's other sockets (SO_REUSEPORT), bound to
+/// `addr`.
+fn shared_port_socket(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
+    let s = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    s.set_reuseaddr(true)?;
+    s.set_reuseport(true)?;
+    s.bind(addr)?;
+    Ok(s)
 }
 
 impl CrashProxy {
-    /// Listens on `listen` (retrying the bind for up to 10 s, for a port just released) and
-    /// forwards every connection to `target`.
+    /// Listens on `listen` (port 0 for any) and forwards every connection to `target`.
     pub async fn start(listen: std::net::SocketAddr, target: std::net::SocketAddr) -> CrashProxy {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match tokio::net::TcpListener::bind(listen).await {
-                Ok(l) => break l,
-                Err(e) => {
-                    assert!(Instant::now() < deadline, "cannot bind {listen}: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        };
+        let listener = shared_port_socket(listen)
+            .and_then(|s| s.listen(1024))
+            .unwrap_or_else(|e| panic!("cannot listen on {listen}: {e}"));
         let addr = listener.local_addr().expect("proxy addr");
+        let target = Arc::new(std::sync::Mutex::new(target));
+        let (kill, accept) = Self::serve(listener, target.clone());
+        CrashProxy {
+            addr,
+            kill,
+            accept: Some(accept),
+            target,
+            reserved: None,
+        }
+    }
+
+    fn serve(
+        listener: tokio::net::TcpListener,
+        target: Arc<std::sync::Mutex<std::net::SocketAddr>>,
+    ) -> (
+        tokio::sync::watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (kill, rx) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
+        let accept = tokio::spawn(async move {
             let mut rx_accept = rx.clone();
             loop {
                 let (mut down, _) = tokio::select! {
@@ -210,6 +245,7 @@ impl CrashProxy {
                     _ = rx_accept.wait_for(|k| *k) => return,
                 };
                 let mut rx = rx.clone();
+                let target = *target.lock().expect("proxy target");
                 tokio::spawn(async move {
                     let _ = down.set_nodelay(true);
                     let Ok(mut up) = tokio::net::TcpStream::connect(target).await else {
@@ -228,7 +264,7 @@ impl CrashProxy {
                 });
             }
         });
-        CrashProxy { addr, kill }
+        (kill, accept)
     }
 
     /// `http://ADDR`.
@@ -236,9 +272,38 @@ impl CrashProxy {
         format!("http://{}", self.addr)
     }
 
-    /// Crashes: stops listening and resets every open connection.
-    pub fn crash(&self) {
+    /// Crashes: stops listening and resets every open connection. When it returns the
+    /// listener is closed and the port is held by a socket that refuses connections.
+    pub async fn crash(&mut self) {
+        if self.reserved.is_none() {
+            self.reserved = Some(
+                shared_port_socket(self.addr)
+                    .unwrap_or_else(|e| panic!("cannot reserve {}: {e}", self.addr)),
+            );
+        }
         let _ = self.kill.send(true);
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.await;
+        }
+    }
+
+    /// Forwards the connections accepted from now on to `target`; open ones stay where they
+    /// are (an engine restarted elsewhere behind the same address).
+    pub fn retarget(&self, target: std::net::SocketAddr) {
+        *self.target.lock().expect("proxy target") = target;
+    }
+
+    /// Comes back on the same address, now forwarding to `target` (a restarted engine).
+    pub async fn restart(&mut self, target: std::net::SocketAddr) {
+        assert!(self.accept.is_none(), "restart without a crash");
+        let listener = shared_port_socket(self.addr)
+            .and_then(|s| s.listen(1024))
+            .unwrap_or_else(|e| panic!("cannot listen again on {}: {e}", self.addr));
+        self.reserved = None;
+        self.retarget(target);
+        let (kill, accept) = Self::serve(listener, self.target.clone());
+        self.kill = kill;
+        self.accept = Some(accept);
     }
 }
 
