@@ -6,9 +6,10 @@
 //!   engines this router owns — the ops its ingestion derives from their events. Its in-flight
 //!   count per engine takes the short way ([`LoadLink`]): the engine signals the node's task,
 //!   which reads the count itself.
-//! * Out: the other routers' in-flight onto the engines by the short way too, set by the
-//!   node's task (policies read own + peers'); applied in order: peers' marks into the index,
-//!   engines added or removed through a peer, every
+//! * Out: the other routers' in-flight and their marks onto the engines and the index by the
+//!   short way too, set by the node's thread in the order each peer made them (policies read
+//!   own + peers'; a mark for an engine not known here yet takes the long way); applied in
+//!   order by this router's task: engines added or removed through a peer, every
 //!   engine's precise ops from its owner's feed into the index (versioned: applied once, in
 //!   order; a snapshot replaces the engine's blocks), ownership moves (start or stop reading
 //!   an engine, resuming from the previous owner's handover), readiness.
@@ -27,7 +28,7 @@ use kvmesh_mesh::transport::Transport;
 use kvmesh_metrics::Histogram;
 use kvmesh_policy::RouterSlot;
 use kvmesh_prefix::{BlockKey, EngineId, IndexOp, IndexSink, OpVersion, Target};
-use kvmesh_state::{EngineRecord, NodeId, WireOp};
+use kvmesh_state::{EngineRecord, MarkDelta, NodeId, WireOp};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -38,6 +39,18 @@ use tokio::sync::mpsc;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A peer's mark into the index; `false` when the engine is not known here (yet).
+fn apply_mark(gw: &Gateway, m: &MarkDelta) -> bool {
+    let Some(e) = gw.registry.get(EngineId(m.engine)) else {
+        return false;
+    };
+    let keys: Vec<BlockKey> = m.keys.iter().map(|k| BlockKey(*k)).collect();
+    gw.registry
+        .prefix
+        .remote_mark(e.target(), &keys, m.expiry_us, gw.clock.now_us());
+    true
 }
 
 /// This router's part in the mesh.
@@ -154,7 +167,7 @@ impl Cluster {
         let clock = gw.clock;
         let now: NowFn = Arc::new(move || clock.now_us());
         let link = gw.registry.load_signal.connect().map(|changed| {
-            let (g1, g2) = (Arc::downgrade(gw), Arc::downgrade(gw));
+            let (g1, g2, g3) = (Arc::downgrade(gw), Arc::downgrade(gw), Arc::downgrade(gw));
             LoadLink {
                 changed,
                 read: Arc::new(move |id| {
@@ -169,6 +182,8 @@ impl Cluster {
                             .store(u32::try_from(others).unwrap_or(u32::MAX), Relaxed);
                     }
                 }),
+                // A router gone has nothing to apply: taken as done.
+                marks: Arc::new(move |m| g3.upgrade().is_none_or(|g| apply_mark(&g, m))),
             }
         });
         let (node, applies) = MeshNode::start(
@@ -306,18 +321,12 @@ impl Cluster {
     }
 
     /// What the mesh says, applied in order.
-    async fn apply_loop(self: Arc<Self>, gw: Arc<Gateway>, mut rx: kvmesh_mesh::gate::Applies) {
+    async fn apply_loop(self: Arc<Self>, gw: Arc<Gateway>, mut rx: mpsc::Receiver<Apply>) {
         let ctx = probe::ingest_ctx(&gw, Some(self.input.clone()));
         while let Some(a) = rx.recv().await {
-            let now = gw.clock.now_us();
             match a {
                 Apply::Mark(m) => {
-                    if let Some(e) = gw.registry.get(EngineId(m.engine)) {
-                        let keys: Vec<BlockKey> = m.keys.iter().map(|k| BlockKey(*k)).collect();
-                        gw.registry
-                            .prefix
-                            .remote_mark(e.target(), &keys, m.expiry_us, now);
-                    }
+                    apply_mark(&gw, &m);
                 }
                 Apply::PeerLoad { engine, others } => {
                     if let Some(e) = gw.registry.get(EngineId(engine)) {

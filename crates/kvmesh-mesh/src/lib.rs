@@ -1,8 +1,8 @@
 //! The mesh: the cluster's certificates ([`certs`]), the mutual-TLS QUIC transport
 //! ([`transport`]), SWIM membership sans-IO ([`membership`], foca), the whole node sans-IO
 //! ([`core`]: membership + replicated state + ingest ownership + dissemination, time and
-//! randomness passed in) and its tokio shell ([`node`], with [`gate`]: a peer's marks reach the
-//! router before the counts that follow them).
+//! randomness passed in) and its tokio shell ([`node`]: its thread sets a peer's marks and
+//! in-flight counts on the router itself, in the order the peer made them).
 
 // Unsafe only in `realtime`: the one libc call that sets the thread's scheduling.
 #![deny(unsafe_code)]
@@ -10,7 +10,6 @@
 
 pub mod certs;
 pub mod core;
-pub mod gate;
 pub mod membership;
 pub mod node;
 pub mod realtime;

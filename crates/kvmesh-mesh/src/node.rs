@@ -7,11 +7,10 @@
 
 use crate::certs::NodeTls;
 use crate::core::{Apply, CoreConfig, MeshCore, Output};
-use crate::gate::{Applies, MarkGate};
 use crate::membership::MeshId;
 use crate::realtime;
 use crate::transport::{Class, Inbound, Transport, TransportError};
-use kvmesh_state::{EngineRecord, WireOp};
+use kvmesh_state::{EngineRecord, MarkDelta, WireOp};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -81,19 +80,31 @@ pub enum Input {
 /// Cluster time (µs since the Unix epoch) as the router keeps it.
 pub type NowFn = Arc<dyn Fn() -> u64 + Send + Sync>;
 
-/// The short way of in-flight counts between the router and its node, both directions,
-/// without the [`Input`] and [`Apply`] channels and the router's tasks behind them: a
-/// count is stale for as long as it travels, and a router deciding meanwhile may place a
-/// request where another just did.
+/// Sets the other routers' total on an engine (the router's side of the short way).
+pub type SetPeers = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// Applies a peer's mark on the router at once; `false` when it cannot (the engine is not
+/// known there yet: the mark then goes the long way, behind the engine's addition).
+pub type ApplyMark = Arc<dyn Fn(&MarkDelta) -> bool + Send + Sync>;
+
+/// The short way between the router and its node, without the [`Input`] and [`Apply`]
+/// channels and the router's tasks behind them: this router's in-flight counts out, the
+/// peers' counts and marks in, each set by the node's thread itself. A count is stale for
+/// as long as it travels, and a router deciding meanwhile may place a request where another
+/// just did. Marks and counts come in the order the peer made them (an envelope carries its
+/// marks before its counts) and take the same way, so a router never sees a peer's request
+/// for a new prompt as load on an engine before it sees the mark that says the engine is
+/// getting that prompt (a router's tasks may run late, the node's thread does not wait for
+/// them).
 pub struct LoadLink {
     /// Engines whose count changed: each is signalled once until [`LoadLink::read`] reads it.
     pub changed: mpsc::UnboundedReceiver<u64>,
     /// An engine's count now (and its signal re-armed); `None` for an unknown engine.
     pub read: Arc<dyn Fn(u64) -> Option<u32> + Send + Sync>,
-    /// Sets the other routers' total on an engine (what [`Apply::PeerLoad`] would carry);
-    /// never before the marks that came with the count or before it are applied
-    /// ([`crate::gate`]).
-    pub peers: crate::gate::SetPeers,
+    /// Sets the other routers' total on an engine (what [`Apply::PeerLoad`] would carry).
+    pub peers: SetPeers,
+    /// Applies a peer's mark (what [`Apply::Mark`] would carry).
+    pub marks: ApplyMark,
 }
 
 /// A running mesh node.
@@ -242,7 +253,7 @@ impl MeshNode {
         now: NowFn,
         link: Option<LoadLink>,
         realtime_priority: u8,
-    ) -> Result<(MeshNode, Applies), TransportError> {
+    ) -> Result<(MeshNode, mpsc::Receiver<Apply>), TransportError> {
         let (thread, raised) = NodeThread::spawn(name, realtime_priority)?;
         let realtime = raised.await.unwrap_or(false);
         // Everything the node starts (the endpoint's driver, its tasks) runs on its thread.
@@ -264,15 +275,11 @@ impl MeshNode {
         let (stop, mut stopped) = oneshot::channel::<()>();
         let (t, c) = (transport.clone(), core.clone());
         // The router's side of the short way: its signals with the reader of its counts, and
-        // the hook that sets the peers' counts on it.
-        let (mut counts, gate) = match link {
-            Some(l) => (
-                Some((l.changed, l.read)),
-                Some(Arc::new(MarkGate::new(l.peers))),
-            ),
+        // the hooks that set the peers' counts and marks on it.
+        let (mut counts, short) = match link {
+            Some(l) => (Some((l.changed, l.read)), Some((l.peers, l.marks))),
             None => (None, None),
         };
-        let applies = Applies::new(applies, gate.clone());
         let task = tokio::spawn(async move {
             let mut ids: Vec<u64> = Vec::new();
             let out = Out {
@@ -280,7 +287,7 @@ impl MeshNode {
                 applies: &apply_tx,
                 members: &members_tx,
                 core: &c,
-                gate: gate.as_ref(),
+                short: short.as_ref(),
             };
             let mut reseed = tokio::time::interval(Duration::from_secs(1));
             reseed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -417,7 +424,8 @@ struct Out<'a> {
     applies: &'a mpsc::Sender<Apply>,
     members: &'a watch::Sender<Vec<MeshId>>,
     core: &'a Arc<Mutex<MeshCore>>,
-    gate: Option<&'a Arc<MarkGate>>,
+    /// The router's hooks for peers' counts and marks.
+    short: Option<&'a (SetPeers, ApplyMark)>,
 }
 
 impl Out<'_> {
@@ -454,22 +462,21 @@ impl Out<'_> {
                     });
                 }
                 Output::Apply(a) => {
-                    // Peers' counts go straight onto the router when it gave the hook, behind
-                    // the marks still waiting in its queue.
-                    if let (Apply::PeerLoad { engine, others }, Some(g)) = (&a, self.gate) {
-                        g.count(*engine, *others);
-                        continue;
+                    // Peers' counts and marks go straight onto the router when it gave the
+                    // hooks, in the order they came.
+                    if let Some((peers, marks)) = self.short {
+                        match &a {
+                            Apply::PeerLoad { engine, others } => {
+                                peers(*engine, *others);
+                                continue;
+                            }
+                            Apply::Mark(m) if marks(m) => continue,
+                            _ => {}
+                        }
                     }
                     changed |= matches!(a, Apply::Members);
-                    let gated = self.gate.filter(|_| matches!(a, Apply::Mark(_)));
-                    if let Some(g) = gated {
-                        g.mark_queued();
-                    }
                     // The router applies in order; backpressure rather than loss.
                     if applies.send(a).await.is_err() {
-                        if let Some(g) = gated {
-                            g.mark_done();
-                        }
                         return;
                     }
                 }

@@ -1,5 +1,6 @@
 //! Three mesh nodes on loopback form a cluster through a seed, share a router's load, see a
-//! graceful leave at once and detect a crash; a node of another CA never joins.
+//! graceful leave at once and detect a crash; a node of another CA never joins. A router's
+//! in-flight counts and marks reach its peers' routers by the short way, in order.
 
 use kvmesh_mesh::certs::{NodeTls, generate};
 use kvmesh_mesh::core::{Apply, CoreConfig};
@@ -45,7 +46,7 @@ async fn start(
     tls: &NodeTls,
     seed: Option<&MeshNode>,
     link: Option<LoadLink>,
-) -> (MeshNode, kvmesh_mesh::gate::Applies) {
+) -> (MeshNode, mpsc::Receiver<Apply>) {
     let seeds = seed
         .map(|s| Seeds {
             addrs: vec![s.id.addr.to_string()],
@@ -154,6 +155,7 @@ async fn in_flight_counts_take_the_short_way() {
         changed,
         read: Arc::new(move |id| (id == 7).then(|| c.load(Ordering::SeqCst))),
         peers: Arc::new(|_, _| {}),
+        marks: Arc::new(|_| true),
     };
     // b: what its node sets on its router.
     let (seen_tx, mut seen) = mpsc::unbounded_channel();
@@ -164,6 +166,7 @@ async fn in_flight_counts_take_the_short_way() {
         peers: Arc::new(move |engine, others| {
             let _ = seen_tx.send((engine, others));
         }),
+        marks: Arc::new(|_| true),
     };
     let (a, _da) = start("a", &tls("a"), None, Some(link_a)).await;
     let (b, mut db) = start("b", &tls("b"), Some(&a), Some(link_b)).await;
@@ -201,6 +204,116 @@ async fn in_flight_counts_take_the_short_way() {
         assert!(
             !matches!(x, Apply::PeerLoad { .. }),
             "peer load went the long way: {x:?}"
+        );
+    }
+    a.leave().await;
+    b.leave().await;
+}
+
+/// What b's node set on b's router by the short way, in order.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Mark(u64, Vec<u64>),
+    Count(u64, u64),
+}
+
+/// A peer's marks take the short way too, and in the order the peer made them with its
+/// counts: a's mark for a prompt, then a's count of the request, reach b's router in that
+/// order, every round (a count seen first would make the engine look busy with a request
+/// whose prompt b does not know it is getting). A mark for an engine b does not know yet
+/// goes the long way, behind the engine's addition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marks_take_the_short_way_before_the_counts_made_after_them() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let certs = generate(&names(&["a", "b"])).expect("certs");
+    let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
+    let count = Arc::new(AtomicU32::new(0));
+    let (signal, changed) = mpsc::unbounded_channel();
+    let c = count.clone();
+    let link_a = LoadLink {
+        changed,
+        read: Arc::new(move |id| (id == 7).then(|| c.load(Ordering::SeqCst))),
+        peers: Arc::new(|_, _| {}),
+        marks: Arc::new(|_| true),
+    };
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let seen_marks = seen_tx.clone();
+    let (_b_signal, b_changed) = mpsc::unbounded_channel();
+    let link_b = LoadLink {
+        changed: b_changed,
+        read: Arc::new(|_| None),
+        peers: Arc::new(move |engine, others| {
+            let _ = seen_tx.send(Seen::Count(engine, others));
+        }),
+        // b knows engine 7, not engine 8.
+        marks: Arc::new(move |m| {
+            m.engine == 7
+                && seen_marks
+                    .send(Seen::Mark(m.engine, m.keys.clone()))
+                    .is_ok()
+        }),
+    };
+    let (a, _da) = start("a", &tls("a"), None, Some(link_a)).await;
+    let (b, mut db) = start("b", &tls("b"), Some(&a), Some(link_b)).await;
+    assert!(wait_for(&a, 1, Duration::from_secs(20)).await, "a sees b");
+    assert!(wait_for(&b, 1, Duration::from_secs(20)).await, "b sees a");
+    let expiry_us = clock()() + 60_000_000;
+    for round in 1..=20u64 {
+        let keys = vec![round * 1_000, round * 1_000 + 1];
+        a.input
+            .send(Input::Mark {
+                engine: 7,
+                keys: keys.clone(),
+                known: 0,
+                expiry_us,
+            })
+            .await
+            .expect("input");
+        count.store(round as u32, Ordering::SeqCst);
+        signal.send(7).expect("signal");
+        let mut order = Vec::new();
+        let got = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(x) = seen.recv().await {
+                order.push(x.clone());
+                if x == Seen::Count(7, round) {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(got.is_ok(), "round {round}: b saw {order:?}");
+        let mark = order.iter().position(|x| *x == Seen::Mark(7, keys.clone()));
+        assert!(
+            mark.is_some_and(|m| m + 1 < order.len()),
+            "round {round}: the mark before the count made after it: {order:?}"
+        );
+    }
+    // Engine 8 is unknown to b's router: its mark comes in b's apply channel.
+    a.input
+        .send(Input::Mark {
+            engine: 8,
+            keys: vec![5],
+            known: 0,
+            expiry_us,
+        })
+        .await
+        .expect("input");
+    let long = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(x) = db.recv().await {
+            if let Apply::Mark(m) = x {
+                return Some(m);
+            }
+        }
+        None
+    })
+    .await
+    .expect("within the bound")
+    .expect("a mark");
+    assert_eq!((long.engine, long.keys), (8, vec![5]));
+    while let Ok(x) = db.try_recv() {
+        assert!(
+            !matches!(&x, Apply::Mark(m) if m.engine == 7),
+            "a mark of a known engine went the long way: {x:?}"
         );
     }
     a.leave().await;
