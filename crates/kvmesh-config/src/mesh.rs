@@ -53,8 +53,8 @@ pub struct MeshConfig {
     pub anti_entropy_ms: u64,
     /// Routers expected (sizes failure detection until the real count is known).
     pub expected_routers: u32,
-    /// The mesh's thread (QUIC, SWIM, peers' counts in and this router's out) asks Linux for
-    /// real-time scheduling (`SCHED_FIFO`) at this priority, so a count is applied and sent
+    /// The mesh's thread (QUIC, SWIM, peers' counts and marks in, this router's counts out)
+    /// asks Linux for real-time scheduling (`SCHED_FIFO`) at this priority, so a count is applied and sent
     /// the moment it arrives rather than when a core is free of the busy threads: on a 2-core
     /// machine running the whole bench, the envelopes' age p99 went from ≤ 1–2 ms to ≤ 0.2
     /// ms. Needs `CAP_SYS_NICE` (root has it; a non-root container does not get it from
