@@ -139,24 +139,34 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
     a.leave().await;
 }
 
+/// Router a's side of the short way: one engine (7) whose count is read when signalled;
+/// what a's node would set on a's router is dropped.
+fn counting_link() -> (
+    LoadLink,
+    Arc<std::sync::atomic::AtomicU32>,
+    mpsc::UnboundedSender<u64>,
+) {
+    let count = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let (signal, changed) = mpsc::unbounded_channel();
+    let c = count.clone();
+    let link = LoadLink {
+        changed,
+        read: Arc::new(move |id| (id == 7).then(|| c.load(std::sync::atomic::Ordering::SeqCst))),
+        peers: Arc::new(|_, _| {}),
+        marks: Arc::new(|_| true),
+    };
+    (link, count, signal)
+}
+
 /// The short way of in-flight counts: a router's engine signals its node, the node reads the
 /// count, the count crosses as a QUIC datagram and the peer's node sets it on the router —
 /// neither router's channels nor a stream in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_counts_take_the_short_way() {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::Ordering;
     let certs = generate(&names(&["a", "b"])).expect("certs");
     let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
-    // a: one engine (7) whose count is read when signalled.
-    let count = Arc::new(AtomicU32::new(0));
-    let (signal, changed) = mpsc::unbounded_channel();
-    let c = count.clone();
-    let link_a = LoadLink {
-        changed,
-        read: Arc::new(move |id| (id == 7).then(|| c.load(Ordering::SeqCst))),
-        peers: Arc::new(|_, _| {}),
-        marks: Arc::new(|_| true),
-    };
+    let (link_a, count, signal) = counting_link();
     // b: what its node sets on its router.
     let (seen_tx, mut seen) = mpsc::unbounded_channel();
     let (_b_signal, b_changed) = mpsc::unbounded_channel();
@@ -224,18 +234,10 @@ enum Seen {
 /// goes the long way, behind the engine's addition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marks_take_the_short_way_before_the_counts_made_after_them() {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::Ordering;
     let certs = generate(&names(&["a", "b"])).expect("certs");
     let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
-    let count = Arc::new(AtomicU32::new(0));
-    let (signal, changed) = mpsc::unbounded_channel();
-    let c = count.clone();
-    let link_a = LoadLink {
-        changed,
-        read: Arc::new(move |id| (id == 7).then(|| c.load(Ordering::SeqCst))),
-        peers: Arc::new(|_, _| {}),
-        marks: Arc::new(|_| true),
-    };
+    let (link_a, count, signal) = counting_link();
     let (seen_tx, mut seen) = mpsc::unbounded_channel();
     let seen_marks = seen_tx.clone();
     let (_b_signal, b_changed) = mpsc::unbounded_channel();
