@@ -42,6 +42,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The other routers' total in flight on an engine (ignored for an engine not known here).
+fn set_peer_load(gw: &Gateway, engine: u64, others: u64) {
+    if let Some(e) = gw.registry.get(EngineId(engine)) {
+        e.peer_in_flight
+            .store(u32::try_from(others).unwrap_or(u32::MAX), Relaxed);
+    }
+}
+
 /// A peer's mark into the index; `false` when the engine is not known here (yet).
 fn apply_mark(gw: &Gateway, m: &MarkDelta) -> bool {
     let Some(e) = gw.registry.get(EngineId(m.engine)) else {
@@ -176,11 +184,8 @@ impl Cluster {
                     Some(e.read_load_change())
                 }) as Arc<dyn Fn(u64) -> Option<u32> + Send + Sync>,
                 peers: Arc::new(move |id, others| {
-                    if let Some(g) = g2.upgrade()
-                        && let Some(e) = g.registry.get(EngineId(id))
-                    {
-                        e.peer_in_flight
-                            .store(u32::try_from(others).unwrap_or(u32::MAX), Relaxed);
+                    if let Some(g) = g2.upgrade() {
+                        set_peer_load(&g, id, others);
                     }
                 }),
                 // A router gone has nothing to apply: taken as done.
@@ -329,12 +334,7 @@ impl Cluster {
                 Apply::Mark(m) => {
                     apply_mark(&gw, &m);
                 }
-                Apply::PeerLoad { engine, others } => {
-                    if let Some(e) = gw.registry.get(EngineId(engine)) {
-                        e.peer_in_flight
-                            .store(u32::try_from(others).unwrap_or(u32::MAX), Relaxed);
-                    }
-                }
+                Apply::PeerLoad { engine, others } => set_peer_load(&gw, engine, others),
                 Apply::EngineUpsert { engine, record } => {
                     if gw.registry.get(EngineId(engine)).is_none() {
                         let entry = EngineEntry {
