@@ -125,7 +125,7 @@ fn mesh_envelope_decoder_survives_hostile_bytes() {
     let env = EnvelopeV1 {
         cluster_id: CLUSTER,
         from: kvmesh_state::NodeId(7),
-        snapshot: false,
+        kind: kvmesh_state::EnvelopeKind::Live,
         sent_us: 1_700_000_000_000_000,
         deltas: vec![],
         control: vec![],

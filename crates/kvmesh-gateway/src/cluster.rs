@@ -331,8 +331,8 @@ impl Cluster {
         let ctx = probe::ingest_ctx(&gw, Some(self.input.clone()));
         while let Some(a) = rx.recv().await {
             match a {
-                Apply::Mark(m) => {
-                    apply_mark(&gw, &m);
+                Apply::Mark { mark, .. } => {
+                    apply_mark(&gw, &mark);
                 }
                 Apply::PeerLoad { engine, others } => set_peer_load(&gw, engine, others),
                 Apply::EngineUpsert { engine, record } => {

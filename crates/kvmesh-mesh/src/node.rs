@@ -103,7 +103,8 @@ pub struct LoadLink {
     pub read: Arc<dyn Fn(u64) -> Option<u32> + Send + Sync>,
     /// Sets the other routers' total on an engine (what [`Apply::PeerLoad`] would carry).
     pub peers: SetPeers,
-    /// Applies a peer's mark (what [`Apply::Mark`] would carry).
+    /// Applies a peer's live mark (what [`Apply::Mark`] would carry; the marks of a
+    /// transfer of state take the queue).
     pub marks: ApplyMark,
 }
 
@@ -428,27 +429,10 @@ struct Out<'a> {
     short: Option<&'a (SetPeers, ApplyMark)>,
 }
 
-/// More mark keys than this in one turn are a transfer of state (a joining router's
-/// snapshot: chunks of about 16,000 keys; an anti-entropy repair after a partition), not
-/// live decisions: they take the router's queue, so that the node's thread does not spend
-/// itself inserting them at real-time priority while SWIM waits (`--bench mesh_join`, a
-/// 1M-entry join: ready in 1.14–1.25 s with every mark inserted here, 0.96–1.02 s with this
-/// bound; 3 runs each). A live mark names one key per window of 8 blocks (a new 4,000-token
-/// prompt: about 32), and a turn carries a few marks.
-const BULK_MARK_KEYS: usize = 4_096;
-
 impl Out<'_> {
     async fn run(&self, outs: Vec<Output>) {
         let (t, applies, members, core) = (self.t, self.applies, self.members, self.core);
         let mut changed = false;
-        let bulk = outs
-            .iter()
-            .map(|o| match o {
-                Output::Apply(Apply::Mark(m)) => m.keys.len(),
-                _ => 0,
-            })
-            .sum::<usize>()
-            > BULK_MARK_KEYS;
         for o in outs {
             match o {
                 Output::Datagram(to, data) => {
@@ -479,15 +463,20 @@ impl Out<'_> {
                     });
                 }
                 Output::Apply(a) => {
-                    // Peers' counts and marks go straight onto the router when it gave the
-                    // hooks, in the order they came.
+                    // Peers' counts and live marks go straight onto the router when it gave
+                    // the hooks, in the order they came. Marks of a transfer of state (a
+                    // joining router's snapshot: chunks of about 16,000 keys; a repair after
+                    // a partition) take the router's queue, so that the node's thread does
+                    // not spend itself inserting them at real-time priority while SWIM
+                    // waits (`--bench mesh_join`, a 1M-entry join: ready in 1.14–1.25 s with
+                    // every mark inserted here, 0.96–1.02 s through the queue; 3 runs each).
                     if let Some((peers, marks)) = self.short {
                         match &a {
                             Apply::PeerLoad { engine, others } => {
                                 peers(*engine, *others);
                                 continue;
                             }
-                            Apply::Mark(m) if !bulk && marks(m) => continue,
+                            Apply::Mark { mark, live: true } if marks(mark) => continue,
                             _ => {}
                         }
                     }

@@ -302,8 +302,8 @@ async fn marks_take_the_short_way_before_the_counts_made_after_them() {
         .expect("input");
     let long = tokio::time::timeout(Duration::from_secs(5), async {
         while let Some(x) = db.recv().await {
-            if let Apply::Mark(m) = x {
-                return Some(m);
+            if let Apply::Mark { mark, .. } = x {
+                return Some(mark);
             }
         }
         None
@@ -314,7 +314,7 @@ async fn marks_take_the_short_way_before_the_counts_made_after_them() {
     assert_eq!((long.engine, long.keys), (8, vec![5]));
     while let Ok(x) = db.try_recv() {
         assert!(
-            !matches!(&x, Apply::Mark(m) if m.engine == 7),
+            !matches!(&x, Apply::Mark { mark, .. } if mark.engine == 7),
             "a mark of a known engine went the long way: {x:?}"
         );
     }

@@ -2,7 +2,8 @@
 //! other routers find the engine by it until its KV events come), and not one that extends a
 //! prefix the engine was found holding while the engine's feed is in sync (the events say the
 //! same a few ms later); approximate marks (no events) always. A mark names the top key of
-//! each anchor window it covers, not every key. Virtual time, no sockets.
+//! each anchor window it covers, not every key. A mark received as news is told apart from
+//! one received in a transfer of state. Virtual time, no sockets.
 
 use kvmesh_mesh::core::CoreConfig;
 use kvmesh_mesh::core::sim::{NetConfig, Sim};
@@ -10,8 +11,8 @@ use kvmesh_mesh::core::sim::{NetConfig, Sim};
 const SPECULATIVE_US: u64 = 2_000_000;
 const APPROXIMATE_US: u64 = 120_000_000;
 
-fn cluster() -> Sim {
-    let cfg = CoreConfig {
+fn cfg() -> CoreConfig {
+    CoreConfig {
         cluster_id: 9,
         flush_us: 5_000,
         load_flush_us: 100,
@@ -24,15 +25,19 @@ fn cluster() -> Sim {
         expected_size: 3,
         warm_bound_us: 1_000_000,
         first: false,
-    };
-    let net = NetConfig {
-        datagram_loss: 0,
-        envelope_loss: 0,
-        delay_us: 200,
-        jitter_us: 200,
-        dup_per_mille: 0,
-    };
-    let mut s = Sim::new(3, 4, cfg, net, 21);
+    }
+}
+
+const NET: NetConfig = NetConfig {
+    datagram_loss: 0,
+    envelope_loss: 0,
+    delay_us: 200,
+    jitter_us: 200,
+    dup_per_mille: 0,
+};
+
+fn cluster() -> Sim {
+    let mut s = Sim::new(3, 4, cfg(), NET, 21);
     s.start_all();
     assert!(s.until(20_000_000, |s| s.membership_converged()).is_some());
     // Every engine's feed in sync everywhere.
@@ -130,4 +135,70 @@ fn a_mark_names_the_top_key_of_each_window_it_covers() {
     // Found only up to 57 (a peer's covering marks end the group's last window at its own
     // 64th key): the rest of the group's window is covered by this prompt's top, 2 keys.
     assert_eq!(keys_received(&mut s, 1, 0, e, &with_own(3), 57), 2);
+}
+
+/// Keys of the (news, transferred) marks node `i` has applied.
+fn applied(s: &Sim, i: usize) -> (u64, u64) {
+    let x = &s.nodes[i].as_ref().expect("alive").index;
+    (x.mark_keys, x.transferred_keys)
+}
+
+/// Keys a new 12-block prompt's mark names: the tops of the windows ending at positions 0
+/// and 8, and its last.
+const KEYS: u64 = 3;
+
+/// Node 0 marks `n` new 12-block prompts of engine `e` (approximate: they always travel).
+fn mark_new(s: &mut Sim, e: u64, n: u64, salt: u64) {
+    let now = s.now;
+    for p in 0..n {
+        let keys: Vec<u64> = (0..12)
+            .map(|k| ((salt << 16 | p << 8 | k) << 1) | 1)
+            .collect();
+        let core = &mut s.nodes[0].as_mut().expect("node 0").core;
+        core.local_mark(e, keys, 0, now + APPROXIMATE_US);
+    }
+}
+
+/// A router applies news marks at once on its own thread, and the marks of a transfer of
+/// state (a joiner's snapshot, a repair after a partition) in its queue: the core says which.
+#[test]
+fn marks_of_a_snapshot_or_a_repair_are_transfers_and_a_flush_brings_news() {
+    let mut s = Sim::new(3, 4, cfg(), NET, 5);
+    let e = *s.engines.keys().next().unwrap();
+    s.start(0, None);
+    s.run(200_000, |_| {});
+    mark_new(&mut s, e, 40, 1);
+    s.run(200_000, |_| {});
+    // Joiners get those 40 in the welcome (and when they meet node 0): transfers only.
+    s.start(1, Some(0));
+    s.start(2, Some(0));
+    assert!(s.until(20_000_000, |s| s.membership_converged()).is_some());
+    assert!(
+        s.until(5_000_000, |s| s.nodes[1..]
+            .iter()
+            .all(|n| n.as_ref().is_some_and(|n| n.warm)))
+            .is_some()
+    );
+    s.run(500_000, |_| {});
+    for i in 1..3 {
+        let (news, transferred) = applied(&s, i);
+        assert_eq!(news, 0, "node {i}: a welcome's marks taken for news");
+        assert_eq!(transferred, 40 * KEYS, "node {i}: the welcome's marks");
+    }
+    // A new decision at node 0 is news at both peers.
+    mark_new(&mut s, e, 1, 2);
+    s.run(200_000, |_| {});
+    assert_eq!(applied(&s, 1), (KEYS, 40 * KEYS));
+    assert_eq!(applied(&s, 2), (KEYS, 40 * KEYS));
+    // Node 0 cut off for a moment (shorter than failure detection): its flush of 5 new marks
+    // is lost; after the link is back, the repair brings them, as a transfer.
+    s.group[0] = 1;
+    mark_new(&mut s, e, 5, 3);
+    s.run(100_000, |_| {});
+    s.group[0] = 0;
+    s.reconnect(0, 1);
+    s.reconnect(0, 2);
+    s.run(500_000, |_| {});
+    assert_eq!(applied(&s, 1), (KEYS, 45 * KEYS));
+    assert_eq!(applied(&s, 2), (KEYS, 45 * KEYS));
 }

@@ -42,8 +42,8 @@ pub use marks::{MARK_WINDOW, MarkDelta, MarkMap, covering_keys, window_top};
 pub use ownership::{owners, owns};
 pub use registry::{Dot, EngineRecord, RegistryAdd, RegistryDelta, RegistrySet, Span, Stamp};
 pub use wire::{
-    Control, Delta, Envelope, EnvelopeV1, FeedHead, MAX_ENVELOPE_BYTES, StateDigest, WireError,
-    decode, encode, encoded_len,
+    Control, Delta, Envelope, EnvelopeKind, EnvelopeV1, FeedHead, MAX_ENVELOPE_BYTES, StateDigest,
+    WireError, decode, encode, encoded_len,
 };
 
 /// A 64-bit digest of a sorted sequence of hashable parts (blake3, stable across platforms).

@@ -75,8 +75,8 @@ pub enum Control {
     },
     /// A joining router wants the sender's whole state (it is warm once it has it).
     WantState,
-    /// The last envelope of a whole state: it came in this many envelopes (each marked
-    /// `snapshot`), so the receiver knows when it has all of it.
+    /// The last envelope of a whole state: it came in this many envelopes (each of kind
+    /// [`EnvelopeKind::Snapshot`]), so the receiver knows when it has all of it.
     WholeState {
         /// Envelopes of the whole state, this one included.
         chunks: u32,
@@ -87,6 +87,26 @@ pub enum Control {
     Heads(Vec<FeedHead>),
 }
 
+/// What an envelope's deltas are, for its receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EnvelopeKind {
+    /// The sender's latest changes (a flush, an answer to a feed pull): news that routing
+    /// acts on now.
+    Live,
+    /// What the receiver was found to miss: the answer to its digests (anti-entropy, two
+    /// routers meeting after a join or a partition).
+    Repair,
+    /// A chunk of the sender's whole state, the welcome a joining router asked for.
+    Snapshot,
+}
+
+impl EnvelopeKind {
+    /// A transfer of state rather than news: its marks are old decisions, possibly many.
+    pub fn is_transfer(self) -> bool {
+        self != EnvelopeKind::Live
+    }
+}
+
 /// Version 1 of the envelope.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnvelopeV1 {
@@ -94,9 +114,9 @@ pub struct EnvelopeV1 {
     pub cluster_id: u64,
     /// The sender.
     pub from: NodeId,
-    /// The deltas are a chunk of the sender's whole state (the welcome a joining router
-    /// asked for), not just its latest changes.
-    pub snapshot: bool,
+    /// What the deltas are: the sender's latest changes, or a transfer of state the receiver
+    /// missed (an anti-entropy repair, a chunk of a whole state).
+    pub kind: EnvelopeKind,
     /// When it was sent (the sender's cluster time, µs): the receiver's delta lag.
     pub sent_us: u64,
     /// The deltas, in the sender's order.

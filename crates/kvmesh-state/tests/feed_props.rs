@@ -133,7 +133,7 @@ proptest! {
         let mut deltas: Vec<Delta> = batches.into_iter().map(Delta::Feed).collect();
         deltas.extend(grouped.into_iter().map(Delta::FeedBatches));
         deltas.push(Delta::FeedSnapshot(src.snapshot()));
-        let env = Envelope::V1(EnvelopeV1 { cluster_id: 3, from: NodeId(1), snapshot: false, sent_us: 1, deltas, control: vec![] });
+        let env = Envelope::V1(EnvelopeV1 { cluster_id: 3, from: NodeId(1), kind: kvmesh_state::EnvelopeKind::Live, sent_us: 1, deltas, control: vec![] });
         let bytes = encode(&env).expect("encode");
         prop_assert_eq!(Envelope::V1(decode(&bytes, 3).expect("decode")), env);
         prop_assert!(decode(&bytes[..cut % bytes.len()], 3).is_err());

@@ -186,7 +186,7 @@ proptest! {
         back.sort_by_key(key);
         prop_assert_eq!(back, want);
         // And it survives the wire.
-        let env = Envelope::V1(EnvelopeV1 { cluster_id: 7, from: node(1), snapshot: false, sent_us: 5, deltas: batches.into_iter().map(Delta::LoadBatch).collect(), control: vec![] });
+        let env = Envelope::V1(EnvelopeV1 { cluster_id: 7, from: node(1), kind: kvmesh_state::EnvelopeKind::Live, sent_us: 5, deltas: batches.into_iter().map(Delta::LoadBatch).collect(), control: vec![] });
         let bytes = encode(&env).expect("encode");
         prop_assert_eq!(Envelope::V1(decode(&bytes, 7).expect("decode")), env);
     }
@@ -202,7 +202,7 @@ proptest! {
         cut in any::<usize>(),
     ) {
         let deltas = produce(&actions);
-        let env = Envelope::V1(EnvelopeV1 { cluster_id: 7, from: node(1), snapshot: false, sent_us: 5, deltas, control: vec![] });
+        let env = Envelope::V1(EnvelopeV1 { cluster_id: 7, from: node(1), kind: kvmesh_state::EnvelopeKind::Live, sent_us: 5, deltas, control: vec![] });
         let bytes = encode(&env).expect("encode");
         let back = decode(&bytes, 7).expect("decode");
         prop_assert_eq!(Envelope::V1(back), env);
@@ -218,7 +218,7 @@ fn oversized_and_trailing_bytes_are_refused() {
     let env = Envelope::V1(EnvelopeV1 {
         cluster_id: 1,
         from: node(0),
-        snapshot: true,
+        kind: kvmesh_state::EnvelopeKind::Snapshot,
         sent_us: 1,
         control: vec![],
         deltas: vec![Delta::Load(LoadDelta {

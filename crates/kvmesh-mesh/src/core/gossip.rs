@@ -3,7 +3,7 @@
 
 use super::{Apply, MeshCore, Output};
 use bytes::Bytes;
-use kvmesh_state::{Control, Delta, Envelope, EnvelopeV1, NodeId, encode};
+use kvmesh_state::{Control, Delta, Envelope, EnvelopeKind, EnvelopeV1, NodeId, encode};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
@@ -86,14 +86,14 @@ impl MeshCore {
                     Vec::new()
                 };
                 if !parts.is_empty() || !ctl.is_empty() {
-                    self.send_to(from, parts, ctl, false, now_us);
+                    self.send_to(from, parts, ctl, EnvelopeKind::Repair, now_us);
                 }
             }
             Control::WholeState { .. } => {}
             Control::WantState => {
                 if self.warm {
                     let all = self.whole_state(now_us);
-                    self.send_to(from, all, Vec::new(), true, now_us);
+                    self.send_to(from, all, Vec::new(), EnvelopeKind::Snapshot, now_us);
                 }
             }
             Control::Pull(p) => {
@@ -133,7 +133,7 @@ impl MeshCore {
             // An envelope to every member: one of the load spacing's credits.
             self.load_tat = self.load_tat.max(now_us) + self.load_flush_spacing();
             let load_only = deltas.iter().all(|d| matches!(d, Delta::Load(_)));
-            for bytes in self.encode_chunks(deltas, Vec::new(), false, now_us) {
+            for bytes in self.encode_chunks(deltas, Vec::new(), EnvelopeKind::Live, now_us) {
                 let dgram = load_only && bytes.len() <= super::LOAD_DATAGRAM_BYTES;
                 for &a in &addrs {
                     self.counters.envelopes_sent += 1;
@@ -148,7 +148,7 @@ impl MeshCore {
         }
         for (a, (d, ctl)) in direct {
             if self.peers.values().any(|m| m.addr == a) && (!d.is_empty() || !ctl.is_empty()) {
-                self.send_to(a, d, ctl, false, now_us);
+                self.send_to(a, d, ctl, EnvelopeKind::Live, now_us);
             }
         }
     }
@@ -159,7 +159,13 @@ impl MeshCore {
         }
         let i = (self.next_rand() % self.peers.len() as u64) as usize;
         if let Some(a) = self.peers.values().nth(i).map(|m| m.addr) {
-            self.send_to(a, Vec::new(), vec![Control::WantState], false, now_us);
+            self.send_to(
+                a,
+                Vec::new(),
+                vec![Control::WantState],
+                EnvelopeKind::Live,
+                now_us,
+            );
         }
     }
 
@@ -230,7 +236,7 @@ impl MeshCore {
         };
         self.counters.anti_entropy_rounds += 1;
         let msg = self.digest_msg(now_us, true, false);
-        self.send_to(peer, Vec::new(), vec![msg], false, now_us);
+        self.send_to(peer, Vec::new(), vec![msg], EnvelopeKind::Repair, now_us);
     }
 
     /// This node's digests with the detail a peer needs to send only what differs.
@@ -250,29 +256,29 @@ impl MeshCore {
         to: SocketAddr,
         deltas: Vec<Delta>,
         control: Vec<Control>,
-        snapshot: bool,
+        kind: EnvelopeKind,
         now_us: u64,
     ) {
-        for bytes in self.encode_chunks(deltas, control, snapshot, now_us) {
+        for bytes in self.encode_chunks(deltas, control, kind, now_us) {
             self.counters.envelopes_sent += 1;
             self.counters.bytes_sent += bytes.len() as u64;
             self.out.push(Output::Envelope(to, bytes));
         }
     }
 
-    /// Deltas as envelopes of bounded size; the control goes with the last. Every envelope
-    /// of a whole state is marked as such, and the last says how many there are.
+    /// Deltas as envelopes of bounded size, each of `kind`; the control goes with the last.
+    /// The last envelope of a whole state says how many there are.
     pub(super) fn encode_chunks(
         &self,
         deltas: Vec<Delta>,
         control: Vec<Control>,
-        snapshot: bool,
+        kind: EnvelopeKind,
         now_us: u64,
     ) -> Vec<Bytes> {
         // In-flight counts travel grouped by router (its id and incarnation once), feed
         // batches by feed (its id once). Counts last: a receiver applies an envelope in
         // order, and must not see a request's count before the mark of its prompt (a
-        // sibling of a new prefix would go elsewhere; `crate::gate`).
+        // sibling of a new prefix would go elsewhere).
         let mut loads = Vec::new();
         let mut batches = Vec::new();
         let mut rest = Vec::new();
@@ -318,7 +324,9 @@ impl MeshCore {
         }
         let last = chunks.len() - 1;
         let mut control = Some(control);
-        if snapshot && let Some(c) = control.as_mut() {
+        if kind == EnvelopeKind::Snapshot
+            && let Some(c) = control.as_mut()
+        {
             c.push(Control::WholeState {
                 chunks: chunks.len() as u32,
             });
@@ -328,7 +336,7 @@ impl MeshCore {
             let env = Envelope::V1(EnvelopeV1 {
                 cluster_id: self.cfg.cluster_id,
                 from: self.me,
-                snapshot,
+                kind,
                 sent_us: now_us,
                 deltas: chunk,
                 control: if i == last {

@@ -4,7 +4,7 @@
 
 use super::{Apply, MeshCore, Output};
 use crate::membership::{Effect, MeshId};
-use kvmesh_state::{Control, Delta, NodeId};
+use kvmesh_state::{Control, Delta, EnvelopeKind, NodeId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
@@ -111,7 +111,7 @@ impl MeshCore {
         for a in addrs {
             self.counters.anti_entropy_rounds += 1;
             let msg = self.digest_msg(now_us, true, true);
-            self.send_to(a, Vec::new(), vec![msg], false, now_us);
+            self.send_to(a, Vec::new(), vec![msg], EnvelopeKind::Repair, now_us);
         }
     }
 

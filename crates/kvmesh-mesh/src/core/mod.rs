@@ -74,8 +74,14 @@ pub struct CoreConfig {
 /// What the router must apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Apply {
-    /// A peer's speculative mark (into the local index).
-    Mark(MarkDelta),
+    /// A peer's mark (into the local index).
+    Mark {
+        /// The mark.
+        mark: MarkDelta,
+        /// It came as news (a peer's flush), not in a transfer of state (an anti-entropy
+        /// repair, a joining router's snapshot: old decisions, possibly many).
+        live: bool,
+    },
     /// The other routers' in-flight on an engine changed.
     PeerLoad {
         /// The engine.
@@ -461,10 +467,11 @@ impl MeshCore {
                 lag_us,
             },
         );
+        let live = !env.kind.is_transfer();
         for d in env.deltas {
-            self.merge(d, now_us);
+            self.merge(d, live, now_us);
         }
-        if env.snapshot && !self.warm {
+        if env.kind == kvmesh_state::EnvelopeKind::Snapshot && !self.warm {
             let w = self.welcome.entry(env.from).or_insert((0, None));
             w.0 += 1;
             for c in &env.control {
@@ -675,19 +682,20 @@ impl MeshCore {
         }
     }
 
-    fn merge(&mut self, d: Delta, now_us: u64) {
+    /// Merges a peer's delta; `live`: it came as news, not in a transfer of state.
+    fn merge(&mut self, d: Delta, live: bool, now_us: u64) {
         match d {
-            Delta::Mark(m) => {
-                if self.st.marks.merge(&m) {
+            Delta::Mark(mark) => {
+                if self.st.marks.merge(&mark) {
                     self.counters.deltas_applied += 1;
-                    if m.expiry_us > now_us {
-                        self.out.push(Output::Apply(Apply::Mark(m)));
+                    if mark.expiry_us > now_us {
+                        self.out.push(Output::Apply(Apply::Mark { mark, live }));
                     }
                 }
             }
             Delta::LoadBatch(b) => {
                 for l in b.deltas() {
-                    self.merge(Delta::Load(l), now_us);
+                    self.merge(Delta::Load(l), live, now_us);
                 }
             }
             Delta::Load(l) => {
@@ -719,7 +727,7 @@ impl MeshCore {
             }
             Delta::FeedBatches(g) => {
                 for b in g.batches() {
-                    self.merge(Delta::Feed(b), now_us);
+                    self.merge(Delta::Feed(b), live, now_us);
                 }
             }
             Delta::Feed(b) => {

@@ -107,9 +107,11 @@ pub struct SimEngine {
 pub struct SimIndex {
     /// Per engine: last (epoch, n) applied and the blocks.
     pub engines: HashMap<u64, (FeedVersion, Blocks)>,
-    /// Marks received from peers.
+    /// Marks received from peers as news (their flushes).
     pub marks: u64,
-    /// Keys those marks named.
+    /// Keys of the marks received in transfers of state (snapshots, repairs).
+    pub transferred_keys: u64,
+    /// Keys the marks received as news named.
     pub mark_keys: u64,
     /// Σ others' in-flight per engine as last applied.
     pub peer_load: HashMap<u64, u64>,
@@ -317,10 +319,14 @@ impl Sim {
                 Output::LoadDatagram(to, b) => sends.push((to, Way::LoadDatagram, b.to_vec())),
                 Output::Apply(a) => match a {
                     Apply::Feed(f) => n.index.apply(&f),
-                    Apply::Mark(m) => {
-                        n.index.marks += 1;
-                        n.index.mark_keys += m.keys.len() as u64;
-                        n.index.noted(b'm', m.engine);
+                    Apply::Mark { mark, live } => {
+                        if live {
+                            n.index.marks += 1;
+                            n.index.mark_keys += mark.keys.len() as u64;
+                            n.index.noted(b'm', mark.engine);
+                        } else {
+                            n.index.transferred_keys += mark.keys.len() as u64;
+                        }
                     }
                     Apply::PeerLoad { engine, others } => {
                         n.index.peer_load.insert(engine, others);
