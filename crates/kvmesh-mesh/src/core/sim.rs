@@ -109,10 +109,10 @@ pub struct SimIndex {
     pub engines: HashMap<u64, (FeedVersion, Blocks)>,
     /// Marks received from peers as news (their flushes).
     pub marks: u64,
-    /// Keys of the marks received in transfers of state (snapshots, repairs).
-    pub transferred_keys: u64,
     /// Keys the marks received as news named.
     pub mark_keys: u64,
+    /// Keys of the marks received in transfers of state (snapshots, repairs).
+    pub transferred_keys: u64,
     /// Σ others' in-flight per engine as last applied.
     pub peer_load: HashMap<u64, u64>,
     /// The last marks and counts applied, in order: (`b'm'` or `b'l'`, engine); at most 64.
