@@ -53,14 +53,15 @@ pub struct MeshConfig {
     pub anti_entropy_ms: u64,
     /// Routers expected (sizes failure detection until the real count is known).
     pub expected_routers: u32,
-    /// The mesh's thread (QUIC, SWIM, peers' counts and marks in, this router's counts out)
-    /// asks Linux for real-time scheduling (`SCHED_FIFO`) at this priority, so a count is applied and sent
-    /// the moment it arrives rather than when a core is free of the busy threads: on a 2-core
-    /// machine running the whole bench, the envelopes' age p99 went from ≤ 1–2 ms to ≤ 0.2
-    /// ms. Needs `CAP_SYS_NICE` (root has it; a non-root container does not get it from
-    /// `capabilities.add`) or an `RLIMIT_RTPRIO` this high; refused, the thread runs at normal
-    /// priority and a warning says so. Its work is bounded per message (the largest is a joining router's snapshot:
-    /// a whole join of 1M entries was ready in 0.4–0.8 s). The default of
+    /// The mesh's thread (QUIC, SWIM, peers' counts and live marks in, this router's counts
+    /// out) asks Linux for real-time scheduling (`SCHED_FIFO`) at this priority, so a count is
+    /// applied and sent the moment it arrives rather than when a core is free of the busy
+    /// threads: on a 2-core machine running the whole bench, the envelopes' age p99 went from
+    /// ≤ 1–2 ms to ≤ 0.2 ms. Needs `CAP_SYS_NICE` (root has it; a non-root container does not
+    /// get it from `capabilities.add`) or an `RLIMIT_RTPRIO` this high; refused, the thread
+    /// runs at normal priority and a warning says so. Its work is bounded per message; the
+    /// marks of a repair or of a joining router's snapshot go to the router's own tasks (a
+    /// join of 1M entries was ready in 0.97–1.04 s on that machine). The default of
     /// `least_request.own_bias` follows: 0 with it, 4 without. 0 = never ask. Default 1
     /// (above every normal thread, below the kernel's).
     pub realtime_priority: u8,
