@@ -464,10 +464,10 @@ impl Out<'_> {
                 }
                 Output::Apply(a) => {
                     // Peers' counts and live marks go straight onto the router when it gave
-                    // the hooks, in the order they came. Marks of a transfer of state (a
-                    // joining router's snapshot: chunks of about 16,000 keys; a repair after
-                    // a partition) take the router's queue, so that the node's thread does
-                    // not spend itself inserting them at real-time priority while SWIM
+                    // the hooks, in the order they came. The old marks of a transfer of state
+                    // (a joining router's snapshot: chunks of about 16,000 keys; a repair
+                    // after a partition) take the router's queue, so that the node's thread
+                    // does not spend itself inserting them at real-time priority while SWIM
                     // waits (`--bench mesh_join`, a 1M-entry join: ready in 1.14–1.25 s with
                     // every mark inserted here, 0.96–1.02 s through the queue; 3 runs each).
                     if let Some((peers, marks)) = self.short {

@@ -51,7 +51,7 @@ impl MeshCore {
                     // deltas are in flight, not lost — unless the two have just met, when
                     // those deltas went to the members the peer was not one of.
                     let theirs: BTreeMap<u64, u64> = mark_buckets.into_iter().collect();
-                    let settle = self.cfg.flush_us.saturating_mul(10).max(1_000_000);
+                    let settle = self.settle_us();
                     let young = |b: u64| {
                         let (lo, hi) = (
                             b * kvmesh_state::marks::MARK_BUCKET_US,
@@ -237,6 +237,23 @@ impl MeshCore {
         self.counters.anti_entropy_rounds += 1;
         let msg = self.digest_msg(now_us, true, false);
         self.send_to(peer, Vec::new(), vec![msg], EnvelopeKind::Repair, now_us);
+    }
+
+    /// How long a mark is news (µs): anti-entropy leaves out the buckets of marks made this
+    /// recently (their deltas are in flight, not lost), and a router applies them at once
+    /// whatever brought them.
+    pub(super) fn settle_us(&self) -> u64 {
+        self.cfg.flush_us.saturating_mul(10).max(1_000_000)
+    }
+
+    /// A mark expiring at `expiry_us` was made within [`MeshCore::settle_us`] (with one of
+    /// the lifetimes marks are made with).
+    pub(super) fn is_recent(&self, expiry_us: u64, now_us: u64) -> bool {
+        let settle = self.settle_us();
+        self.cfg.mark_ttls_us.iter().any(|&ttl| {
+            let newest = now_us.saturating_add(ttl);
+            expiry_us > newest.saturating_sub(settle) && expiry_us <= newest
+        })
     }
 
     /// This node's digests with the detail a peer needs to send only what differs.

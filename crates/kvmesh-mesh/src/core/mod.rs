@@ -78,8 +78,9 @@ pub enum Apply {
     Mark {
         /// The mark.
         mark: MarkDelta,
-        /// It came as news (a peer's flush), not in a transfer of state (an anti-entropy
-        /// repair, a joining router's snapshot: old decisions, possibly many).
+        /// It is news: it came in a peer's flush, or it was made within the last moments
+        /// (`MeshCore::settle_us`). Otherwise it is an old decision in a transfer of state
+        /// (an anti-entropy repair, a joining router's snapshot), possibly one of many.
         live: bool,
     },
     /// The other routers' in-flight on an engine changed.
@@ -689,6 +690,10 @@ impl MeshCore {
                 if self.st.marks.merge(&mark) {
                     self.counters.deltas_applied += 1;
                     if mark.expiry_us > now_us {
+                        // A recent decision is news even in a repair (two routers meeting
+                        // after a partition exchange the marks made in its last moments, with
+                        // the counts made after them).
+                        let live = live || self.is_recent(mark.expiry_us, now_us);
                         self.out.push(Output::Apply(Apply::Mark { mark, live }));
                     }
                 }
