@@ -61,7 +61,7 @@ pub struct MeshConfig {
     /// get it from `capabilities.add`) or an `RLIMIT_RTPRIO` this high; refused, the thread
     /// runs at normal priority and a warning says so. Its work is bounded per message; the
     /// old marks of a repair or of a joining router's snapshot go to the router's own tasks
-    /// (a join of 1M entries was ready in 0.78–1.04 s on that machine). The default of
+    /// (a join of 1M entries was ready in 0.78–0.98 s on that machine). The default of
     /// `least_request.own_bias` follows: 0 with it, 4 without. 0 = never ask. Default 1
     /// (above every normal thread, below the kernel's).
     pub realtime_priority: u8,
