@@ -8,8 +8,8 @@
 //!   which reads the count itself.
 //! * Out: the other routers' in-flight and their marks onto the engines and the index by the
 //!   short way too, set by the node's thread in the order each peer made them (policies read
-//!   own + peers'; a mark for an engine not known here yet, and a bulk transfer of marks,
-//!   take the long way); applied in
+//!   own + peers'; a mark for an engine not known here yet, and the old marks of a repair or
+//!   a joining router's snapshot, take the long way); applied in
 //!   order by this router's task: engines added or removed through a peer, every
 //!   engine's precise ops from its owner's feed into the index (versioned: applied once, in
 //!   order; a snapshot replaces the engine's blocks), ownership moves (start or stop reading

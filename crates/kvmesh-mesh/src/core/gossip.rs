@@ -51,16 +51,9 @@ impl MeshCore {
                     // deltas are in flight, not lost — unless the two have just met, when
                     // those deltas went to the members the peer was not one of.
                     let theirs: BTreeMap<u64, u64> = mark_buckets.into_iter().collect();
-                    let settle = self.settle_us();
                     let young = |b: u64| {
-                        let (lo, hi) = (
-                            b * kvmesh_state::marks::MARK_BUCKET_US,
-                            (b + 1) * kvmesh_state::marks::MARK_BUCKET_US,
-                        );
-                        self.cfg.mark_ttls_us.iter().any(|&ttl| {
-                            let newest = now_us.saturating_add(ttl);
-                            hi > newest.saturating_sub(settle) && lo <= newest
-                        })
+                        let lo = b * kvmesh_state::marks::MARK_BUCKET_US;
+                        self.recent_expiries(lo, lo + kvmesh_state::marks::MARK_BUCKET_US, now_us)
                     };
                     let want: BTreeSet<u64> = self
                         .st
@@ -249,10 +242,16 @@ impl MeshCore {
     /// A mark expiring at `expiry_us` was made within [`MeshCore::settle_us`] (with one of
     /// the lifetimes marks are made with).
     pub(super) fn is_recent(&self, expiry_us: u64, now_us: u64) -> bool {
+        self.recent_expiries(expiry_us, expiry_us, now_us)
+    }
+
+    /// Some expiry between `lo` and `hi` is that of a mark made within
+    /// [`MeshCore::settle_us`] (an expiry bucket's bounds; one expiry when equal).
+    fn recent_expiries(&self, lo: u64, hi: u64, now_us: u64) -> bool {
         let settle = self.settle_us();
         self.cfg.mark_ttls_us.iter().any(|&ttl| {
             let newest = now_us.saturating_add(ttl);
-            expiry_us > newest.saturating_sub(settle) && expiry_us <= newest
+            hi > newest.saturating_sub(settle) && lo <= newest
         })
     }
 
