@@ -135,6 +135,12 @@ pub const COALESCE_MAX: usize = 64 * 1024;
 /// what is in hand is returned at once, so a lone frame is never held back. An error or trailers
 /// met while coalescing are kept and returned on the next poll, after the data (the verdict is
 /// taken when they are met).
+///
+/// An error after data is returned only after one `Pending`: hyper's connection writes
+/// frames into its buffer and flushes it when the body is pending, and a body error closes the
+/// connection without flushing. Without the pause, an engine that broke right after its first
+/// frame would leave the client with nothing at all, not even the head, as though the request
+/// had never been answered, while this router can no longer retry it.
 pub struct TrackedBody {
     inner: UpstreamBody,
     /// The body's first frame, read before the head was passed on (see `proxy::send`):
@@ -148,6 +154,8 @@ pub struct TrackedBody {
     held: Option<Held>,
     /// The upstream body returned its end (it is never polled again).
     ended: bool,
+    /// Data was returned since the last `Pending`: hyper may hold it unflushed.
+    unflushed: bool,
 }
 
 /// What the caller of [`TrackedBody::new`] read of the upstream body before the head was
@@ -185,6 +193,7 @@ impl TrackedBody {
             deadline: None,
             held: None,
             ended,
+            unflushed: false,
         };
         if ended {
             // An empty answer: whole already (the upstream body is never polled again).
@@ -243,6 +252,25 @@ impl TrackedBody {
     }
 }
 
+impl TrackedBody {
+    /// `e` now when nothing returned since the last `Pending` can be waiting in hyper's
+    /// buffer; else `Pending` once (woken at once), so that hyper flushes what the client was
+    /// given before the error closes the connection.
+    fn error_after_flush(
+        &mut self,
+        e: BoxError,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if !self.unflushed {
+            return Poll::Ready(Some(Err(e)));
+        }
+        self.unflushed = false;
+        self.held = Some(Held::Error(e));
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
 /// `data` ends with the OpenAI event stream's last event (`data: [DONE]`, after which an
 /// engine sends nothing).
 fn ends_event_stream(data: &[u8]) -> bool {
@@ -261,7 +289,7 @@ impl HttpBody for TrackedBody {
         let this = self.get_mut();
         match this.held.take() {
             Some(Held::Frame(f)) => return Poll::Ready(Some(Ok(f))),
-            Some(Held::Error(e)) => return Poll::Ready(Some(Err(e))),
+            Some(Held::Error(e)) => return this.error_after_flush(e, cx),
             None => {}
         }
         if this.ended {
@@ -289,13 +317,14 @@ impl HttpBody for TrackedBody {
                     {
                         this.end(StreamEnd::Complete);
                     }
+                    this.unflushed = true;
                     Poll::Ready(Some(Ok(Frame::data(data))))
                 }
                 Err(frame) => Poll::Ready(Some(Ok(frame))),
             },
             Poll::Ready(Some(Err(e))) => {
                 this.end(StreamEnd::BodyError);
-                Poll::Ready(Some(Err(e)))
+                this.error_after_flush(e, cx)
             }
             Poll::Ready(None) => {
                 this.ended = true;
@@ -313,8 +342,10 @@ impl HttpBody for TrackedBody {
                         .is_ready()
                 {
                     this.end(StreamEnd::TotalTimeout);
-                    return Poll::Ready(Some(Err("the request exceeded the total timeout".into())));
+                    return this
+                        .error_after_flush("the request exceeded the total timeout".into(), cx);
                 }
+                this.unflushed = false;
                 Poll::Pending
             }
         }

@@ -1,0 +1,139 @@
+//! An engine that breaks right after the first bytes of its answer: the router cannot retry
+//! it (bytes were taken), so the client must get what the engine sent, its head and first
+//! event, before the connection closes on the break. Without that, the client would see a
+//! request never answered at all (no status) and take it for one it may safely send again.
+//!
+//! The engine is a raw TCP server on loopback that writes the head and one chunk of an event
+//! stream and closes in the same instant, so that the router's upstream body holds the data
+//! and the break together. The client is a raw TCP client that reads until the router closes.
+//! Every wait is bounded.
+
+mod common;
+
+use common::{serve_cfg, start_router_with};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const WAIT: Duration = Duration::from_secs(10);
+const FIRST_EVENT: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n";
+
+/// Reads one request (head, then `content-length` bytes); its method, `None` at EOF.
+async fn read_request(s: &mut TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = s.read(&mut chunk).await.ok()?;
+        if n == 0 || buf.len() > 64 * 1024 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + len {
+        let n = s.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    head.split(' ').next().map(str::to_string)
+}
+
+/// The engine: every GET (model list, health) answers the model list; every POST gets the
+/// head of an event stream and one event, and the connection closes at once (no terminating
+/// chunk: the answer is broken).
+async fn breaking_engine() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                while let Some(method) = read_request(&mut s).await {
+                    if method == "get" {
+                        let body = r#"{"object":"list","data":[{"id":"m","object":"model"}]}"#;
+                        let r = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                             content-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if s.write_all(r.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let r = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                         transfer-encoding: chunked\r\n\r\n{:x}\r\n{FIRST_EVENT}\r\n",
+                        FIRST_EVENT.len()
+                    );
+                    let _ = s.write_all(r.as_bytes()).await;
+                    let _ = s.shutdown().await;
+                    return;
+                }
+            });
+        }
+    });
+    url
+}
+
+/// A streamed chat request to the router on a new connection; everything the router sent
+/// until it closed the connection.
+async fn ask(router: std::net::SocketAddr) -> String {
+    let body = serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 4,
+        "stream": true,
+    })
+    .to_string();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {router}\r\nconnection: close\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = TcpStream::connect(router).await.expect("connect");
+    s.write_all(req.as_bytes()).await.expect("send");
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(WAIT, s.read_to_end(&mut got)).await;
+    let got = String::from_utf8_lossy(&got).into_owned();
+    assert!(
+        closed.is_ok(),
+        "the router did not close the broken answer's connection; it sent {got:?}"
+    );
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_broken_after_its_first_event_reaches_the_client_up_to_the_break() {
+    let engine = breaking_engine().await;
+    let mut cfg = serve_cfg(&[engine]);
+    cfg.engines[0].models = vec!["m".into()];
+    // Every answer of this engine breaks: its breaker would eject it after a few.
+    cfg.routing.health.breaker.enabled = false;
+    let router = start_router_with(cfg, "m", 1).await;
+    for i in 0..20 {
+        let got = ask(router.addr).await;
+        assert!(
+            got.starts_with("HTTP/1.1 200"),
+            "request {i}: the client got no head: {got:?}"
+        );
+        assert!(
+            got.contains(FIRST_EVENT),
+            "request {i}: the first event did not reach the client: {got:?}"
+        );
+        assert!(
+            !got.ends_with("0\r\n\r\n"),
+            "request {i}: a broken answer must not look whole: {got:?}"
+        );
+    }
+    router.shutdown().await;
+}
