@@ -250,9 +250,7 @@ impl TrackedBody {
             None => first,
         }
     }
-}
 
-impl TrackedBody {
     /// `e` now when nothing returned since the last `Pending` can be waiting in hyper's
     /// buffer; else `Pending` once (woken at once), so that hyper flushes what the client was
     /// given before the error closes the connection.
