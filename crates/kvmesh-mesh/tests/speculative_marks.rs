@@ -210,3 +210,23 @@ fn old_marks_of_a_snapshot_or_a_repair_are_transfers_and_recent_ones_news() {
     assert_eq!(applied(&s, 1), (3 * KEYS, 45 * KEYS));
     assert_eq!(applied(&s, 2), (3 * KEYS, 45 * KEYS));
 }
+
+/// A mark whose expiry is as far as a u64 goes (a peer's bytes are trusted for nothing but
+/// their certificate) goes through a repair like any other: no overflow in the rule that
+/// leaves out the buckets of recent marks, and the peer gets it.
+#[test]
+fn a_mark_expiring_at_the_end_of_time_is_repaired_without_overflow() {
+    let mut s = Sim::new(2, 4, cfg(), NET, 7);
+    let e = *s.engines.keys().next().unwrap();
+    s.start(0, None);
+    s.start(1, Some(0));
+    assert!(s.until(20_000_000, |s| s.membership_converged()).is_some());
+    // Node 0 cut off: its flush is lost, and only the next anti-entropy brings the mark.
+    s.group[0] = 1;
+    let core = &mut s.nodes[0].as_mut().expect("node 0").core;
+    core.local_mark(e, vec![(9 << 1) | 1], 0, u64::MAX);
+    s.run(100_000, |_| {});
+    s.group[0] = 0;
+    s.run(3_000_000, |_| {});
+    assert_eq!(applied(&s, 1).1, 1, "the far mark, repaired as a transfer");
+}

@@ -51,9 +51,12 @@ impl MeshCore {
                     // deltas are in flight, not lost — unless the two have just met, when
                     // those deltas went to the members the peer was not one of.
                     let theirs: BTreeMap<u64, u64> = mark_buckets.into_iter().collect();
+                    // (`lo` cannot overflow, a bucket being an expiry divided by its width; the
+                    // last bucket's end can, for a peer's mark expiring near the end of time.)
                     let young = |b: u64| {
                         let lo = b * kvmesh_state::marks::MARK_BUCKET_US;
-                        self.recent_expiries(lo, lo + kvmesh_state::marks::MARK_BUCKET_US, now_us)
+                        let hi = lo.saturating_add(kvmesh_state::marks::MARK_BUCKET_US);
+                        self.recent_expiries(lo, hi, now_us)
                     };
                     let want: BTreeSet<u64> = self
                         .st
