@@ -19,7 +19,9 @@ fn cfg(first: bool) -> CoreConfig {
         ingest_replicas: 2,
         mark_capacity: 1_024,
         feed_capacity: 1_024,
-        mark_ttls_us: vec![2_000_000],
+        // Speculative and approximate lifetimes (a peer's mark expiring past the longest one
+        // + the clock allowance is refused).
+        mark_ttls_us: vec![2_000_000, 60_000_000],
         expected_size: 4,
         warm_bound_us: 5_000_000,
         first,

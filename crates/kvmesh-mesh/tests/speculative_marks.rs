@@ -212,21 +212,40 @@ fn old_marks_of_a_snapshot_or_a_repair_are_transfers_and_recent_ones_news() {
 }
 
 /// A mark whose expiry is as far as a u64 goes (a peer's bytes are trusted for nothing but
-/// their certificate) goes through a repair like any other: no overflow in the rule that
-/// leaves out the buckets of recent marks, and the peer gets it.
+/// their certificate; or its clock is wrong) goes through the repair rule without overflow
+/// (the rule that leaves out the buckets of recent marks), and the peer refuses it: it
+/// expires past the longest lifetime + the clock allowance, so it would stay for good.
 #[test]
-fn a_mark_expiring_at_the_end_of_time_is_repaired_without_overflow() {
+fn a_mark_expiring_at_the_end_of_time_is_offered_without_overflow_and_refused() {
     let mut s = Sim::new(2, 4, cfg(), NET, 7);
     let e = *s.engines.keys().next().unwrap();
     s.start(0, None);
     s.start(1, Some(0));
     assert!(s.until(20_000_000, |s| s.membership_converged()).is_some());
-    // Node 0 cut off: its flush is lost, and only the next anti-entropy brings the mark.
+    // Node 0 cut off: its flush is lost, and only the next anti-entropy offers the mark.
     s.group[0] = 1;
     let core = &mut s.nodes[0].as_mut().expect("node 0").core;
     core.local_mark(e, vec![(9 << 1) | 1], 0, u64::MAX);
     s.run(100_000, |_| {});
     s.group[0] = 0;
+    let repairs = s.nodes[0].as_ref().unwrap().core.counters().repairs;
     s.run(3_000_000, |_| {});
-    assert_eq!(applied(&s, 1).1, 1, "the far mark, repaired as a transfer");
+    let n0 = s.nodes[0].as_ref().unwrap().core.counters();
+    assert!(n0.repairs > repairs, "node 0 offered its marks in a repair");
+    assert_eq!(applied(&s, 1).1, 0, "the far mark is not applied");
+    let n1 = s.nodes[1].as_ref().unwrap().core.counters();
+    assert!(
+        n1.deltas_refused >= 1,
+        "the far mark is refused and counted"
+    );
+    // One a lifetime long is taken.
+    let now = s.now;
+    let core = &mut s.nodes[0].as_mut().expect("node 0").core;
+    core.local_mark(e, vec![(10 << 1) | 1], 0, now + APPROXIMATE_US);
+    s.run(100_000, |_| {});
+    assert_eq!(
+        applied(&s, 1).0,
+        1,
+        "a mark of the longest lifetime, as news"
+    );
 }

@@ -449,7 +449,7 @@ impl FeedIn {
             self.hold(b);
             return None;
         }
-        if b.n == self.n + 1 {
+        if Some(b.n) == self.n.checked_add(1) {
             self.apply(b, out);
             self.drain(out);
             return None;
@@ -538,7 +538,10 @@ impl FeedIn {
 
     fn drain(&mut self, out: &mut Vec<FeedApply>) {
         self.pending.retain(|&n, _| n > self.n);
-        while let Some(b) = self.pending.remove(&(self.n + 1)) {
+        // A batch past `u64::MAX` cannot exist (only a hostile peer sends that number).
+        while let Some(next) = self.n.checked_add(1)
+            && let Some(b) = self.pending.remove(&next)
+        {
             self.apply(b, out);
         }
     }
@@ -672,5 +675,36 @@ mod tests {
         assert_eq!(rx.on_head(feed(1), 7), None);
         assert_eq!(rx.on_head(feed(3), 7), None);
         assert_eq!(rx.feed(), Some(renewed));
+    }
+
+    #[test]
+    fn a_feed_numbered_at_the_end_of_u64_stops_there_without_overflow() {
+        let mut rx = FeedIn::new(9);
+        let mut out = Vec::new();
+        rx.follow(feed(1));
+        let snap = FeedSnapshot {
+            engine: 9,
+            feed: feed(1),
+            n: u64::MAX - 1,
+            stale: false,
+            next_seq: None,
+            blocks: Vec::new(),
+        };
+        let batch = |n| FeedBatch {
+            engine: 9,
+            feed: feed(1),
+            n,
+            stale: false,
+            ops: vec![WireOp::Stored(n)],
+        };
+        // Held before the snapshot, drained after it: the last number there is.
+        rx.on_batch(batch(u64::MAX), &mut out);
+        rx.on_snapshot(&snap, &mut out);
+        assert_eq!(rx.applied(), u64::MAX);
+        assert!(rx.is_synced());
+        // Nothing comes after it, and nothing panics.
+        assert_eq!(rx.on_batch(batch(u64::MAX), &mut out), None);
+        assert_eq!(rx.on_head(feed(1), u64::MAX), None);
+        assert_eq!(out.len(), 2);
     }
 }

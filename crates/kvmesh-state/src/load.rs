@@ -270,9 +270,13 @@ impl LoadMap {
             .collect()
     }
 
-    /// `node`'s entries as deltas (a repair).
+    /// `node`'s entries as deltas (a repair): all of them, whatever their version (a
+    /// `Version::default()` one too, which no router writes but a peer may send).
     pub fn deltas_of(&self, node: NodeId) -> Vec<LoadDelta> {
-        self.deltas_of_since(node, Version::default())
+        self.entries
+            .range((node, 0)..=(node, u64::MAX))
+            .map(as_delta)
+            .collect()
     }
 
     /// The routers with entries.
@@ -396,5 +400,23 @@ mod tests {
         assert_eq!(n.remove_engine(7), 2);
         assert_eq!(n.total(7), 0);
         assert!(n.is_empty());
+    }
+
+    #[test]
+    fn a_repair_of_a_router_carries_every_entry_even_of_the_lowest_version() {
+        let a = NodeId::from_name("a");
+        let mut m = LoadMap::new();
+        let zero = LoadDelta {
+            node: a,
+            engine: 1,
+            version: Version::default(),
+            in_flight: 3,
+        };
+        assert!(m.merge(&zero));
+        m.set_local(a, 1, 2, 4);
+        let all = m.deltas_of(a);
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert!(all.contains(&zero));
+        assert_eq!(m.deltas_of_since(a, Version::default()).len(), 1);
     }
 }

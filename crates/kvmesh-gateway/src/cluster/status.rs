@@ -75,6 +75,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "feed_batches": k.feed_batches,
         "feed_pulls": k.feed_pulls,
         "marks_kept_local": k.marks_kept,
+        "deltas_refused": k.deltas_refused,
         "dropped_marks": c.dropped_marks.load(Relaxed),
         "bytes": bytes_by_class(t)
             .map(|(class, dir, v)| (format!("{class}_{dir}"), serde_json::Value::from(v)))
@@ -102,7 +103,7 @@ struct MeshMetrics {
     owned: i64,
     max_lag_s: f64,
     age: Arc<Histogram>,
-    counters: [(&'static str, &'static str, u64); 8],
+    counters: [(&'static str, &'static str, u64); 9],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
 }
@@ -153,6 +154,11 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
                 "kvmesh_mesh_marks_kept_local",
                 "Speculative marks not sent: their engine's KV events, in sync here, say the same",
                 k.marks_kept,
+            ),
+            (
+                "kvmesh_mesh_deltas_refused",
+                "Well-formed deltas refused: marks expiring past the longest mark lifetime + 10 s (a peer's clock far ahead), feed parts not sent by the feed's source",
+                k.deltas_refused,
             ),
             (
                 "kvmesh_mesh_handshake_failures",

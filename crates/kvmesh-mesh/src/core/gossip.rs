@@ -1,7 +1,8 @@
-//! Dissemination of one node: the outbox's flush, anti-entropy by digests, the welcome a
-//! joining node asks for, the control messages, and the encoding of envelopes.
+//! Dissemination of one node: what a peer's deltas change (and what is refused), the
+//! outbox's flush, anti-entropy by digests, the welcome a joining node asks for, the control
+//! messages, and the encoding of envelopes.
 
-use super::{Apply, MeshCore, Output};
+use super::{Apply, MARK_CLOCK_ALLOWANCE_US, MeshCore, Output};
 use bytes::Bytes;
 use kvmesh_state::{Control, Delta, Envelope, EnvelopeKind, EnvelopeV1, NodeId, encode};
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,6 +12,85 @@ use std::net::SocketAddr;
 pub const DELTAS_PER_ENVELOPE: usize = 2_048;
 
 impl MeshCore {
+    /// Merges a peer's delta; `live`: it came as news, not in a transfer of state.
+    pub(super) fn merge(&mut self, d: Delta, live: bool, now_us: u64) {
+        match d {
+            Delta::Mark(mark) => {
+                let longest = self.cfg.mark_ttls_us.iter().copied().max().unwrap_or(0);
+                let horizon = now_us
+                    .saturating_add(longest)
+                    .saturating_add(MARK_CLOCK_ALLOWANCE_US);
+                if mark.expiry_us > horizon {
+                    self.counters.deltas_refused += 1;
+                    return;
+                }
+                if self.st.marks.merge(&mark) {
+                    self.counters.deltas_applied += 1;
+                    if mark.expiry_us > now_us {
+                        // A recent decision is news even in a repair (two routers meeting
+                        // after a partition exchange the marks made in its last moments, with
+                        // the counts made after them).
+                        let live = live || self.is_recent(mark.expiry_us, now_us);
+                        self.out.push(Output::Apply(Apply::Mark { mark, live }));
+                    }
+                }
+            }
+            Delta::LoadBatch(b) => {
+                for l in b.deltas() {
+                    self.merge(Delta::Load(l), live, now_us);
+                }
+            }
+            Delta::Load(l) => {
+                if self.st.load.merge(&l) {
+                    self.counters.deltas_applied += 1;
+                    let others = self.st.load.others(self.me, l.engine);
+                    self.out.push(Output::Apply(Apply::PeerLoad {
+                        engine: l.engine,
+                        others,
+                    }));
+                }
+            }
+            Delta::Registry(r) => {
+                // A delta may touch several engines (a whole state's fragment).
+                let mut touched = BTreeSet::new();
+                if self.st.registry.merge_noting(&r, &mut touched) {
+                    self.counters.deltas_applied += 1;
+                }
+                for engine in touched {
+                    let a = match self.st.registry.get(engine) {
+                        Some(rec) => Apply::EngineUpsert {
+                            engine,
+                            record: rec.clone(),
+                        },
+                        None => Apply::EngineRemoved { engine },
+                    };
+                    self.out.push(Output::Apply(a));
+                }
+            }
+            Delta::FeedBatches(g) => {
+                for b in g.batches() {
+                    self.merge(Delta::Feed(b), live, now_us);
+                }
+            }
+            Delta::Feed(b) => {
+                let mut applies = Vec::new();
+                let pull = self.feeds.on_batch(b, &mut applies);
+                self.out
+                    .extend(applies.into_iter().map(|a| Output::Apply(Apply::Feed(a))));
+                if let Some(p) = pull {
+                    self.send_pulls(vec![(p.feed.source, p)], now_us);
+                }
+            }
+            Delta::FeedSnapshot(s) => {
+                let mut applies = Vec::new();
+                let live = self.live();
+                let moves = self.feeds.on_snapshot(s, &live, &mut applies);
+                self.counters.ownership_moves += moves;
+                self.out.extend(applies.into_iter().map(Output::Apply));
+            }
+        }
+    }
+
     pub(super) fn control(&mut self, from: SocketAddr, c: Control, now_us: u64) {
         match c {
             Control::Digest {
@@ -369,5 +449,16 @@ impl MeshCore {
             }
         }
         out
+    }
+}
+
+/// The router whose feed a delta carries (only it sends it: see
+/// [`CoreCounters::deltas_refused`]).
+pub(super) fn feed_source(d: &Delta) -> Option<NodeId> {
+    match d {
+        Delta::Feed(b) => Some(b.feed.source),
+        Delta::FeedBatches(b) => Some(b.feed.source),
+        Delta::FeedSnapshot(s) => Some(s.feed.source),
+        Delta::Load(_) | Delta::LoadBatch(_) | Delta::Mark(_) | Delta::Registry(_) => None,
     }
 }

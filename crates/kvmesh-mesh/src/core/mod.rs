@@ -170,7 +170,18 @@ pub struct CoreCounters {
     /// Speculative marks kept local (their engine's feed is in sync: see
     /// [`MeshCore::local_mark`]).
     pub marks_kept: u64,
+    /// Deltas refused though well formed: a mark expiring past the horizon (the longest mark
+    /// lifetime + [`MARK_CLOCK_ALLOWANCE_US`] from now: only a router whose clock is far
+    /// ahead, or a broken one, sends that); a feed's batches, snapshot or head from a router
+    /// other than the feed's source (every router sends only its own feeds).
+    pub deltas_refused: u64,
 }
+
+/// How far ahead of this router's clock a peer's clock may be before its marks are refused
+/// (they would outlive every lifetime a mark is made with here). NTP keeps routers within a
+/// few ms; 10 s leaves room for far worse while a clock a day ahead cannot pin marks in
+/// every router's state until their engine goes.
+pub const MARK_CLOCK_ALLOWANCE_US: u64 = 10_000_000;
 
 /// Per peer: when its last envelope arrived and how old it was.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -457,7 +468,9 @@ impl MeshCore {
         if env.from == self.me {
             return;
         }
-        let lag_us = now_us as i64 - env.sent_us as i64;
+        // The sender's clock is its own (and its bytes hostile): any difference, clamped.
+        let lag_us = (i128::from(now_us) - i128::from(env.sent_us))
+            .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
         // A negative age (clock skew) counts as 0.
         self.envelope_age
             .observe_us(u64::try_from(lag_us).unwrap_or(0));
@@ -470,6 +483,10 @@ impl MeshCore {
         );
         let live = !env.kind.is_transfer();
         for d in env.deltas {
+            if gossip::feed_source(&d).is_some_and(|s| s != env.from) {
+                self.counters.deltas_refused += 1;
+                continue;
+            }
             self.merge(d, live, now_us);
         }
         if env.kind == kvmesh_state::EnvelopeKind::Snapshot && !self.warm {
@@ -488,7 +505,12 @@ impl MeshCore {
                 self.out.push(Output::Apply(Apply::Warm));
             }
         }
-        for c in env.control {
+        for mut c in env.control {
+            if let Control::Heads(heads) = &mut c {
+                let all = heads.len();
+                heads.retain(|h| h.feed.source == env.from);
+                self.counters.deltas_refused += (all - heads.len()) as u64;
+            }
             self.control(from, c, now_us);
         }
     }
@@ -679,77 +701,6 @@ impl MeshCore {
                     .or_default()
                     .1
                     .push(Control::Pull(p));
-            }
-        }
-    }
-
-    /// Merges a peer's delta; `live`: it came as news, not in a transfer of state.
-    fn merge(&mut self, d: Delta, live: bool, now_us: u64) {
-        match d {
-            Delta::Mark(mark) => {
-                if self.st.marks.merge(&mark) {
-                    self.counters.deltas_applied += 1;
-                    if mark.expiry_us > now_us {
-                        // A recent decision is news even in a repair (two routers meeting
-                        // after a partition exchange the marks made in its last moments, with
-                        // the counts made after them).
-                        let live = live || self.is_recent(mark.expiry_us, now_us);
-                        self.out.push(Output::Apply(Apply::Mark { mark, live }));
-                    }
-                }
-            }
-            Delta::LoadBatch(b) => {
-                for l in b.deltas() {
-                    self.merge(Delta::Load(l), live, now_us);
-                }
-            }
-            Delta::Load(l) => {
-                if self.st.load.merge(&l) {
-                    self.counters.deltas_applied += 1;
-                    let others = self.st.load.others(self.me, l.engine);
-                    self.out.push(Output::Apply(Apply::PeerLoad {
-                        engine: l.engine,
-                        others,
-                    }));
-                }
-            }
-            Delta::Registry(r) => {
-                // A delta may touch several engines (a whole state's fragment).
-                let mut touched = BTreeSet::new();
-                if self.st.registry.merge_noting(&r, &mut touched) {
-                    self.counters.deltas_applied += 1;
-                }
-                for engine in touched {
-                    let a = match self.st.registry.get(engine) {
-                        Some(rec) => Apply::EngineUpsert {
-                            engine,
-                            record: rec.clone(),
-                        },
-                        None => Apply::EngineRemoved { engine },
-                    };
-                    self.out.push(Output::Apply(a));
-                }
-            }
-            Delta::FeedBatches(g) => {
-                for b in g.batches() {
-                    self.merge(Delta::Feed(b), live, now_us);
-                }
-            }
-            Delta::Feed(b) => {
-                let mut applies = Vec::new();
-                let pull = self.feeds.on_batch(b, &mut applies);
-                self.out
-                    .extend(applies.into_iter().map(|a| Output::Apply(Apply::Feed(a))));
-                if let Some(p) = pull {
-                    self.send_pulls(vec![(p.feed.source, p)], now_us);
-                }
-            }
-            Delta::FeedSnapshot(s) => {
-                let mut applies = Vec::new();
-                let live = self.live();
-                let moves = self.feeds.on_snapshot(s, &live, &mut applies);
-                self.counters.ownership_moves += moves;
-                self.out.extend(applies.into_iter().map(Output::Apply));
             }
         }
     }

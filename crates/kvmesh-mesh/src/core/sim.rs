@@ -239,6 +239,16 @@ impl Sim {
         }
     }
 
+    /// Node `to` receives `bytes` as an envelope from node `from`'s address, now (what a
+    /// peer sends, whatever it is: the hostile-peer test crafts its own).
+    pub fn deliver(&mut self, to: usize, from: usize, bytes: &[u8]) {
+        let now = self.now;
+        if let Some(n) = self.nodes[to].as_mut() {
+            n.core.handle_envelope(addr(from), bytes, now);
+            self.collect(to);
+        }
+    }
+
     /// Kills node `i` without a word.
     pub fn kill(&mut self, i: usize) {
         self.nodes[i] = None;
