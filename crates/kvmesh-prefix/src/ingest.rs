@@ -565,7 +565,8 @@ impl EngineIngest {
             }
         }
         self.stats.batches_applied += 1;
-        self.next_seq = Some(seq + 1);
+        // (An engine's seq is its own bytes: one at the end of u64 is not followed by another.)
+        self.next_seq = Some(seq.saturating_add(1));
         if self.recent.is_empty() {
             self.recent = vec![(u64::MAX, 0); RECENT_BATCHES];
         }
