@@ -125,6 +125,29 @@ impl IndexSink for Outbox {
     fn clear(&mut self, _: Target) {}
 }
 
+/// A peer's engine as this router's entry: checked as the admin API checks one (a peer's
+/// record is its word: its weight may be 0, its URL anything), and its id must be its URL's
+/// (as every router derives it), or the engine would never be found under it.
+fn peer_entry(engine: u64, record: &EngineRecord) -> Result<EngineEntry, String> {
+    let entry = EngineEntry {
+        url: record.url.clone(),
+        weight: f64::from(record.weight_milli) / 1000.0,
+        kv_events: record.kv_events.clone(),
+        kv_replay: record.kv_replay.clone(),
+        models: record.models.clone(),
+    };
+    entry
+        .validate("engine from a peer")
+        .map_err(|e| e.to_string())?;
+    if EngineId::from_url(&entry.url).0 != engine {
+        return Err(format!(
+            "engine from a peer: id {engine:016x} is not that of {}",
+            entry.url
+        ));
+    }
+    Ok(entry)
+}
+
 fn record(entry: &EngineEntry) -> EngineRecord {
     EngineRecord {
         url: entry.url.trim_end_matches('/').to_string(),
@@ -337,12 +360,12 @@ impl Cluster {
                 Apply::PeerLoad { engine, others } => set_peer_load(&gw, engine, others),
                 Apply::EngineUpsert { engine, record } => {
                     if gw.registry.get(EngineId(engine)).is_none() {
-                        let entry = EngineEntry {
-                            url: record.url.clone(),
-                            weight: f64::from(record.weight_milli) / 1000.0,
-                            kv_events: record.kv_events.clone(),
-                            kv_replay: record.kv_replay.clone(),
-                            models: record.models.clone(),
+                        let entry = match peer_entry(engine, &record) {
+                            Ok(e) => e,
+                            Err(err) => {
+                                tracing::warn!(error = %err, "engine from a peer refused");
+                                continue;
+                            }
                         };
                         match probe::add_engine(&gw, &entry, Source::Mesh, true) {
                             Ok(e) => {
@@ -449,6 +472,41 @@ impl MeshHook for Cluster {
 
 #[cfg(test)]
 mod tests {
+    use super::{EngineId, EngineRecord, peer_entry};
+
+    #[test]
+    fn a_peers_engine_is_checked_like_an_admin_one() {
+        let url = "http://127.0.0.1:8001";
+        let good = EngineRecord {
+            url: url.into(),
+            weight_milli: 1_500,
+            kv_events: String::new(),
+            kv_replay: String::new(),
+            models: vec![],
+        };
+        let id = EngineId::from_url(url).0;
+        let e = peer_entry(id, &good).expect("a well-formed engine");
+        assert_eq!((e.url.as_str(), e.weight), (url, 1.5));
+        assert!(peer_entry(id ^ 1, &good).is_err(), "id not its URL's");
+        let bad = |f: fn(&mut EngineRecord)| {
+            let mut r = good.clone();
+            f(&mut r);
+            peer_entry(EngineId::from_url(&r.url).0, &r)
+        };
+        assert!(bad(|r| r.weight_milli = 0).is_err(), "weight 0");
+        assert!(bad(|r| r.url = "not a url".into()).is_err());
+        assert!(bad(|r| r.url = "http://h:1/v1/x".into()).is_err());
+        assert!(bad(|r| r.kv_events = "garbage".into()).is_err());
+        assert!(
+            bad(|r| r.kv_replay = "tcp://h:2".into()).is_err(),
+            "replay without events"
+        );
+        assert!(
+            bad(|r| r.weight_milli = u32::MAX).is_err(),
+            "4.3e6 > 1e6: too heavy"
+        );
+    }
+
     #[test]
     fn the_mesh_and_the_index_mean_the_same_windows() {
         for len in 0..40 {
