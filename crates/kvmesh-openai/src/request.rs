@@ -48,6 +48,20 @@ pub struct ChatCompletionRequest {
     pub continue_final_message: bool,
     /// Salt isolating this request's prefix cache (vLLM extension).
     pub cache_salt: Option<String>,
+    /// Log probabilities asked for (`true`), kept as JSON: a router forwards it as it is.
+    pub logprobs: Option<Value>,
+    /// How many alternatives per token, kept as JSON.
+    pub top_logprobs: Option<Value>,
+}
+
+impl ChatCompletionRequest {
+    /// Whether log probabilities are asked for (`logprobs: true`, or `top_logprobs` set).
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs
+            .as_ref()
+            .is_some_and(|v| v.as_bool() != Some(false) && !v.is_null())
+            || self.top_logprobs.as_ref().is_some_and(|v| !v.is_null())
+    }
 }
 
 /// `prompt` of `/v1/completions`: text, token ids, or a batch of either.
@@ -108,6 +122,16 @@ pub struct CompletionRequest {
     pub user: Option<String>,
     /// Salt isolating this request's prefix cache (vLLM extension).
     pub cache_salt: Option<String>,
+    /// Log probabilities of this many alternatives per token, kept as JSON: a router
+    /// forwards it as it is.
+    pub logprobs: Option<Value>,
+}
+
+impl CompletionRequest {
+    /// Whether log probabilities are asked for (`logprobs` set, 0 included).
+    pub fn wants_logprobs(&self) -> bool {
+        self.logprobs.as_ref().is_some_and(|v| !v.is_null())
+    }
 }
 
 /// Parses a JSON body into `T`, mapping every failure (invalid UTF-8, syntax, wrong types) to a
@@ -251,6 +275,34 @@ mod tests {
         .expect("parse");
         r.validate().expect("valid");
         assert_eq!(r.max_tokens().expect("ok"), Some(5));
+    }
+
+    #[test]
+    fn logprobs_asked_for_are_told_apart_from_logprobs_declined() {
+        let chat = |extra: &str| {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
+            parse_body::<ChatCompletionRequest>(body.as_bytes())
+                .expect("parse")
+                .wants_logprobs()
+        };
+        assert!(!chat(""));
+        assert!(!chat(r#","logprobs":false"#));
+        assert!(!chat(r#","logprobs":null,"top_logprobs":null"#));
+        assert!(chat(r#","logprobs":true"#));
+        assert!(chat(r#","top_logprobs":0"#));
+        assert!(
+            chat(r#","logprobs":"yes""#),
+            "a router forwards odd values as they are"
+        );
+        let completion = |extra: &str| {
+            let body = format!(r#"{{"prompt":"a"{extra}}}"#);
+            parse_body::<CompletionRequest>(body.as_bytes())
+                .expect("parse")
+                .wants_logprobs()
+        };
+        assert!(!completion(""));
+        assert!(!completion(r#","logprobs":null"#));
+        assert!(completion(r#","logprobs":0"#));
     }
 
     #[test]

@@ -85,11 +85,24 @@ fn resolve_max_tokens(
     }
 }
 
+/// The simulator samples from no distribution: a request asking for log probabilities gets
+/// a clear error rather than an answer without them.
+fn no_logprobs(wanted: bool) -> Result<(), ApiError> {
+    if wanted {
+        return Err(ApiError::invalid_param(
+            "logprobs",
+            "logprobs are not produced by kvmesh sim (a simulated engine samples from no distribution): leave logprobs and top_logprobs unset.",
+        ));
+    }
+    Ok(())
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat(st: &Arc<AppState>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let body = read_body(req, st.cfg.max_body_bytes).await?;
     let r: ChatCompletionRequest = parse_body(&body)?;
     r.validate()?;
+    no_logprobs(r.wants_logprobs())?;
     let lora = check_model(st, r.model.as_deref())?;
     let template = st.tokenizer.chat_template().ok_or_else(|| {
         ApiError::bad_request(
@@ -135,6 +148,7 @@ pub async fn completions(
     let body = read_body(req, st.cfg.max_body_bytes).await?;
     let r: CompletionRequest = parse_body(&body)?;
     r.validate()?;
+    no_logprobs(r.wants_logprobs())?;
     let lora = check_model(st, r.model.as_deref())?;
     let inputs = r.prompt.inputs();
     if inputs.len() != 1 {

@@ -90,6 +90,22 @@ async fn bad_input_is_rejected_with_openai_errors_and_changes_nothing() {
             400,
             "invalid_json",
         ),
+        (
+            "logprobs (the simulator samples from no distribution)",
+            json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "logprobs": true})
+                .to_string()
+                .into(),
+            400,
+            "invalid_value",
+        ),
+        (
+            "top_logprobs alone",
+            json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2})
+                .to_string()
+                .into(),
+            400,
+            "invalid_value",
+        ),
     ];
     for (name, body, status, code) in cases {
         let (s, text) = request(&c, "POST", &url, body).await;
@@ -118,6 +134,10 @@ async fn bad_input_is_rejected_with_openai_errors_and_changes_nothing() {
         ),
         (
             json!({"model": "sim-model", "prompt": "a", "n": 3}),
+            "invalid_value",
+        ),
+        (
+            json!({"model": "sim-model", "prompt": "a", "logprobs": 0}),
             "invalid_value",
         ),
     ] {
