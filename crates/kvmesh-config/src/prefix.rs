@@ -26,7 +26,9 @@ pub struct PrefixConfig {
     pub speculative_ttl_ms: u64,
     /// How long a routing decision is remembered under `cache_aware` (which learns only from
     /// its own decisions), and for engines whose event stream is stale, ms. Dynamo's
-    /// approximate mode and SGLang's tree eviction use 120 s.
+    /// approximate mode and SGLang's tree eviction use 120 s. Meshed, a peer's mark that
+    /// expires more than the longer of the two lifetimes + 10 s from now is refused (a clock
+    /// far ahead): give the routers of a cluster the same lifetimes.
     pub approximate_ttl_ms: u64,
     /// Token ids of prompt pieces kept for reuse across the turns of conversations, per
     /// tokenizer (4 bytes each, plus 48 bytes per piece counted as 12 ids; two generations:
