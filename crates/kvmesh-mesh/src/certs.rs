@@ -23,6 +23,9 @@ pub enum CertError {
     /// A node name that cannot be a file name or a DNS label.
     #[error("bad node name {0:?}: use letters, digits, '-', '_' and '.' (1–63 characters)")]
     BadName(String),
+    /// A node name given twice (its second pair would overwrite the first's files).
+    #[error("node name {0:?} given twice: each node gets its own pair")]
+    DuplicateName(String),
     /// Reading or writing files.
     #[error("{path}: {source}")]
     Io {
@@ -71,9 +74,12 @@ fn gen_err(e: rcgen::Error) -> CertError {
 
 /// A new CA and a certificate for each node.
 pub fn generate(nodes: &[String]) -> Result<ClusterCerts, CertError> {
-    for n in nodes {
+    for (i, n) in nodes.iter().enumerate() {
         if !valid_name(n) {
             return Err(CertError::BadName(n.clone()));
+        }
+        if nodes[..i].contains(n) {
+            return Err(CertError::DuplicateName(n.clone()));
         }
     }
     let ca_key = KeyPair::generate().map_err(gen_err)?;
@@ -209,5 +215,24 @@ impl NodeTls {
             .find(|n| n.name == name)
             .ok_or_else(|| CertError::BadName(name.to_string()))?;
         NodeTls::from_pem(name, &certs.ca_pem, &n.cert_pem, &n.key_pem)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CertError, generate};
+
+    #[test]
+    fn names_must_be_valid_and_distinct() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(matches!(
+            generate(&names(&["a", "b", "a"])),
+            Err(CertError::DuplicateName(n)) if n == "a"
+        ));
+        assert!(matches!(
+            generate(&names(&["a", "b c"])),
+            Err(CertError::BadName(_))
+        ));
+        assert!(generate(&names(&["a", "b"])).is_ok());
     }
 }

@@ -135,18 +135,29 @@ struct Plan {
 fn plan(a: &BenchArgs) -> Result<Plan, String> {
     let mut s = if a.quick { q() } else { f() };
     let mut notes = Vec::new();
-    s.engines = a.engines.unwrap_or(s.engines).max(1);
+    for (flag, zero) in [
+        ("--engines", a.engines == Some(0)),
+        ("--repeats", a.repeats == Some(0)),
+        ("--concurrency", a.concurrency == Some(0)),
+        ("--groups", a.groups == Some(0)),
+        ("--requests", a.requests == Some(0)),
+    ] {
+        if zero {
+            return Err(format!("{flag} must be at least 1"));
+        }
+    }
+    s.engines = a.engines.unwrap_or(s.engines);
     let routers = bench_routers::resolve(&a.routers, s.routers, a.no_mesh);
     s.routers = routers[0].0;
-    s.repeats = a.repeats.unwrap_or(s.repeats).max(1);
+    s.repeats = a.repeats.unwrap_or(s.repeats);
     s.seed = a.seed.unwrap_or(s.seed);
-    s.concurrency = a.concurrency.unwrap_or(s.concurrency).max(1);
+    s.concurrency = a.concurrency.unwrap_or(s.concurrency);
     s.think_ms = a.think_ms.unwrap_or(s.think_ms);
     s.time_scale = a.time_scale.unwrap_or(s.time_scale);
     s.trace_speedup = a.speedup.unwrap_or(s.trace_speedup);
     s.shared_prefix.seed = s.seed;
     if let Some(g) = a.groups {
-        s.shared_prefix.groups = g.max(1);
+        s.shared_prefix.groups = g;
     }
     if let Some(n) = a.requests {
         s.trace_requests = n;

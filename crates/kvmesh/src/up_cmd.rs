@@ -243,6 +243,9 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
     if a.engines == 0 {
         return Err("--engines must be at least 1".into());
     }
+    if a.concurrency == 0 {
+        return Err("--concurrency must be at least 1".into());
+    }
     if !(a.time_scale > 0.0 && a.time_scale <= 10.0) {
         return Err("--time-scale must be in (0, 10]".into());
     }

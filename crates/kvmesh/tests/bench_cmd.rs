@@ -1,7 +1,7 @@
 //! `kvmesh bench --quick` as a real process (the CI smoke of the benchmark): a small
 //! shared-prefix run on a local simulated fleet writes report.json with every contender's
 //! fields, report.md and the SVG plots; and the virtual-time evaluator's hit rates agree with
-//! the real-time run's on the same jobs.
+//! the real-time run's on the same jobs; a count of 0 is refused.
 //!
 //! Bounded: the command runs with small parameters and is killed after 240 s (it takes
 //! ~20–40 s on a shared 2-core VM); no timing is asserted.
@@ -221,4 +221,29 @@ fn bench_router_counts_interleave_in_one_run() {
     }
     assert_eq!(report["fleet"]["routers"].as_array().unwrap().len(), 3);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A count of 0 is refused with the flag's name, before anything starts (it used to become 1
+/// without a word).
+#[test]
+fn bench_refuses_zero_counts() {
+    for flag in [
+        "--engines",
+        "--repeats",
+        "--concurrency",
+        "--groups",
+        "--requests",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+            .args(["bench", "--quick", flag, "0"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run kvmesh bench");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} 0 accepted");
+        assert!(
+            err.contains(&format!("{flag} must be at least 1")),
+            "{flag}: {err}"
+        );
+    }
 }
