@@ -232,6 +232,28 @@ mod example_files {
     }
 
     #[test]
+    fn mesh_seeds_must_be_host_and_port() {
+        for ok in [
+            "seeds = [\"10.0.0.2:7946\", \"router-0.kvmesh:7946\", \"[::1]:7946\"]",
+            "seed_dns = \"kvmesh-mesh.default.svc.cluster.local:7946\"",
+        ] {
+            let toml = format!("[serve.mesh]\n{ok}\n");
+            KvmeshConfig::from_toml_str(&toml, "t.toml").expect(ok);
+        }
+        for (bad, key) in [
+            ("seeds = [\"router-0\"]", "serve.mesh.seeds"),
+            ("seeds = [\":7946\"]", "serve.mesh.seeds"),
+            ("seeds = [\"h:0\"]", "serve.mesh.seeds"),
+            ("seeds = [\"h:70000\"]", "serve.mesh.seeds"),
+            ("seed_dns = \"kvmesh-mesh\"", "serve.mesh.seed_dns"),
+        ] {
+            let toml = format!("[serve.mesh]\n{bad}\n");
+            let e = KvmeshConfig::from_toml_str(&toml, "t.toml").expect_err(bad);
+            assert!(e.to_string().contains(key), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn preparation_bounds_have_defaults_and_limits() {
         let c = KvmeshConfig::from_toml_str(
             "[serve.prefix]

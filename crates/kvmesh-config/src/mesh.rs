@@ -141,6 +141,18 @@ impl MeshConfig {
             &format!("{at}.cert_name"),
             "letters, digits, '-', '_', '.' (1-63), or \"\" for the node_id",
         )?;
+        for seed in &self.seeds {
+            check(
+                host_port(seed),
+                &format!("{at}.seeds"),
+                "each seed must be HOST:PORT, e.g. 10.0.0.2:7946 or router-0.kvmesh:7946",
+            )?;
+        }
+        check(
+            self.seed_dns.is_empty() || host_port(&self.seed_dns),
+            &format!("{at}.seed_dns"),
+            "must be NAME:PORT, e.g. kvmesh-mesh.default.svc.cluster.local:7946",
+        )?;
         if self.enabled {
             check(
                 !self.node_id.is_empty()
@@ -160,4 +172,13 @@ impl MeshConfig {
         }
         Ok(())
     }
+}
+
+/// Whether `s` is `HOST:PORT` (a name or an address; `[v6]:port` for IPv6) with a port 1–65535.
+fn host_port(s: &str) -> bool {
+    s.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && !host.contains(char::is_whitespace)
+            && port.parse::<u16>().is_ok_and(|p| p > 0)
+    })
 }

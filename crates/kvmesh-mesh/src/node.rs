@@ -195,11 +195,28 @@ fn lock(m: &Mutex<MeshCore>) -> MutexGuard<'_, MeshCore> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-async fn resolve(seeds: &Seeds, me: SocketAddr) -> Vec<SocketAddr> {
+/// The seeds' addresses (this node's own left out). A seed that does not resolve is logged
+/// when it starts failing and when it resolves again (`failing` holds those failing now), not
+/// at every attempt: a node alone tries every second.
+async fn resolve(
+    seeds: &Seeds,
+    me: SocketAddr,
+    failing: &mut std::collections::BTreeSet<String>,
+) -> Vec<SocketAddr> {
     let mut out = Vec::new();
     for s in seeds.addrs.iter().chain(seeds.dns.iter()) {
-        if let Ok(it) = tokio::net::lookup_host(s.as_str()).await {
-            out.extend(it.filter(|a| *a != me));
+        match tokio::net::lookup_host(s.as_str()).await {
+            Ok(it) => {
+                if failing.remove(s) {
+                    tracing::info!(seed = %s, "mesh seed resolves again");
+                }
+                out.extend(it.filter(|a| *a != me));
+            }
+            Err(e) => {
+                if failing.insert(s.clone()) {
+                    tracing::warn!(seed = %s, error = %e, "mesh seed does not resolve: this router stays alone until it does");
+                }
+            }
         }
     }
     out.sort();
@@ -290,6 +307,7 @@ impl MeshNode {
                 core: &c,
                 short: short.as_ref(),
             };
+            let mut failing = std::collections::BTreeSet::new();
             let mut reseed = tokio::time::interval(Duration::from_secs(1));
             reseed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             // Whether the previous turn ran a due tick without waiting (never twice in a row).
@@ -375,7 +393,7 @@ impl MeshNode {
                     _ = tokio::time::sleep(wait) => lock(&c).tick(now()),
                     _ = reseed.tick() => {
                         if lock(&c).is_alone() {
-                            let found = resolve(&seeds, addr).await;
+                            let found = resolve(&seeds, addr, &mut failing).await;
                             let mut core = lock(&c);
                             for s in found {
                                 core.announce(s, now());
