@@ -474,13 +474,16 @@ impl MeshCore {
         // A negative age (clock skew) counts as 0.
         self.envelope_age
             .observe_us(u64::try_from(lag_us).unwrap_or(0));
-        self.lag.insert(
-            env.from,
-            PeerLag {
-                last_us: now_us,
-                lag_us,
-            },
-        );
+        // Kept for members only (a sender's id is its word: strangers' would pile up).
+        if self.peers.contains_key(&env.from) {
+            self.lag.insert(
+                env.from,
+                PeerLag {
+                    last_us: now_us,
+                    lag_us,
+                },
+            );
+        }
         let live = !env.kind.is_transfer();
         for d in env.deltas {
             if gossip::feed_source(&d).is_some_and(|s| s != env.from) {
