@@ -100,12 +100,36 @@ struct Entry {
     in_flight: u32,
 }
 
+/// Per router: the xor of its entries' hashes, its newest version and its entry count, kept
+/// at every change (what anti-entropy compares: O(routers), not O(entries), at each digest).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct NodeSum {
+    hash: u64,
+    newest: Version,
+    count: usize,
+}
+
+/// An entry's part of its router's hash.
+#[inline]
+fn entry_hash(engine: u64, e: &Entry) -> u64 {
+    let mut x = engine
+        ^ e.version.incarnation.rotate_left(17)
+        ^ e.version.counter.rotate_left(34)
+        ^ u64::from(e.in_flight).rotate_left(51);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 29;
+    x
+}
+
 /// The load entries of every router.
 #[derive(Debug, Clone, Default)]
 pub struct LoadMap {
     entries: BTreeMap<(NodeId, u64), Entry>,
     /// Per engine, the sum over routers (kept: reads are O(1)).
     totals: HashMap<u64, u64>,
+    /// Per router, its entries' digest (kept).
+    sums: BTreeMap<NodeId, NodeSum>,
     /// Routers that left: deltas of these incarnations (and older) are dropped.
     departed: BTreeMap<NodeId, u64>,
     /// The local writer's counter.
@@ -161,19 +185,63 @@ impl LoadMap {
             version: d.version,
             in_flight: d.in_flight,
         };
-        let old = self.entries.get(&key).copied();
         // Newest version wins; an equal version from the single writer carries the same value
         // (the max makes a forged duplicate deterministic anyway).
-        let keep = match old {
-            Some(o) if (o.version, o.in_flight) >= (new.version, new.in_flight) => return false,
-            _ => new,
-        };
-        if let Some(o) = old {
-            self.sub(d.engine, o.in_flight);
+        if let Some(o) = self.entries.get(&key)
+            && (o.version, o.in_flight) >= (new.version, new.in_flight)
+        {
+            return false;
         }
-        *self.totals.entry(d.engine).or_default() += u64::from(keep.in_flight);
-        self.entries.insert(key, keep);
+        self.put(key, new);
         true
+    }
+
+    /// Sets an entry, keeping the totals and its router's sum.
+    fn put(&mut self, key: (NodeId, u64), e: Entry) {
+        let old = self.entries.insert(key, e);
+        let sum = self.sums.entry(key.0).or_default();
+        sum.hash ^= entry_hash(key.1, &e);
+        sum.newest = sum.newest.max(e.version);
+        match old {
+            Some(o) => {
+                sum.hash ^= entry_hash(key.1, &o);
+                self.sub(key.1, o.in_flight);
+            }
+            None => sum.count += 1,
+        }
+        *self.totals.entry(key.1).or_default() += u64::from(e.in_flight);
+    }
+
+    /// Removes entries, keeping the totals and their routers' sums.
+    fn take(&mut self, keys: &[(NodeId, u64)]) {
+        let mut newest_gone = Vec::new();
+        for &key in keys {
+            let Some(o) = self.entries.remove(&key) else {
+                continue;
+            };
+            self.sub(key.1, o.in_flight);
+            if let Some(sum) = self.sums.get_mut(&key.0) {
+                sum.hash ^= entry_hash(key.1, &o);
+                sum.count -= 1;
+                if sum.count == 0 {
+                    self.sums.remove(&key.0);
+                } else if o.version == sum.newest {
+                    newest_gone.push(key.0);
+                }
+            }
+        }
+        // A router whose newest entry went: its newest is found again among what is left.
+        newest_gone.dedup();
+        for node in newest_gone {
+            let newest = self
+                .entries
+                .range((node, 0)..=(node, u64::MAX))
+                .map(|(_, e)| e.version)
+                .max();
+            if let (Some(sum), Some(v)) = (self.sums.get_mut(&node), newest) {
+                sum.newest = v;
+            }
+        }
     }
 
     fn sub(&mut self, engine: u64, n: u32) {
@@ -196,11 +264,7 @@ impl LoadMap {
             .filter(|(_, v)| v.version.incarnation <= incarnation)
             .map(|(k, _)| *k)
             .collect();
-        for k in &gone {
-            if let Some(v) = self.entries.remove(k) {
-                self.sub(k.1, v.in_flight);
-            }
-        }
+        self.take(&gone);
         gone.len()
     }
 
@@ -212,9 +276,7 @@ impl LoadMap {
             .filter(|k| k.1 == engine)
             .copied()
             .collect();
-        for k in &gone {
-            self.entries.remove(k);
-        }
+        self.take(&gone);
         self.totals.remove(&engine);
         gone.len()
     }
@@ -241,15 +303,18 @@ impl LoadMap {
     /// Per router: a hash of its entries and their newest version (what anti-entropy
     /// compares).
     pub fn node_digests(&self) -> Vec<(NodeId, u64, Version)> {
+        self.sums
+            .iter()
+            .map(|(&n, sum)| (n, sum.hash, sum.newest))
+            .collect()
+    }
+
+    /// [`LoadMap::node_digests`] computed from the entries (what the kept sums must equal).
+    #[cfg(test)]
+    fn node_digests_from_entries(&self) -> Vec<(NodeId, u64, Version)> {
         let mut out: Vec<(NodeId, u64, Version)> = Vec::new();
         for (&(n, e), v) in &self.entries {
-            let mut x = e
-                ^ v.version.incarnation.rotate_left(17)
-                ^ v.version.counter.rotate_left(34)
-                ^ u64::from(v.in_flight).rotate_left(51);
-            x ^= x >> 31;
-            x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            x ^= x >> 29;
+            let x = entry_hash(e, v);
             match out.last_mut() {
                 Some((m, h, mv)) if *m == n => {
                     *h ^= x;
@@ -295,11 +360,7 @@ impl LoadMap {
             .range((node, 0)..=(node, u64::MAX))
             .map(|(k, _)| *k)
             .collect();
-        for k in &gone {
-            if let Some(v) = self.entries.remove(k) {
-                self.sub(k.1, v.in_flight);
-            }
-        }
+        self.take(&gone);
         gone.into_iter().map(|k| k.1).collect()
     }
 
@@ -339,12 +400,7 @@ impl LoadMap {
 
     /// Per router, its newest version (what anti-entropy compares first).
     pub fn versions(&self) -> BTreeMap<NodeId, Version> {
-        let mut v: BTreeMap<NodeId, Version> = BTreeMap::new();
-        for (&(node, _), e) in &self.entries {
-            let x = v.entry(node).or_default();
-            *x = (*x).max(e.version);
-        }
-        v
+        self.sums.iter().map(|(&n, sum)| (n, sum.newest)).collect()
     }
 
     /// A digest of the entries (equal digests: equal maps).
@@ -418,5 +474,80 @@ mod tests {
         assert_eq!(all.len(), 2, "{all:?}");
         assert!(all.contains(&zero));
         assert_eq!(m.deltas_of_since(a, Version::default()).len(), 1);
+    }
+
+    /// One step on a map: a delta merged, a router gone, forgotten or renewed, an engine
+    /// removed, a local count.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Merge(u8, u8, u64, u64, u32),
+        RemoveNode(u8, u64),
+        Forget(u8),
+        RemoveEngine(u8),
+        Local(u8, u32),
+        Renew(u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => (0u8..4, 0u8..6, 0u64..3, 0u64..12, 0u32..4)
+                .prop_map(|(n, e, i, c, f)| Op::Merge(n, e, i, c, f)),
+            1 => (0u8..4, 0u64..3).prop_map(|(n, i)| Op::RemoveNode(n, i)),
+            1 => (0u8..4).prop_map(Op::Forget),
+            1 => (0u8..6).prop_map(Op::RemoveEngine),
+            2 => (0u8..6, 0u32..4).prop_map(|(e, f)| Op::Local(e, f)),
+            1 => (0u64..4).prop_map(Op::Renew),
+        ]
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn kept_sums_equal_the_entries_after_any_steps(
+            ops in proptest::collection::vec(op(), 0..60),
+        ) {
+            let node = |n: u8| NodeId(u64::from(n) + 1);
+            let me = node(0);
+            let mut m = LoadMap::new();
+            for op in ops {
+                match op {
+                    Op::Merge(n, e, i, c, f) => {
+                        m.merge(&LoadDelta {
+                            node: node(n),
+                            engine: u64::from(e),
+                            version: Version { incarnation: i, counter: c },
+                            in_flight: f,
+                        });
+                    }
+                    Op::RemoveNode(n, i) => {
+                        m.remove_node(node(n), i);
+                    }
+                    Op::Forget(n) => {
+                        m.forget_node(node(n));
+                    }
+                    Op::RemoveEngine(e) => {
+                        m.remove_engine(u64::from(e));
+                    }
+                    Op::Local(e, f) => {
+                        m.set_local(me, 5, u64::from(e), f);
+                    }
+                    Op::Renew(i) => {
+                        m.renew(me, i);
+                    }
+                }
+                proptest::prop_assert_eq!(m.node_digests(), m.node_digests_from_entries());
+                let engines: std::collections::BTreeSet<u64> =
+                    m.entries.keys().map(|k| k.1).collect();
+                for e in engines {
+                    let sum: u64 = m
+                        .entries
+                        .iter()
+                        .filter(|(k, _)| k.1 == e)
+                        .map(|(_, v)| u64::from(v.in_flight))
+                        .sum();
+                    proptest::prop_assert_eq!(m.total(e), sum);
+                }
+            }
+        }
     }
 }

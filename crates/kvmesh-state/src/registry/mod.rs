@@ -113,6 +113,9 @@ pub struct RegistrySet {
     ctx: CausalContext,
     /// The last counter this router issued since it started (0: none yet).
     issued: u64,
+    /// [`RegistrySet::digest`] as last computed, until the next change (anti-entropy asks
+    /// for it at every digest exchange, and the registry seldom changes).
+    digest: std::cell::Cell<Option<u64>>,
 }
 
 impl RegistrySet {
@@ -144,6 +147,7 @@ impl RegistrySet {
         engine: u64,
         record: EngineRecord,
     ) -> RegistryDelta {
+        self.digest.set(None);
         let top = self.ctx.top(me);
         let counter = self
             .issued
@@ -188,6 +192,7 @@ impl RegistrySet {
     /// The local router removes an engine (the adds it has seen): returns the delta to send,
     /// or `None` when the engine is not present.
     pub fn remove(&mut self, engine: u64) -> Option<RegistryDelta> {
+        self.digest.set(None);
         if !self.contains(engine) {
             return None;
         }
@@ -214,6 +219,7 @@ impl RegistrySet {
     /// Merges a delta (the causal join); true when it changed the set. `touched` gets the
     /// engines whose adds changed (added, removed or replaced).
     pub fn merge_noting(&mut self, d: &RegistryDelta, touched: &mut BTreeSet<u64>) -> bool {
+        self.digest.set(None);
         let mut changed = false;
         let theirs: BTreeSet<Dot> = d
             .adds
@@ -370,6 +376,15 @@ impl RegistrySet {
 
     /// A digest of the set: the adds present with their records, and the context.
     pub fn digest(&self) -> u64 {
+        if let Some(d) = self.digest.get() {
+            return d;
+        }
+        let d = self.compute_digest();
+        self.digest.set(Some(d));
+        d
+    }
+
+    fn compute_digest(&self) -> u64 {
         let adds = self.dots.iter().map(|(d, e)| {
             let mut h = blake3::Hasher::new();
             h.update(&e.stamp.at_us.to_le_bytes());

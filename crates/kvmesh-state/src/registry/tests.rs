@@ -264,3 +264,30 @@ fn hostile_fragments_do_not_panic() {
     let d = r.add(a, 10, 3, rec("x", 0));
     assert_eq!(d.adds[0].dot.counter, u64::MAX);
 }
+
+#[test]
+fn the_kept_digest_follows_every_change() {
+    let (a, b) = (NodeId::from_name("a"), NodeId::from_name("b"));
+    let mut x = RegistrySet::new();
+    let mut y = RegistrySet::new();
+    let fresh = |s: &RegistrySet| {
+        assert_eq!(s.digest(), s.compute_digest());
+        s.digest()
+    };
+    let d0 = fresh(&x);
+    x.add(a, 10, 1, rec("http://h:1", 1000));
+    let d1 = fresh(&x);
+    assert_ne!(d0, d1);
+    x.add(a, 20, 1, rec("http://h:1", 2000));
+    let d2 = fresh(&x);
+    assert_ne!(d1, d2, "a new record");
+    y.add(b, 15, 2, rec("http://h:2", 1000));
+    fresh(&y);
+    merge_all(&mut x, &y);
+    let d3 = fresh(&x);
+    assert_ne!(d2, d3, "a merged engine");
+    x.remove(1);
+    assert_ne!(fresh(&x), d3, "a removal");
+    merge_all(&mut y, &x);
+    assert_eq!(fresh(&x), fresh(&y));
+}
