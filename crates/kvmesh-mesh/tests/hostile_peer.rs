@@ -57,8 +57,9 @@ struct Gen {
 }
 
 impl Gen {
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.rng.below(xs.len() as u64) as usize]
+    /// An index below `n`.
+    fn index(&mut self, n: usize) -> usize {
+        self.rng.below(n as u64) as usize
     }
 
     fn u64(&mut self) -> u64 {
@@ -91,8 +92,8 @@ impl Gen {
         if self.rng.below(3) == 0 {
             self.u64()
         } else {
-            let e = self.engines.clone();
-            self.pick(&e)
+            let i = self.index(self.engines.len());
+            self.engines[i]
         }
     }
 
@@ -100,8 +101,8 @@ impl Gen {
         if self.rng.below(3) == 0 {
             NodeId(self.u64())
         } else {
-            let n = self.nodes.clone();
-            self.pick(&n)
+            let i = self.index(self.nodes.len());
+            self.nodes[i]
         }
     }
 

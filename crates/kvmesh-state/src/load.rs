@@ -277,7 +277,6 @@ impl LoadMap {
             .copied()
             .collect();
         self.take(&gone);
-        self.totals.remove(&engine);
         gone.len()
     }
 

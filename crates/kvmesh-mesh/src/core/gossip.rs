@@ -12,8 +12,20 @@ use std::net::SocketAddr;
 pub const DELTAS_PER_ENVELOPE: usize = 2_048;
 
 impl MeshCore {
-    /// Merges a peer's delta; `live`: it came as news, not in a transfer of state.
-    pub(super) fn merge(&mut self, d: Delta, live: bool, now_us: u64) {
+    /// Merges a delta from peer `sender`; `live`: it came as news, not in a transfer of
+    /// state. Refused (counted in `deltas_refused`): a mark expiring past the horizon, a
+    /// feed's part from another router than its source.
+    pub(super) fn merge(&mut self, sender: NodeId, d: Delta, live: bool, now_us: u64) {
+        let source = match &d {
+            Delta::Feed(b) => Some(b.feed.source),
+            Delta::FeedBatches(b) => Some(b.feed.source),
+            Delta::FeedSnapshot(s) => Some(s.feed.source),
+            Delta::Load(_) | Delta::LoadBatch(_) | Delta::Mark(_) | Delta::Registry(_) => None,
+        };
+        if source.is_some_and(|s| s != sender) {
+            self.counters.deltas_refused += 1;
+            return;
+        }
         match d {
             Delta::Mark(mark) => {
                 let longest = self.cfg.mark_ttls_us.iter().copied().max().unwrap_or(0);
@@ -37,7 +49,7 @@ impl MeshCore {
             }
             Delta::LoadBatch(b) => {
                 for l in b.deltas() {
-                    self.merge(Delta::Load(l), live, now_us);
+                    self.merge(sender, Delta::Load(l), live, now_us);
                 }
             }
             Delta::Load(l) => {
@@ -69,7 +81,7 @@ impl MeshCore {
             }
             Delta::FeedBatches(g) => {
                 for b in g.batches() {
-                    self.merge(Delta::Feed(b), live, now_us);
+                    self.merge(sender, Delta::Feed(b), live, now_us);
                 }
             }
             Delta::Feed(b) => {
@@ -91,7 +103,8 @@ impl MeshCore {
         }
     }
 
-    pub(super) fn control(&mut self, from: SocketAddr, c: Control, now_us: u64) {
+    /// A control message from peer `sender` at `from`.
+    pub(super) fn control(&mut self, from: SocketAddr, sender: NodeId, c: Control, now_us: u64) {
         match c {
             Control::Digest {
                 digest,
@@ -181,6 +194,11 @@ impl MeshCore {
             Control::Heads(heads) => {
                 let mut pulls = Vec::new();
                 for h in heads {
+                    // Only a feed's source announces its head.
+                    if h.feed.source != sender {
+                        self.counters.deltas_refused += 1;
+                        continue;
+                    }
                     if let Some(p) = self.feeds.on_head(h.engine, h.feed, h.head) {
                         pulls.push((h.feed.source, p));
                     }
@@ -449,16 +467,5 @@ impl MeshCore {
             }
         }
         out
-    }
-}
-
-/// The router whose feed a delta carries (only it sends it: see
-/// [`CoreCounters::deltas_refused`]).
-pub(super) fn feed_source(d: &Delta) -> Option<NodeId> {
-    match d {
-        Delta::Feed(b) => Some(b.feed.source),
-        Delta::FeedBatches(b) => Some(b.feed.source),
-        Delta::FeedSnapshot(s) => Some(s.feed.source),
-        Delta::Load(_) | Delta::LoadBatch(_) | Delta::Mark(_) | Delta::Registry(_) => None,
     }
 }

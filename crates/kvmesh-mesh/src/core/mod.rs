@@ -486,11 +486,7 @@ impl MeshCore {
         }
         let live = !env.kind.is_transfer();
         for d in env.deltas {
-            if gossip::feed_source(&d).is_some_and(|s| s != env.from) {
-                self.counters.deltas_refused += 1;
-                continue;
-            }
-            self.merge(d, live, now_us);
+            self.merge(env.from, d, live, now_us);
         }
         if env.kind == kvmesh_state::EnvelopeKind::Snapshot && !self.warm {
             let w = self.welcome.entry(env.from).or_insert((0, None));
@@ -508,13 +504,8 @@ impl MeshCore {
                 self.out.push(Output::Apply(Apply::Warm));
             }
         }
-        for mut c in env.control {
-            if let Control::Heads(heads) = &mut c {
-                let all = heads.len();
-                heads.retain(|h| h.feed.source == env.from);
-                self.counters.deltas_refused += (all - heads.len()) as u64;
-            }
-            self.control(from, c, now_us);
+        for c in env.control {
+            self.control(from, env.from, c, now_us);
         }
     }
 
