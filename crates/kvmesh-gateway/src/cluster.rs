@@ -300,23 +300,29 @@ impl Cluster {
         }
     }
 
-    /// Every `every`: the engines with KV events when they changed, and whether each engine's
-    /// feed is live here.
+    /// Every `every`: the engines, and those with KV events, when they changed, and whether
+    /// each engine's feed is live here.
     async fn local_loop(self: Arc<Self>, gw: Arc<Gateway>, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut with_events: BTreeSet<u64> = BTreeSet::new();
+        let mut told: Option<(BTreeSet<u64>, BTreeSet<u64>)> = None;
         loop {
             tick.tick().await;
             let members = gw.registry.members();
+            let all: BTreeSet<u64> = members.iter().map(|e| e.id.0).collect();
             let events: BTreeSet<u64> = members
                 .iter()
                 .filter(|e| !e.kv_events.is_empty())
                 .map(|e| e.id.0)
                 .collect();
-            if events != with_events {
-                with_events = events.clone();
-                if self.input.send(Input::EventEngines(events)).await.is_err() {
+            if told.as_ref().is_none_or(|(a, e)| *a != all || *e != events) {
+                told = Some((all.clone(), events.clone()));
+                if self
+                    .input
+                    .send(Input::Engines { all, events })
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -60,8 +60,13 @@ pub enum Input {
         /// The engine.
         engine: u64,
     },
-    /// The engines with KV events (ownership follows).
-    EventEngines(BTreeSet<u64>),
+    /// The router's engines, and those of them with KV events (ownership follows).
+    Engines {
+        /// Every engine of the router's registry.
+        all: BTreeSet<u64>,
+        /// Those with KV events.
+        events: BTreeSet<u64>,
+    },
     /// Ops this router derived from an engine's events (it owns the engine).
     Feed {
         /// The engine.
@@ -245,7 +250,7 @@ fn feed(core: &mut MeshCore, i: Input, now: u64) {
         Input::Load { engine, in_flight } => core.local_load(engine, in_flight),
         Input::EngineAdd { engine, record } => core.local_engine_add(engine, record, now),
         Input::EngineRemove { engine } => core.local_engine_remove(engine),
-        Input::EventEngines(set) => core.set_event_engines(set, now),
+        Input::Engines { all, events } => core.set_engines(all, events, now),
         Input::Feed {
             engine,
             ops,

@@ -4,11 +4,12 @@
 //! `u64::MAX`, times far past and far future, ids of routers and engines that do not exist),
 //! delivered to one node of a running 3-node cluster in virtual time. Checked: no panic, the
 //! node's state stays within its bounds while it is flooded, and once the flood stops the
-//! cluster still agrees (the honest nodes' digests equal, every engine owned) and no mark
-//! outlives the longest mark lifetime (a mark expiring past it is refused).
+//! cluster still agrees (the honest nodes' digests equal, every engine owned), no mark
+//! outlives the longest mark lifetime (a mark expiring past it is refused) and no count or
+//! mark of an engine that exists nowhere is left.
 
 use kvmesh_mesh::core::sim::{NetConfig, Rng, Sim};
-use kvmesh_mesh::core::{CoreConfig, MARK_CLOCK_ALLOWANCE_US};
+use kvmesh_mesh::core::{CoreConfig, MARK_CLOCK_ALLOWANCE_US, ORPHAN_ENGINES_MAX};
 use kvmesh_state::{
     Control, Delta, Dot, EngineRecord, Envelope, EnvelopeKind, EnvelopeV1, FeedBatch, FeedBatches,
     FeedHead, FeedId, FeedPull, FeedSnapshot, LoadBatch, LoadDelta, MarkDelta, NodeId, RegistryAdd,
@@ -348,7 +349,17 @@ fn flood(s: &mut Sim, seed: u64, from: Option<NodeId>) {
             s.engine_event(e);
         }
         s.run(10_000, |_| {});
-        let (load, _, registry, blocks) = s.nodes[1].as_ref().unwrap().core.sizes();
+        let core = &s.nodes[1].as_ref().unwrap().core;
+        let (load, _, registry, blocks) = core.sizes();
+        let strays = core
+            .held_engines()
+            .into_iter()
+            .filter(|e| !s.engines.contains_key(e))
+            .count();
+        assert!(
+            strays <= ORPHAN_ENGINES_MAX,
+            "{strays} made-up engines held"
+        );
         assert!(load <= 100_000, "load entries {load}");
         assert!(registry <= 100_000, "registry entries {registry}");
         assert!(blocks <= 1_000_000, "feed blocks {blocks}");
@@ -388,8 +399,15 @@ fn a_member_sending_extreme_values_breaks_nothing() {
         );
         s.run(APPROXIMATE_US + MARK_CLOCK_ALLOWANCE_US, |_| {});
         for i in 0..3 {
-            let (_, marks, _, _) = s.nodes[i].as_ref().unwrap().core.sizes();
+            let core = &s.nodes[i].as_ref().unwrap().core;
+            let (_, marks, _, _) = core.sizes();
             assert_eq!(marks, 0, "seed {seed}: node {i} still holds {marks} marks");
+            let strays: Vec<u64> = core
+                .held_engines()
+                .into_iter()
+                .filter(|e| !s.engines.contains_key(e))
+                .collect();
+            assert!(strays.is_empty(), "seed {seed}: node {i} holds {strays:x?}");
         }
     }
 }

@@ -130,6 +130,8 @@ pub struct LoadMap {
     totals: HashMap<u64, u64>,
     /// Per router, its entries' digest (kept).
     sums: BTreeMap<NodeId, NodeSum>,
+    /// Per engine, how many entries name it (kept).
+    per_engine: HashMap<u64, usize>,
     /// Routers that left: deltas of these incarnations (and older) are dropped.
     departed: BTreeMap<NodeId, u64>,
     /// The local writer's counter.
@@ -163,6 +165,16 @@ impl LoadMap {
         };
         self.merge(&d);
         d
+    }
+
+    /// Whether any router has an entry for `engine`.
+    pub fn has_engine(&self, engine: u64) -> bool {
+        self.per_engine.contains_key(&engine)
+    }
+
+    /// The engines some router has an entry for (O(engines), not O(entries)).
+    pub fn engines(&self) -> impl Iterator<Item = u64> + '_ {
+        self.per_engine.keys().copied()
     }
 
     /// `node`'s in-flight count on `engine`, if it has an entry.
@@ -207,7 +219,10 @@ impl LoadMap {
                 sum.hash ^= entry_hash(key.1, &o);
                 self.sub(key.1, o.in_flight);
             }
-            None => sum.count += 1,
+            None => {
+                sum.count += 1;
+                *self.per_engine.entry(key.1).or_default() += 1;
+            }
         }
         *self.totals.entry(key.1).or_default() += u64::from(e.in_flight);
     }
@@ -220,6 +235,12 @@ impl LoadMap {
                 continue;
             };
             self.sub(key.1, o.in_flight);
+            if let Some(n) = self.per_engine.get_mut(&key.1) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_engine.remove(&key.1);
+                }
+            }
             if let Some(sum) = self.sums.get_mut(&key.0) {
                 sum.hash ^= entry_hash(key.1, &o);
                 sum.count -= 1;
@@ -270,6 +291,9 @@ impl LoadMap {
 
     /// An engine was removed from the registry: its entries go.
     pub fn remove_engine(&mut self, engine: u64) -> usize {
+        if !self.has_engine(engine) {
+            return 0;
+        }
         let gone: Vec<(NodeId, u64)> = self
             .entries
             .keys()

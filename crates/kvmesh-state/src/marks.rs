@@ -204,13 +204,34 @@ impl MarkMap {
 
     /// The marks of the given expiry buckets as deltas (a repair).
     pub fn deltas_in(&self, buckets: &std::collections::BTreeSet<u64>) -> Vec<MarkDelta> {
-        self.deltas_where(|expiry| buckets.contains(&(expiry / MARK_BUCKET_US)))
+        self.deltas_where(None, |expiry| buckets.contains(&(expiry / MARK_BUCKET_US)))
     }
 
-    /// The marks whose expiry passes `keep`, one delta per (engine, expiry), sorted.
-    fn deltas_where(&self, keep: impl Fn(u64) -> bool) -> Vec<MarkDelta> {
+    /// `engine`'s marks as deltas (expired or not).
+    pub fn deltas_of_engine(&self, engine: u64) -> Vec<MarkDelta> {
+        self.deltas_where(Some(engine), |_| true)
+    }
+
+    /// Whether `engine` has a mark.
+    pub fn has_engine(&self, engine: u64) -> bool {
+        self.by_engine.contains_key(&engine)
+    }
+
+    /// The engines with a mark.
+    pub fn engines(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_engine.keys().copied()
+    }
+
+    /// The marks (of `only` that engine, or of all) whose expiry passes `keep`, one delta per
+    /// (engine, expiry), sorted.
+    fn deltas_where(&self, only: Option<u64>, keep: impl Fn(u64) -> bool) -> Vec<MarkDelta> {
         let mut out = Vec::new();
-        for (&engine, m) in &self.by_engine {
+        let one = only.and_then(|e| self.by_engine.get_key_value(&e));
+        let engines: Box<dyn Iterator<Item = (&u64, &HashMap<u64, u64>)>> = match only {
+            Some(_) => Box::new(one.into_iter()),
+            None => Box::new(self.by_engine.iter()),
+        };
+        for (&engine, m) in engines {
             let mut by_exp: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
             for (&k, &e) in m {
                 if keep(e) {
@@ -279,7 +300,7 @@ impl MarkMap {
 
     /// The whole map as deltas, one per (engine, expiry) (a snapshot; a repair).
     pub fn deltas(&self) -> Vec<MarkDelta> {
-        self.deltas_where(|_| true)
+        self.deltas_where(None, |_| true)
     }
 
     /// A digest of the marks (equal digests: equal maps, with the odds of a 64-bit hash).

@@ -49,6 +49,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
     engines.sort_by(|a, b| a["engine"].as_str().cmp(&b["engine"].as_str()));
     let k = core.counters().clone();
     let (load, marks, registry, feed_blocks) = core.sizes();
+    let orphan_engines = core.orphan_engines();
     drop(core);
     serde_json::json!({
         "node": c.name,
@@ -63,7 +64,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
             "marks": format!("{:016x}", d.marks),
             "registry": format!("{:016x}", d.registry),
         },
-        "entries": { "load": load, "marks": marks, "registry": registry, "feed_blocks": feed_blocks },
+        "entries": { "load": load, "marks": marks, "registry": registry, "feed_blocks": feed_blocks, "orphan_engines": orphan_engines },
         "envelopes": {
             "sent": k.envelopes_sent,
             "received": k.envelopes_received,
@@ -76,6 +77,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "feed_pulls": k.feed_pulls,
         "marks_kept_local": k.marks_kept,
         "deltas_refused": k.deltas_refused,
+        "orphan_entries_dropped": k.orphan_entries_dropped,
         "dropped_marks": c.dropped_marks.load(Relaxed),
         "bytes": bytes_by_class(t)
             .map(|(class, dir, v)| (format!("{class}_{dir}"), serde_json::Value::from(v)))
@@ -103,7 +105,7 @@ struct MeshMetrics {
     owned: i64,
     max_lag_s: f64,
     age: Arc<Histogram>,
-    counters: [(&'static str, &'static str, u64); 9],
+    counters: [(&'static str, &'static str, u64); 10],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
 }
@@ -157,8 +159,13 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
             ),
             (
                 "kvmesh_mesh_deltas_refused",
-                "Well-formed deltas refused: marks expiring past the longest mark lifetime + 10 s (a peer's clock far ahead), feed parts not sent by the feed's source",
+                "Well-formed deltas refused: marks expiring past the longest mark lifetime + 10 s (a peer's clock far ahead), feed parts not sent by the feed's source, counts and marks of engines this router does not have past 64 such engines",
                 k.deltas_refused,
+            ),
+            (
+                "kvmesh_mesh_orphan_entries_dropped",
+                "Peers' counts and marks of engines this router does not have, dropped after ten anti-entropy periods (or at once past 64 such engines)",
+                k.orphan_entries_dropped,
             ),
             (
                 "kvmesh_mesh_handshake_failures",

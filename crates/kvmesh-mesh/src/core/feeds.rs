@@ -167,8 +167,8 @@ impl Feeds {
         }
     }
 
-    /// The engines with events changed; returns the engines that are gone.
-    pub(super) fn set_engines(&mut self, engines: BTreeSet<u64>) -> Vec<u64> {
+    /// The engines with events changed: the feeds of those gone go.
+    pub(super) fn set_engines(&mut self, engines: BTreeSet<u64>) {
         let gone: Vec<u64> = self.engines.difference(&engines).copied().collect();
         for e in &gone {
             self.ins.remove(e);
@@ -177,7 +177,6 @@ impl Feeds {
             self.retired.remove(e);
         }
         self.engines = engines;
-        gone
     }
 
     /// Ownership and following after a membership or engine change. Returns the moves.

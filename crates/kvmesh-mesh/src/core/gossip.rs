@@ -14,7 +14,9 @@ pub const DELTAS_PER_ENVELOPE: usize = 2_048;
 impl MeshCore {
     /// Merges a delta from peer `sender`; `live`: it came as news, not in a transfer of
     /// state. Refused (counted in `deltas_refused`): a mark expiring past the horizon, a
-    /// feed's part from another router than its source.
+    /// feed's part from another router than its source, a count or mark of an engine the
+    /// router does not have past [`super::ORPHAN_ENGINES_MAX`] such engines (see the
+    /// `engines` module).
     pub(super) fn merge(&mut self, sender: NodeId, d: Delta, live: bool, now_us: u64) {
         let source = match &d {
             Delta::Feed(b) => Some(b.feed.source),
@@ -23,6 +25,15 @@ impl MeshCore {
             Delta::Load(_) | Delta::LoadBatch(_) | Delta::Mark(_) | Delta::Registry(_) => None,
         };
         if source.is_some_and(|s| s != sender) {
+            self.counters.deltas_refused += 1;
+            return;
+        }
+        let engine = match &d {
+            Delta::Mark(m) => Some(m.engine),
+            Delta::Load(l) => Some(l.engine),
+            _ => None,
+        };
+        if engine.is_some_and(|e| !self.admit_engine(e, now_us)) {
             self.counters.deltas_refused += 1;
             return;
         }
@@ -169,6 +180,7 @@ impl MeshCore {
                     self.counters.repairs += 1;
                     parts.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
                 }
+                self.own_engines_only(&mut parts);
                 let ctl = if reply && differs {
                     vec![self.digest_msg(now_us, false, met)]
                 } else {
@@ -213,6 +225,7 @@ impl MeshCore {
         let mut v: Vec<Delta> = self.st.load.deltas().into_iter().map(Delta::Load).collect();
         v.extend(self.st.marks.deltas().into_iter().map(Delta::Mark));
         v.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
+        self.own_engines_only(&mut v);
         v
     }
 
@@ -268,8 +281,10 @@ impl MeshCore {
             self.want_state(now_us);
             return;
         }
-        // Expired marks are dropped by every node alike.
+        // Expired marks are dropped by every node alike; so are, in time, counts and marks
+        // of engines the router does not have.
         self.st.marks.expire(now_us);
+        self.sweep_orphans(now_us);
         // Tombstones of routers gone long enough ago are forgotten (bounded memory).
         let horizon = now_us.saturating_sub(self.cfg.anti_entropy_us.saturating_mul(30));
         self.departed_at.retain(|_, t| *t >= horizon);

@@ -14,6 +14,7 @@
 //! * a member that joins gets this node's whole state at once; a joining node is warm (ready)
 //!   at the first whole state it receives, or after `warm_bound_us`.
 
+mod engines;
 mod feeds;
 mod gossip;
 mod members;
@@ -30,6 +31,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+pub use engines::ORPHAN_ENGINES_MAX;
 pub use gossip::DELTAS_PER_ENVELOPE;
 
 /// Buckets (seconds) of [`MeshCore::envelope_age`]: 25 µs to 1 s.
@@ -170,10 +172,14 @@ pub struct CoreCounters {
     /// Speculative marks kept local (their engine's feed is in sync: see
     /// [`MeshCore::local_mark`]).
     pub marks_kept: u64,
+    /// Counts and marks dropped because their engine is not the router's (see the `engines`
+    /// module): past [`MeshCore::orphan_grace_us`], or past [`ORPHAN_ENGINES_MAX`] engines.
+    pub orphan_entries_dropped: u64,
     /// Deltas refused though well formed: a mark expiring past the horizon (the longest mark
     /// lifetime + [`MARK_CLOCK_ALLOWANCE_US`] from now: only a router whose clock is far
     /// ahead, or a broken one, sends that); a feed's batches, snapshot or head from a router
-    /// other than the feed's source (every router sends only its own feeds).
+    /// other than the feed's source (every router sends only its own feeds); a count or mark
+    /// of an engine the router does not have while [`ORPHAN_ENGINES_MAX`] such are kept.
     pub deltas_refused: u64,
 }
 
@@ -212,6 +218,10 @@ pub struct MeshCore {
     /// Per destination: deltas only it needs (feed repairs), sent with the next flush.
     direct: BTreeMap<SocketAddr, (Vec<Delta>, Vec<Control>)>,
     feeds: feeds::Feeds,
+    /// The router's engines (see [`MeshCore::set_engines`]); `None` until it says.
+    engines: Option<BTreeSet<u64>>,
+    /// Engines not the router's with peers' counts or marks here, since when (µs).
+    orphans: BTreeMap<u64, u64>,
     warm: bool,
     warm_at: u64,
     /// The latest time an input carried.
@@ -263,6 +273,8 @@ impl MeshCore {
             peers: BTreeMap::new(),
             outbox: Vec::new(),
             direct: BTreeMap::new(),
+            engines: None,
+            orphans: BTreeMap::new(),
             warm,
             now: now_us,
             welcome: BTreeMap::new(),
@@ -619,18 +631,6 @@ impl MeshCore {
         if let Some(d) = self.st.registry.remove(engine) {
             self.outbox.push(Delta::Registry(d));
         }
-    }
-
-    /// The engines whose KV events the cluster reads (the router's registry: config, DNS,
-    /// admin, peers). Ownership follows.
-    pub fn set_event_engines(&mut self, engines: BTreeSet<u64>, now_us: u64) {
-        self.at(now_us);
-        let gone = self.feeds.set_engines(engines);
-        for e in gone {
-            self.st.load.remove_engine(e);
-            self.st.marks.remove_engine(e);
-        }
-        self.rebalance(now_us);
     }
 
     /// Ops this router (an owner) derived from an engine's events; `meta[i]` is the engine's

@@ -214,7 +214,8 @@ impl Sim {
         let mut cfg = self.cfg.clone();
         cfg.first = seed_node.is_none();
         let mut core = MeshCore::new(id, cfg, self.seed ^ (i as u64 * 7919) ^ self.now, self.now);
-        core.set_event_engines(self.engines.keys().copied().collect(), self.now);
+        let engines: BTreeSet<u64> = self.engines.keys().copied().collect();
+        core.set_engines(engines.clone(), engines, self.now);
         if let Some(s) = seed_node {
             core.announce(addr(s), self.now);
         }
@@ -246,6 +247,21 @@ impl Sim {
         if let Some(n) = self.nodes[to].as_mut() {
             n.core.handle_envelope(addr(from), bytes, now);
             self.collect(to);
+        }
+    }
+
+    /// Node `i`'s router now has the engines `all` (those of the simulation's among them with
+    /// KV events).
+    pub fn set_engines(&mut self, i: usize, all: BTreeSet<u64>) {
+        let now = self.now;
+        let events = all
+            .iter()
+            .copied()
+            .filter(|e| self.engines.contains_key(e))
+            .collect();
+        if let Some(n) = self.nodes[i].as_mut() {
+            n.core.set_engines(all, events, now);
+            self.collect(i);
         }
     }
 
