@@ -275,6 +275,11 @@ impl Cluster {
         self.members.borrow().clone()
     }
 
+    /// The engines the mesh state holds peers' counts or marks of (this router's among them).
+    pub fn held_engines(&self) -> BTreeSet<u64> {
+        lock(&self.core).held_engines()
+    }
+
     /// Digests of the replicated state (load, marks, registry): equal on routers that agree.
     pub fn digests(&self) -> (u64, u64, u64) {
         let now = (self.now)();

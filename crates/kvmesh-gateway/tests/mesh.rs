@@ -211,6 +211,45 @@ async fn meshed_routers_share_marks_load_and_engines() {
     .await;
     assert!(known, "C knows the engine A added");
 
+    // An engine the routers hold counts of (the requests above), removed through each
+    // router's admin API: its counts go from every router's mesh state (an engine without
+    // KV events used to keep them until their writer left).
+    let holds = |r: &GatewayServer, id: u64| {
+        r.cluster
+            .as_ref()
+            .expect("meshed")
+            .held_engines()
+            .contains(&id)
+    };
+    let victim = engines[..4]
+        .iter()
+        .find(|u| {
+            let id = kvmesh_prefix::EngineId::from_url(u).0;
+            [&a, &b, &c_router].into_iter().all(|r| holds(r, id))
+        })
+        .expect("an engine every router holds counts of")
+        .clone();
+    let victim_id = kvmesh_prefix::EngineId::from_url(&victim).0;
+    for r in [&a, &b, &c_router] {
+        let del = send(
+            &c,
+            "DELETE",
+            &format!("{}/admin/engines", r.base_url()),
+            &[("authorization", "Bearer t")],
+            serde_json::json!({ "url": victim }).to_string(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_eq!(del.status, 200, "{}", del.body);
+    }
+    assert!(
+        until(Duration::from_secs(2), || [&a, &b, &c_router]
+            .into_iter()
+            .all(|r| !holds(r, victim_id)))
+        .await,
+        "the removed engine's counts are gone from every router"
+    );
+
     // The replicated state converges: equal digests on all three (load and registry).
     let mut agree = false;
     for _ in 0..100 {
