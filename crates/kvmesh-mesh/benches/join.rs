@@ -55,11 +55,16 @@ fn main() {
             .await
             .expect("a");
         tokio::spawn(async move { while a_applies.recv().await.is_some() {} });
+        // The routers' engines, as the gateway tells them (no KV events: marks only).
+        let all: std::collections::BTreeSet<u64> = (1..=128).collect();
+        let told = Input::Engines { all: all.clone(), events: Default::default() };
+        a.input.send(told.clone()).await.expect("input");
         // A's state: marks of 128 engines, 8,192 entries each: chains of 2,048 blocks, a mark
         // naming the top key of each of a chain's 256 anchor windows (covering marks).
         let engines = 128u64;
         let per_engine = entries.div_ceil(engines);
-        let expiry = now() + 600_000_000;
+        // Within the longest lifetime (120 s): a mark past it + 10 s is refused.
+        let expiry = now() + 100_000_000;
         const CHAIN: u64 = 2_048;
         for e in 0..engines {
             // 257 window tops per chain (position 0, every 8th, the last).
@@ -87,6 +92,7 @@ fn main() {
         let (b, mut b_applies) = MeshNode::start("b", any, &tls("b"), seed, cfg(false), now.clone(), None, 0)
             .await
             .expect("b");
+        b.input.send(told).await.expect("input");
         let warm_at = Arc::new(AtomicU64::new(0));
         let w = warm_at.clone();
         tokio::spawn(async move {
