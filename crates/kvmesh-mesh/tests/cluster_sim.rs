@@ -147,6 +147,8 @@ fn scenario(seed: u64) -> (f64, f64) {
         assert!(marks <= 512 * s.engines.len(), "seed {seed}: {marks} marks");
         assert!(feed_blocks <= 4_096 * s.engines.len(), "seed {seed}");
         assert_eq!(n.core.membership_errors(), 0, "seed {seed}");
+        // Honest peers stay within the digest budget, partitions and heals included.
+        assert_eq!(n.core.counters().digests_ignored, 0, "seed {seed}");
     }
     // From the heal itself: 2 s of load ran after it before the check began.
     (formed as f64 / 1e6, healed as f64 / 1e6 + 2.0)

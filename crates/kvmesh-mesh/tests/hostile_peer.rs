@@ -9,7 +9,9 @@
 //! mark of an engine that exists nowhere is left.
 
 use kvmesh_mesh::core::sim::{NetConfig, Rng, Sim};
-use kvmesh_mesh::core::{CoreConfig, MARK_CLOCK_ALLOWANCE_US, ORPHAN_ENGINES_MAX};
+use kvmesh_mesh::core::{
+    CoreConfig, DIGESTS_PER_PEER_PERIOD, MARK_CLOCK_ALLOWANCE_US, ORPHAN_ENGINES_MAX,
+};
 use kvmesh_state::{
     Control, Delta, Dot, EngineRecord, Envelope, EnvelopeKind, EnvelopeV1, FeedBatch, FeedBatches,
     FeedHead, FeedId, FeedPull, FeedSnapshot, LoadBatch, LoadDelta, MarkDelta, NodeId, RegistryAdd,
@@ -422,5 +424,54 @@ fn a_member_impersonating_the_others_panics_nothing() {
         let mut s = cluster(seed);
         flood(&mut s, seed, None);
         s.run(5_000_000, |_| {});
+    }
+}
+
+/// A member asking for repairs as fast as it can (a digest that matches nothing, 400 in 1 s)
+/// gets at most [`DIGESTS_PER_PEER_PERIOD`] answers per anti-entropy period: a digest costs a
+/// few bytes, its answer the router's whole state. The honest nodes still agree afterwards.
+#[test]
+fn a_member_asking_for_repairs_as_fast_as_it_can_gets_a_few() {
+    for seed in 201..=204 {
+        let mut s = cluster(seed);
+        let from = s.nodes[0].as_ref().unwrap().core.id();
+        let before = s.nodes[1].as_ref().unwrap().core.counters().digests_ignored;
+        let sent: u64 = 400;
+        for round in 0..40 {
+            for _ in 0..sent / 40 {
+                let env = EnvelopeV1 {
+                    cluster_id: CLUSTER,
+                    from,
+                    kind: EnvelopeKind::Live,
+                    sent_us: s.now,
+                    deltas: Vec::new(),
+                    control: vec![Control::Digest {
+                        digest: StateDigest {
+                            load: round,
+                            marks: 0,
+                            registry: 0,
+                        },
+                        load_nodes: Vec::new(),
+                        mark_buckets: Vec::new(),
+                        reply: true,
+                        met: true,
+                    }],
+                };
+                s.deliver(1, 0, &encode(&Envelope::V1(env)).unwrap());
+            }
+            s.run(25_000, |_| {});
+        }
+        let ignored = s.nodes[1].as_ref().unwrap().core.counters().digests_ignored - before;
+        // The flood spans at most two periods of node 0's window (its honest digests share it).
+        let answered = sent - ignored.min(sent);
+        assert!(
+            answered <= 2 * u64::from(DIGESTS_PER_PEER_PERIOD) && answered <= 16,
+            "seed {seed}: {answered} of {sent} answered"
+        );
+        assert!(
+            s.until(10_000_000, |s| s.converged()).is_some(),
+            "seed {seed}: {}",
+            s.explain()
+        );
     }
 }

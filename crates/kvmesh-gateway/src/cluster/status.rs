@@ -78,6 +78,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "marks_kept_local": k.marks_kept,
         "deltas_refused": k.deltas_refused,
         "orphan_entries_dropped": k.orphan_entries_dropped,
+        "digests_ignored": k.digests_ignored,
         "dropped_marks": c.dropped_marks.load(Relaxed),
         "bytes": bytes_by_class(t)
             .map(|(class, dir, v)| (format!("{class}_{dir}"), serde_json::Value::from(v)))
@@ -105,7 +106,7 @@ struct MeshMetrics {
     owned: i64,
     max_lag_s: f64,
     age: Arc<Histogram>,
-    counters: [(&'static str, &'static str, u64); 10],
+    counters: [(&'static str, &'static str, u64); 11],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
 }
@@ -166,6 +167,11 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
                 "kvmesh_mesh_orphan_entries_dropped",
                 "Peers' counts and marks of engines this router does not have, dropped after ten anti-entropy periods (or at once past 64 such engines)",
                 k.orphan_entries_dropped,
+            ),
+            (
+                "kvmesh_mesh_digests_ignored",
+                "Anti-entropy digests not answered: more than 8 from one peer within an anti-entropy period",
+                k.digests_ignored,
             ),
             (
                 "kvmesh_mesh_handshake_failures",

@@ -11,6 +11,9 @@ use std::net::SocketAddr;
 /// Deltas per envelope at most (a whole state is chunked).
 pub const DELTAS_PER_ENVELOPE: usize = 2_048;
 
+/// Digests answered per peer address and anti-entropy period, at most.
+pub const DIGESTS_PER_PEER_PERIOD: u32 = 8;
+
 impl MeshCore {
     /// Merges a delta from peer `sender`; `live`: it came as news, not in a transfer of
     /// state. Refused (counted in `deltas_refused`): a mark expiring past the horizon, a
@@ -124,6 +127,10 @@ impl MeshCore {
                 reply,
                 met,
             } => {
+                if !self.digest_credit(from, now_us) {
+                    self.counters.digests_ignored += 1;
+                    return;
+                }
                 let mine = self.digest(now_us);
                 let mut parts = Vec::new();
                 let mut differs = false;
@@ -220,6 +227,26 @@ impl MeshCore {
         }
     }
 
+    /// Whether a digest from `from` is answered: at most [`DIGESTS_PER_PEER_PERIOD`] per
+    /// anti-entropy period from one address. A digest costs its sender a few bytes and its
+    /// answer may be the whole state: a broken member sending them as fast as it can must not
+    /// make this router send its state as fast. Honest peers send about two a period (their
+    /// round, their reply to this node's) and more when they meet this node again after a
+    /// partition (with a budget of 4, one of the 50 seeds of `tests/cluster_sim.rs` went past
+    /// it once; with 8, none does, and the test checks it).
+    fn digest_credit(&mut self, from: SocketAddr, now_us: u64) -> bool {
+        let period = self.cfg.anti_entropy_us.max(1);
+        let w = self.digest_window.entry(from).or_insert((now_us, 0));
+        if now_us.saturating_sub(w.0) >= period {
+            *w = (now_us, 0);
+        }
+        if w.1 >= DIGESTS_PER_PEER_PERIOD {
+            return false;
+        }
+        w.1 += 1;
+        true
+    }
+
     pub(super) fn whole_state(&mut self, now_us: u64) -> Vec<Delta> {
         self.st.marks.expire(now_us);
         let mut v: Vec<Delta> = self.st.load.deltas().into_iter().map(Delta::Load).collect();
@@ -288,6 +315,8 @@ impl MeshCore {
         // Tombstones of routers gone long enough ago are forgotten (bounded memory).
         let horizon = now_us.saturating_sub(self.cfg.anti_entropy_us.saturating_mul(30));
         self.departed_at.retain(|_, t| *t >= horizon);
+        let addrs: BTreeSet<SocketAddr> = self.peers.values().map(|m| m.addr).collect();
+        self.digest_window.retain(|a, _| addrs.contains(a));
         let keep = self.departed_at.clone();
         let live: BTreeSet<NodeId> = self.peers.keys().copied().collect();
         self.st

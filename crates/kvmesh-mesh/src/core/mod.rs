@@ -32,7 +32,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use engines::ORPHAN_ENGINES_MAX;
-pub use gossip::DELTAS_PER_ENVELOPE;
+pub use gossip::{DELTAS_PER_ENVELOPE, DIGESTS_PER_PEER_PERIOD};
 
 /// Buckets (seconds) of [`MeshCore::envelope_age`]: 25 µs to 1 s.
 pub const ENVELOPE_AGE_BUCKETS: &[f64] = &[
@@ -172,6 +172,9 @@ pub struct CoreCounters {
     /// Speculative marks kept local (their engine's feed is in sync: see
     /// [`MeshCore::local_mark`]).
     pub marks_kept: u64,
+    /// Digests not answered: more than [`DIGESTS_PER_PEER_PERIOD`] from one address within an
+    /// anti-entropy period.
+    pub digests_ignored: u64,
     /// Counts and marks dropped because their engine is not the router's (see the `engines`
     /// module): past [`MeshCore::orphan_grace_us`], or past [`ORPHAN_ENGINES_MAX`] engines.
     pub orphan_entries_dropped: u64,
@@ -228,6 +231,8 @@ pub struct MeshCore {
     now: u64,
     /// Whole-state envelopes received per sender, and how many it said there are.
     welcome: BTreeMap<NodeId, (u32, Option<u32>)>,
+    /// Per peer address: the start of its digest window and the digests answered in it.
+    digest_window: BTreeMap<SocketAddr, (u64, u32)>,
     /// Routers gone (or restarted), with when: their load tombstones are kept a while so
     /// that a late delta cannot bring their entries back.
     departed_at: BTreeMap<NodeId, u64>,
@@ -279,6 +284,7 @@ impl MeshCore {
             now: now_us,
             welcome: BTreeMap::new(),
             departed_at: BTreeMap::new(),
+            digest_window: BTreeMap::new(),
             rng: seed | 1,
             lag: BTreeMap::new(),
             out: Vec::new(),
