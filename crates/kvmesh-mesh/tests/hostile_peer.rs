@@ -299,19 +299,7 @@ impl Gen {
 
 /// A 3-node cluster in sync, its engines' feeds read.
 fn cluster(seed: u64) -> Sim {
-    let mut s = Sim::new(3, 6, cfg(), NET, seed);
-    s.start_all();
-    assert!(s.until(20_000_000, |s| s.membership_converged()).is_some());
-    let engines: Vec<u64> = s.engines.keys().copied().collect();
-    for &e in &engines {
-        s.engine_event(e);
-    }
-    assert!(
-        s.until(20_000_000, |s| s.converged()).is_some(),
-        "{}",
-        s.explain()
-    );
-    s
+    Sim::in_sync(3, 6, cfg(), NET, seed).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Rounds of flood, 10 ms of virtual time each.

@@ -196,6 +196,31 @@ impl Sim {
         }
     }
 
+    /// `n` nodes started (node 0 the seed of the others), their membership formed, every
+    /// engine's first batch published and everything converged within 20 s each, or what
+    /// did not ([`Sim::explain`]).
+    pub fn in_sync(
+        n: usize,
+        engines: u64,
+        cfg: CoreConfig,
+        net: NetConfig,
+        seed: u64,
+    ) -> Result<Sim, String> {
+        let mut s = Sim::new(n, engines, cfg, net, seed);
+        s.start_all();
+        if s.until(20_000_000, |s| s.membership_converged()).is_none() {
+            return Err(format!("seed {seed}: membership did not form"));
+        }
+        let ids: Vec<u64> = s.engines.keys().copied().collect();
+        for e in ids {
+            s.engine_event(e);
+        }
+        if s.until(20_000_000, |s| s.converged()).is_none() {
+            return Err(format!("seed {seed}: no convergence\n{}", s.explain()));
+        }
+        Ok(s)
+    }
+
     /// Starts every node at once, node 0 the seed of the others.
     pub fn start_all(&mut self) {
         self.start(0, None);
