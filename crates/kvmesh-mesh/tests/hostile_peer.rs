@@ -40,13 +40,7 @@ fn cfg() -> CoreConfig {
     }
 }
 
-const NET: NetConfig = NetConfig {
-    datagram_loss: 0,
-    envelope_loss: 0,
-    delay_us: 300,
-    jitter_us: 300,
-    dup_per_mille: 0,
-};
+const NET: NetConfig = NetConfig::LOSSLESS;
 
 /// Values from the edges, the real ones (engines, nodes, now) among them.
 struct Gen {

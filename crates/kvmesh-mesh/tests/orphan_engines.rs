@@ -31,13 +31,7 @@ fn cfg() -> CoreConfig {
     }
 }
 
-const NET: NetConfig = NetConfig {
-    datagram_loss: 0,
-    envelope_loss: 0,
-    delay_us: 300,
-    jitter_us: 300,
-    dup_per_mille: 0,
-};
+const NET: NetConfig = NetConfig::LOSSLESS;
 
 fn cluster(seed: u64) -> Sim {
     Sim::in_sync(3, 4, cfg(), NET, seed).unwrap_or_else(|e| panic!("{e}"))

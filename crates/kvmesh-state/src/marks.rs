@@ -204,12 +204,16 @@ impl MarkMap {
 
     /// The marks of the given expiry buckets as deltas (a repair).
     pub fn deltas_in(&self, buckets: &std::collections::BTreeSet<u64>) -> Vec<MarkDelta> {
-        self.deltas_where(None, |expiry| buckets.contains(&(expiry / MARK_BUCKET_US)))
+        self.deltas_where(|expiry| buckets.contains(&(expiry / MARK_BUCKET_US)))
     }
 
     /// `engine`'s marks as deltas (expired or not).
     pub fn deltas_of_engine(&self, engine: u64) -> Vec<MarkDelta> {
-        self.deltas_where(Some(engine), |_| true)
+        let mut out = Vec::new();
+        if let Some(m) = self.by_engine.get(&engine) {
+            Self::engine_deltas(engine, m, &|_| true, &mut out);
+        }
+        out
     }
 
     /// Whether `engine` has a mark.
@@ -222,33 +226,37 @@ impl MarkMap {
         self.by_engine.keys().copied()
     }
 
-    /// The marks (of `only` that engine, or of all) whose expiry passes `keep`, one delta per
-    /// (engine, expiry), sorted.
-    fn deltas_where(&self, only: Option<u64>, keep: impl Fn(u64) -> bool) -> Vec<MarkDelta> {
+    /// The marks whose expiry passes `keep`, one delta per (engine, expiry), sorted.
+    fn deltas_where(&self, keep: impl Fn(u64) -> bool) -> Vec<MarkDelta> {
         let mut out = Vec::new();
-        let one = only.and_then(|e| self.by_engine.get_key_value(&e));
-        let engines: Box<dyn Iterator<Item = (&u64, &HashMap<u64, u64>)>> = match only {
-            Some(_) => Box::new(one.into_iter()),
-            None => Box::new(self.by_engine.iter()),
-        };
-        for (&engine, m) in engines {
-            let mut by_exp: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-            for (&k, &e) in m {
-                if keep(e) {
-                    by_exp.entry(e).or_default().push(k);
-                }
-            }
-            for (expiry_us, mut keys) in by_exp {
-                keys.sort_unstable();
-                out.push(MarkDelta {
-                    engine,
-                    keys,
-                    expiry_us,
-                });
-            }
+        for (&engine, m) in &self.by_engine {
+            Self::engine_deltas(engine, m, &keep, &mut out);
         }
         out.sort_by_key(|d| (d.engine, d.expiry_us));
         out
+    }
+
+    /// `engine`'s marks `m` whose expiry passes `keep`, one delta per expiry, into `out`.
+    fn engine_deltas(
+        engine: u64,
+        m: &HashMap<u64, u64>,
+        keep: &impl Fn(u64) -> bool,
+        out: &mut Vec<MarkDelta>,
+    ) {
+        let mut by_exp: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (&k, &e) in m {
+            if keep(e) {
+                by_exp.entry(e).or_default().push(k);
+            }
+        }
+        for (expiry_us, mut keys) in by_exp {
+            keys.sort_unstable();
+            out.push(MarkDelta {
+                engine,
+                keys,
+                expiry_us,
+            });
+        }
     }
 
     /// The expiry of `engine`'s mark of `key`, if any (expired or not).
@@ -300,7 +308,7 @@ impl MarkMap {
 
     /// The whole map as deltas, one per (engine, expiry) (a snapshot; a repair).
     pub fn deltas(&self) -> Vec<MarkDelta> {
-        self.deltas_where(None, |_| true)
+        self.deltas_where(|_| true)
     }
 
     /// A digest of the marks (equal digests: equal maps, with the odds of a 64-bit hash).

@@ -31,22 +31,13 @@ impl MeshCore {
             self.counters.deltas_refused += 1;
             return;
         }
-        let engine = match &d {
-            Delta::Mark(m) => Some(m.engine),
-            Delta::Load(l) => Some(l.engine),
-            _ => None,
-        };
-        if engine.is_some_and(|e| !self.admit_engine(e, now_us)) {
-            self.counters.deltas_refused += 1;
-            return;
-        }
         match d {
             Delta::Mark(mark) => {
                 let longest = self.cfg.mark_ttls_us.iter().copied().max().unwrap_or(0);
                 let horizon = now_us
                     .saturating_add(longest)
                     .saturating_add(MARK_CLOCK_ALLOWANCE_US);
-                if mark.expiry_us > horizon {
+                if mark.expiry_us > horizon || !self.admit_engine(mark.engine, now_us) {
                     self.counters.deltas_refused += 1;
                     return;
                 }
@@ -67,6 +58,10 @@ impl MeshCore {
                 }
             }
             Delta::Load(l) => {
+                if !self.admit_engine(l.engine, now_us) {
+                    self.counters.deltas_refused += 1;
+                    return;
+                }
                 if self.st.load.merge(&l) {
                     self.counters.deltas_applied += 1;
                     let others = self.st.load.others(self.me, l.engine);
