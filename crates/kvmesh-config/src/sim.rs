@@ -30,7 +30,10 @@ pub struct SimConfig {
     pub time_scale: f64,
     /// Seed of every random choice (generated tokens, fault dice, the engine's block-hash seed).
     pub seed: u64,
-    /// Largest request body accepted, in bytes.
+    /// Largest request body accepted, in bytes. Above the router's own limit
+    /// (`serve.max_body_bytes`), as vLLM sets none: a body the router accepts is never
+    /// refused by the engine half-way through its upload (which the router would see as a
+    /// broken connection, retry, and hold against the engine).
     pub max_body_bytes: usize,
     /// The engine model: cache, batching, timing.
     pub engine: EngineModelConfig,
@@ -51,7 +54,7 @@ impl Default for SimConfig {
             default_max_tokens: 64,
             time_scale: 1.0,
             seed: 0,
-            max_body_bytes: 8 * 1024 * 1024,
+            max_body_bytes: 64 * 1024 * 1024,
             engine: EngineModelConfig::default(),
             kv_events: KvEventsConfig::default(),
             faults: FaultConfig::default(),

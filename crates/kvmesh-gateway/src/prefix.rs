@@ -10,7 +10,7 @@
 
 use crate::memo::{self, Memo, PromptMemo};
 use kvmesh_config::{PrefixConfig, ServeConfig};
-use kvmesh_openai::{ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
+use kvmesh_openai::{ApiError, ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
 use kvmesh_policy::{PolicyConfig, PolicyKind, PrefixAffinityConfig, PrefixMatch};
 use kvmesh_prefix::{
     ANCHOR_STRIDE, BlockKey, ExtraKeys, IndexOp, IndexSink, Match, OpVersion, PrefixIndex, Target,
@@ -446,6 +446,15 @@ impl ParsedRequest {
                 ParsedRequest::Completion(parse_body(body).map_err(|e| e.message)?)
             }
         })
+    }
+
+    /// What every OpenAI-compatible server rejects (no `messages`, `max_tokens` below 1, …):
+    /// the router answers it itself, before any decision, so that it changes no state.
+    pub fn check_openai(&self) -> Result<(), ApiError> {
+        match self {
+            ParsedRequest::Chat(r) => r.check_openai(),
+            ParsedRequest::Completion(r) => r.check_openai(),
+        }
     }
 
     /// The `model` field.

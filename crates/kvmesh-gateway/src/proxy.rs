@@ -154,7 +154,10 @@ fn prepare(
         .then(|| ParsedRequest::parse(endpoint, body).ok())
         .flatten();
     let (model, user) = match &parsed {
-        Some(p) => (p.model().map(str::to_string), p.user().map(str::to_string)),
+        Some(p) => {
+            p.check_openai()?;
+            (p.model().map(str::to_string), p.user().map(str::to_string))
+        }
         None => {
             let peek: Peek = parse_body(body)?;
             (peek.model, peek.user)
@@ -419,6 +422,8 @@ async fn attempt_step(
                 if matches!(g, GiveUp::BudgetExhausted { .. }) {
                     gw.metrics.budget_exhausted.inc();
                 }
+                let last_failure = last.as_ref().map_or("", |f| f.detail.as_str());
+                tracing::warn!(request_id = ?request_id, model = %route.model, verdict = ?g, last_failure, "request given up");
                 return give_up(g, last, &route.model);
             }
         };
@@ -439,7 +444,10 @@ async fn attempt_step(
         .await
         {
             Sent::Answer(mut r) => {
-                if let (Some(l), Some(rp)) = (lookup, &route.prefix) {
+                // The engine's own refusal (4xx) served no prompt: it is left out of the
+                // predicted-vs-served figures.
+                if let (Some(l), Some(rp), true) = (lookup, &route.prefix, r.status().is_success())
+                {
                     let predicted = u64::from(decision.predicted(pos)) * u64::from(rp.block_size);
                     engine
                         .prompt_tokens
@@ -675,13 +683,20 @@ async fn send(
             Ok(Ok(None)) => ReadAhead::Ended,
         }
     } else {
+        if status.is_client_error() {
+            attempt.refused();
+        }
         ReadAhead::Nothing
     };
     strip_hop_by_hop(&mut p.headers);
     p.headers
         .insert("x-kvmesh-engine", engine.header_value.clone());
     let total = Duration::from_millis(gw.cfg.timeouts.total_ms);
-    let tracked = TrackedBody::new(b, attempt, total, ahead);
+    let event_stream = p
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let tracked = TrackedBody::new(b, attempt, total, ahead, event_stream);
     Sent::Answer(Response::from_parts(p, tracked.boxed_unsync()))
 }
 

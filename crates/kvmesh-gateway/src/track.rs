@@ -7,7 +7,7 @@ use crate::gateway::Gateway;
 use crate::upstream::{BoxError, UpstreamBody};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
-use kvmesh_openai::SSE_DONE;
+use kvmesh_openai::{ApiError, SSE_DONE};
 use kvmesh_policy::{BreakerEvent, Permit};
 use kvmesh_route::{Accounting, FailKind, StreamEnd, stream_end};
 use std::future::Future;
@@ -24,6 +24,8 @@ pub struct Attempt {
     permit: Option<Permit>,
     sent_us: u64,
     first_byte_seen: bool,
+    /// The engine refused the client's request (a 4xx answer passed through).
+    refused: bool,
 }
 
 impl Attempt {
@@ -41,6 +43,7 @@ impl Attempt {
             permit: Some(permit),
             sent_us,
             first_byte_seen: false,
+            refused: false,
         }
     }
 
@@ -105,7 +108,20 @@ impl Attempt {
         self.gw.metrics.observe_ttft(now, ttft);
     }
 
+    /// The answer is the engine's refusal of the client's request (4xx): its end is
+    /// accounted as neither success nor failure.
+    pub fn refused(&mut self) {
+        self.refused = true;
+    }
+
     fn end(self, end: StreamEnd) {
+        if matches!(end, StreamEnd::BodyError | StreamEnd::TotalTimeout) {
+            tracing::warn!(engine = %self.engine.url, ?end, "an answer broke off after it reached the client (not retried)");
+        }
+        let end = match end {
+            StreamEnd::Complete if self.refused => StreamEnd::Refused,
+            e => e,
+        };
         let (account, kind) = stream_end(end);
         self.account(account, kind);
     }
@@ -156,6 +172,10 @@ pub struct TrackedBody {
     ended: bool,
     /// Data was returned since the last `Pending`: hyper may hold it unflushed.
     unflushed: bool,
+    /// The answer is an event stream whose break the client has not been told of yet: an
+    /// error event goes before the error that closes the connection (an OpenAI client
+    /// raises it as an API error, not as a bare connection reset).
+    tell_break: bool,
 }
 
 /// What the caller of [`TrackedBody::new`] read of the upstream body before the head was
@@ -178,7 +198,14 @@ enum Held {
 impl TrackedBody {
     /// Wraps `inner`; `total` bounds the whole attempt, counted from when it was sent;
     /// `ahead`: what the caller read of the body already.
-    pub fn new(inner: UpstreamBody, attempt: Attempt, total: Duration, ahead: ReadAhead) -> Self {
+    /// `event_stream`: the answer is an SSE stream (its break is told as an error event).
+    pub fn new(
+        inner: UpstreamBody,
+        attempt: Attempt,
+        total: Duration,
+        ahead: ReadAhead,
+        event_stream: bool,
+    ) -> Self {
         let left = total.saturating_sub(attempt.elapsed());
         let (first, ended) = match ahead {
             ReadAhead::Nothing => (None, false),
@@ -194,6 +221,7 @@ impl TrackedBody {
             held: None,
             ended,
             unflushed: false,
+            tell_break: event_stream,
         };
         if ended {
             // An empty answer: whole already (the upstream body is never polled again).
@@ -259,6 +287,13 @@ impl TrackedBody {
         e: BoxError,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if std::mem::take(&mut self.tell_break) {
+            let event =
+                ApiError::with_status(502, format!("the engine's answer broke off: {e}")).to_sse();
+            self.held = Some(Held::Error(e));
+            self.unflushed = true;
+            return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
+        }
         if !self.unflushed {
             return Poll::Ready(Some(Err(e)));
         }

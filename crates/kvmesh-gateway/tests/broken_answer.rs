@@ -1,6 +1,7 @@
 //! An engine that breaks right after the first bytes of its answer: the router cannot retry
 //! it (bytes were taken), so the client must get what the engine sent, its head and first
-//! event, before the connection closes on the break. Without that, the client would see a
+//! event, then an error event saying why the stream ends, before the connection closes on the
+//! break. Without that, the client would see a
 //! request never answered at all (no status) and take it for one it may safely send again.
 //!
 //! The engine is a raw TCP server on loopback that writes the head and one chunk of an event
@@ -133,6 +134,13 @@ async fn an_answer_broken_after_its_first_event_reaches_the_client_up_to_the_bre
         assert!(
             !got.ends_with("0\r\n\r\n"),
             "request {i}: a broken answer must not look whole: {got:?}"
+        );
+        // After what the engine sent, an error event says why the stream ends (an OpenAI
+        // client raises it as an API error, not as a bare connection reset).
+        let after = got.split(FIRST_EVENT).nth(1).unwrap_or("");
+        assert!(
+            after.contains("data: {\"error\":") && after.contains("broke off"),
+            "request {i}: no error event after the break: {got:?}"
         );
     }
     router.shutdown().await;

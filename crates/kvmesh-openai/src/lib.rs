@@ -10,7 +10,7 @@ mod response;
 pub use error::ApiError;
 pub use request::{
     ChatCompletionRequest, CompletionRequest, Prompt, PromptInput, StreamOptions, check_max_tokens,
-    check_n, parse_body, peek_model,
+    check_n, check_n_positive, parse_body, peek_model,
 };
 pub use response::{
     ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChatMessage,

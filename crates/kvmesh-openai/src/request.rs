@@ -3,17 +3,23 @@
 //! 400 naming the parameter, never a panic).
 
 use crate::ApiError;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
+
+/// A boolean that may be sent as `null` (OpenAI's schema allows it, and SDKs send it): null
+/// reads as the default, `false`.
+fn null_is_false<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
+}
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 pub struct StreamOptions {
     /// Send a final chunk with `usage` before `[DONE]`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub include_usage: bool,
     /// Send `usage` in every chunk (vLLM extension).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub continuous_usage_stats: bool,
 }
 
@@ -29,7 +35,7 @@ pub struct ChatCompletionRequest {
     /// Completion length (current name; wins over `max_tokens`).
     pub max_completion_tokens: Option<i64>,
     /// Stream the answer as server-sent events.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub stream: bool,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
@@ -44,7 +50,7 @@ pub struct ChatCompletionRequest {
     /// Append the assistant header (vLLM extension, default true).
     pub add_generation_prompt: Option<bool>,
     /// Continue the last (assistant) message instead of starting a new one (vLLM extension).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub continue_final_message: bool,
     /// Salt isolating this request's prefix cache (vLLM extension).
     pub cache_salt: Option<String>,
@@ -109,14 +115,14 @@ pub struct CompletionRequest {
     /// Completion length (OpenAI default for this endpoint: 16).
     pub max_tokens: Option<i64>,
     /// Stream the answer as server-sent events.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub stream: bool,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
     /// Number of choices.
     pub n: Option<i64>,
     /// Echo the prompt in the answer.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub echo: bool,
     /// End-user id.
     pub user: Option<String>,
@@ -146,7 +152,21 @@ pub fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError>
             ),
         ));
     }
-    serde_json::from_slice(body).map_err(ApiError::invalid_json)
+    serde_json::from_slice(body).map_err(|e| {
+        if e.is_data() && !body.trim_ascii_start().starts_with(b"{") {
+            return ApiError::invalid_json("the request body must be a JSON object");
+        }
+        let detail = e.to_string();
+        match detail.strip_prefix("data did not match any variant of untagged enum Prompt") {
+            Some(at) => ApiError::invalid_param(
+                "prompt",
+                format!(
+                    "`prompt` must be a string, an array of token ids (0 to 2^32 - 1), or an array of either{at}"
+                ),
+            ),
+            None => ApiError::invalid_json(detail),
+        }
+    })
 }
 
 /// Checks a requested completion length: `None` stays `None`, ≤ 0 is a 400.
@@ -161,18 +181,26 @@ pub fn check_max_tokens(param: &'static str, v: Option<i64>) -> Result<Option<u3
     }
 }
 
-/// Checks `n`: only a single choice is supported.
-pub fn check_n(n: Option<i64>) -> Result<(), ApiError> {
+/// Checks `n` as every OpenAI server does: at least 1.
+pub fn check_n_positive(n: Option<i64>) -> Result<(), ApiError> {
     match n {
-        None | Some(1) => Ok(()),
         Some(v) if v < 1 => Err(ApiError::invalid_param(
             "n",
             format!("n must be at least 1, got {v}."),
         )),
-        Some(v) => Err(ApiError::invalid_param(
+        _ => Ok(()),
+    }
+}
+
+/// Checks `n` for a server that makes one choice per request (the simulator).
+pub fn check_n(n: Option<i64>) -> Result<(), ApiError> {
+    check_n_positive(n)?;
+    match n {
+        Some(v) if v > 1 => Err(ApiError::invalid_param(
             "n",
             format!("n = {v} is not supported: only one choice per request (n = 1)."),
         )),
+        _ => Ok(()),
     }
 }
 
@@ -186,8 +214,15 @@ impl ChatCompletionRequest {
         }
     }
 
-    /// Validates what a server must reject before doing any work.
+    /// Validates what a server must reject before doing any work (one choice per request).
     pub fn validate(&self) -> Result<(), ApiError> {
+        self.check_openai()?;
+        check_n(self.n)
+    }
+
+    /// What every OpenAI-compatible server rejects (a router checks this before it routes,
+    /// so that a request no engine would serve changes nothing).
+    pub fn check_openai(&self) -> Result<(), ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::invalid_param(
                 "messages",
@@ -205,7 +240,7 @@ impl ChatCompletionRequest {
                 ));
             }
         }
-        check_n(self.n)?;
+        check_n_positive(self.n)?;
         self.max_tokens()?;
         Ok(())
     }
@@ -219,9 +254,16 @@ impl ChatCompletionRequest {
 }
 
 impl CompletionRequest {
-    /// Validates what a server must reject before doing any work.
+    /// Validates what a server must reject before doing any work (one choice per request).
     pub fn validate(&self) -> Result<(), ApiError> {
-        check_n(self.n)?;
+        self.check_openai()?;
+        check_n(self.n)
+    }
+
+    /// What every OpenAI-compatible server rejects (see
+    /// [`ChatCompletionRequest::check_openai`]).
+    pub fn check_openai(&self) -> Result<(), ApiError> {
+        check_n_positive(self.n)?;
         check_max_tokens("max_tokens", self.max_tokens)?;
         let inputs = self.prompt.inputs();
         if inputs.is_empty() {
@@ -331,6 +373,46 @@ mod tests {
                 .expect_err("utf8")
                 .code,
             "invalid_utf8"
+        );
+    }
+
+    #[test]
+    fn null_booleans_read_as_false() {
+        let r: ChatCompletionRequest = parse_body(
+            br#"{"messages":[{"role":"user","content":"hi"}],"stream":null,"stream_options":{"include_usage":null,"continuous_usage_stats":null},"continue_final_message":null}"#,
+        )
+        .expect("nulls are accepted");
+        assert!(!r.stream && !r.continue_final_message && !r.include_usage());
+        let r: CompletionRequest =
+            parse_body(br#"{"prompt":"a","stream":null,"echo":null}"#).expect("nulls");
+        assert!(!r.stream && !r.echo);
+        assert!(parse_body::<CompletionRequest>(br#"{"prompt":"a","stream":"yes"}"#).is_err());
+    }
+
+    #[test]
+    fn messages_say_what_is_wrong_in_the_clients_terms() {
+        for body in [&b"[]"[..], b"3", b"\"x\"", b" [1, 2]"] {
+            let e = parse_body::<ChatCompletionRequest>(body).expect_err("not an object");
+            assert!(e.message.contains("must be a JSON object"), "{}", e.message);
+        }
+        let e = parse_body::<CompletionRequest>(br#"{"prompt":{"a":1}}"#).expect_err("prompt");
+        assert_eq!(e.param, Some("prompt"));
+        assert!(e.message.contains("must be a string"), "{}", e.message);
+        assert!(!e.message.contains("untagged"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_openai_rules_leave_several_choices_to_the_engine() {
+        let r: ChatCompletionRequest =
+            parse_body(br#"{"messages":[{"role":"user","content":"hi"}],"n":3}"#).expect("parse");
+        r.check_openai().expect("n = 3 is an engine's to serve");
+        assert_eq!(r.validate().expect_err("one choice here").param, Some("n"));
+        let r: CompletionRequest = parse_body(br#"{"prompt":"a","n":0}"#).expect("parse");
+        assert_eq!(r.check_openai().expect_err("n = 0").param, Some("n"));
+        let r: CompletionRequest = parse_body(br#"{"prompt":"a","max_tokens":-5}"#).expect("parse");
+        assert_eq!(
+            r.check_openai().expect_err("negative").param,
+            Some("max_tokens")
         );
     }
 

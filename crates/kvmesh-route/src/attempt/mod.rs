@@ -112,6 +112,9 @@ pub enum StreamEnd {
     TotalTimeout,
     /// The client went away (the body was dropped unfinished).
     ClientGone,
+    /// The engine's refusal of the client's request (a 4xx answer) ended: neither the
+    /// engine's success nor its failure (a quick refusal says nothing of its latency).
+    Refused,
 }
 
 /// The accounting of a delivered attempt at the end of its body (and the failure kind to
@@ -122,7 +125,7 @@ pub fn stream_end(end: StreamEnd) -> (Accounting, Option<FailKind>) {
         StreamEnd::BodyError | StreamEnd::TotalTimeout => {
             (Accounting::Failure, Some(FailKind::Stream))
         }
-        StreamEnd::ClientGone => (Accounting::Cancel, None),
+        StreamEnd::ClientGone | StreamEnd::Refused => (Accounting::Cancel, None),
     }
 }
 

@@ -246,6 +246,7 @@ fn stream_ends_account_as_expected() {
         stream_end(StreamEnd::ClientGone),
         (Accounting::Cancel, None)
     );
+    assert_eq!(stream_end(StreamEnd::Refused), (Accounting::Cancel, None));
 }
 
 #[test]

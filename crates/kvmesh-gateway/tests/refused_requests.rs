@@ -1,0 +1,105 @@
+//! A request no engine would serve changes nothing on a cache-aware route: what every
+//! OpenAI server rejects (no messages, `max_tokens` below 1, `n` below 1) is answered by the
+//! router itself before any decision — no speculative entry, no attempt; and what the engine
+//! refuses (a prompt past its context) is passed through with the engine's own 4xx but left
+//! out of the prompt and predicted-token figures and of the engine's latency.
+
+mod common;
+
+use common::*;
+use kvmesh_policy::PolicyKind;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_no_engine_serves_leave_the_index_and_the_figures_alone() {
+    let sims = start_sims(2, |_| {
+        let mut c = instant_sim_cfg("m");
+        c.max_model_len = 512;
+        c
+    })
+    .await;
+    let engines = urls(&sims);
+    let mut cfg = serve_cfg(&engines);
+    cfg.routing.policy.policy = PolicyKind::CacheAware;
+    let router = start_router_with(cfg, "m", 2).await;
+    let base = router.base_url();
+    let chat = format!("{base}/v1/chat/completions");
+    let c = client();
+    let long = "a prompt no engine serves ".repeat(40);
+
+    let page = scrape(&c, &base).await;
+    let entries = metric(&page, "kvmesh_prefix_index_speculative_entries");
+    assert_eq!(entries, 0.0, "a fresh index");
+
+    // What every OpenAI server rejects: the router's own 400, naming the parameter.
+    for (body, param) in [
+        (
+            json!({"model": "m", "messages": [{"role": "user", "content": long}], "max_tokens": 0}),
+            "max_tokens",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "user", "content": long}], "max_completion_tokens": -5}),
+            "max_completion_tokens",
+        ),
+        (
+            json!({"model": "m", "messages": [{"role": "user", "content": long}], "n": 0}),
+            "n",
+        ),
+        (json!({"model": "m", "messages": []}), "messages"),
+        (
+            json!({"model": "m", "messages": [{"content": long}]}),
+            "messages",
+        ),
+    ] {
+        let r = post_json(&c, &chat, &body).await;
+        let v = assert_openai_error(&r, 400);
+        assert_eq!(v["error"]["param"], param, "{}", r.body);
+        assert!(r.engine.is_none(), "answered by the router: {r:?}");
+    }
+    // `n` above 1 is an engine's to serve or refuse (vLLM serves it; the simulator refuses).
+    let r = post_json(
+        &c,
+        &chat,
+        &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}),
+    )
+    .await;
+    assert_openai_error(&r, 400);
+    assert!(r.engine.is_some(), "the engine's refusal: {r:?}");
+
+    // What the engine refuses: a prompt past its context (512 tokens here).
+    let too_long = "far too long for this engine ".repeat(200);
+    let r = post_json(&c, &chat, &chat_body("m", &too_long, 2, false)).await;
+    assert_openai_error(&r, 400);
+    assert!(r.engine.is_some(), "passed through: {r:?}");
+
+    let page = scrape(&c, &base).await;
+    let sent: f64 = attempts(&page, &engines).iter().sum();
+    assert_eq!(sent, 2.0, "only the two the engines refused were sent");
+    for e in &engines {
+        assert_eq!(
+            engine_metric(&page, "kvmesh_engine_prompt_tokens_total", e),
+            0.0,
+            "{e}: refused prompts are not counted as served"
+        );
+        assert_eq!(
+            engine_metric(&page, "kvmesh_engine_predicted_cached_tokens_total", e),
+            0.0
+        );
+    }
+
+    // A request that is served is counted as before.
+    let r = post_json(
+        &c,
+        &chat,
+        &chat_body("m", "a prompt an engine serves", 2, false),
+    )
+    .await;
+    assert!(r.ok(), "{r:?}");
+    let page = scrape(&c, &base).await;
+    let served: f64 = engines
+        .iter()
+        .map(|e| engine_metric(&page, "kvmesh_engine_prompt_tokens_total", e))
+        .sum();
+    assert!(served > 0.0, "the served prompt is counted");
+    stop_sims(sims).await;
+}
