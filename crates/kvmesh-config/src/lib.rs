@@ -81,21 +81,36 @@ impl ConfigError {
 impl KvmeshConfig {
     /// Parses a TOML document (the contents of a config file) and validates it.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let cfg: KvmeshConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: origin.to_string(),
-            message: e.to_string(),
-        })?;
+        let cfg = Self::parse_toml_str(text, origin)?;
         cfg.validate()?;
         Ok(cfg)
     }
 
+    /// Parses a TOML document without validating its values: for a caller that lays
+    /// command-line flags over the file and validates the result once (a file may leave a
+    /// value to a flag, as a Kubernetes ConfigMap leaves `node_id` to each pod).
+    pub fn parse_toml_str(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })
+    }
+
     /// Reads, parses and validates a TOML config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let cfg = Self::read(path)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads and parses a TOML config file without validating its values (see
+    /// [`KvmeshConfig::parse_toml_str`]).
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
             path: path.display().to_string(),
             source,
         })?;
-        Self::from_toml_str(&text, &path.display().to_string())
+        Self::parse_toml_str(&text, &path.display().to_string())
     }
 
     /// Checks every value; the error names the first bad key.

@@ -162,12 +162,12 @@ impl MeshConfig {
                         .bytes()
                         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')),
                 &format!("{at}.node_id"),
-                "a mesh node needs a name of letters, digits, '-', '_', '.' (1-63)",
+                "a mesh node needs a name of letters, digits, '-', '_', '.' (1-63): set it here or give `kvmesh serve --node-id NAME`",
             )?;
             check(
                 !self.tls_dir.is_empty(),
                 &format!("{at}.tls_dir"),
-                "a mesh node needs its certificates (kvmesh cert --out DIR --nodes ...)",
+                "a mesh node needs its certificates (kvmesh cert --out DIR --nodes ...): set it here or give `kvmesh serve --tls-dir DIR`",
             )?;
         }
         Ok(())

@@ -165,12 +165,12 @@ impl EngineEntry {
         check(
             valid_base_url(&self.url),
             &format!("{at}.url"),
-            "must be an http:// base URL such as http://127.0.0.1:8000",
+            "must be an http:// base URL such as http://127.0.0.1:8000 (a host, a port 1-65535, no path)",
         )?;
         check(
             self.weight.is_finite() && self.weight > 0.0 && self.weight <= 1e6,
             &format!("{at}.weight"),
-            "must be a positive number",
+            "must be a positive number up to 1000000",
         )?;
         check(
             self.kv_events.is_empty() || self.kv_events.starts_with("tcp://"),
@@ -191,8 +191,26 @@ pub fn valid_base_url(u: &str) -> bool {
     let Some(rest) = u.strip_prefix("http://") else {
         return false;
     };
-    let rest = rest.trim_end_matches('/');
-    !rest.is_empty() && !rest.contains('/') && !rest.contains(' ') && !rest.contains('@')
+    let authority = rest.trim_end_matches('/');
+    let port_ok =
+        |p: &str| p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok_and(|n| n > 0);
+    if let Some(v6) = authority.strip_prefix('[') {
+        // [IPv6] or [IPv6]:port
+        let Some((host, after)) = v6.split_once(']') else {
+            return false;
+        };
+        return host.parse::<std::net::Ipv6Addr>().is_ok()
+            && (after.is_empty() || after.strip_prefix(':').is_some_and(port_ok));
+    }
+    let (host, port) = match authority.split_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (authority, None),
+    };
+    !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        && port.is_none_or(port_ok)
 }
 
 /// A DNS name resolving to many engines.
@@ -432,6 +450,39 @@ fn http_header_name_ok(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_urls_need_a_host_and_a_real_port() {
+        for ok in [
+            "http://127.0.0.1:8000",
+            "http://127.0.0.1:8000/",
+            "http://vllm-0.vllm.default.svc:8000",
+            "http://engine",
+            "http://[::1]:8000",
+            "http://[fe80::1]",
+        ] {
+            assert!(valid_base_url(ok), "{ok}");
+        }
+        for bad in [
+            "http://127.0.0.1:99999",
+            "http://127.0.0.1:0",
+            "http://127.0.0.1:abc",
+            "http://127.0.0.1:",
+            "http://:8000",
+            "http://",
+            "http://a b:1",
+            "http://user@host:1",
+            "http://host:1/v1",
+            "http://host:1?x=1",
+            "http://host:1#f",
+            "http://[::1:8000",
+            "http://[nope]:8000",
+            "http://[::1]8000",
+            "https://host:1",
+        ] {
+            assert!(!valid_base_url(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn engine_cli_forms() {

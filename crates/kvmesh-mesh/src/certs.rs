@@ -37,6 +37,14 @@ pub enum CertError {
     /// A PEM file that does not hold what it should.
     #[error("{0}: not a PEM certificate or key")]
     Pem(String),
+    /// A file `kvmesh cert` would overwrite (a node's pair, or half of a CA).
+    #[error(
+        "{0} exists: remove it, or write to another --out (the CA in a directory signs the nodes added to it)"
+    )]
+    Exists(String),
+    /// `ca.key` is not the key of `ca.pem`.
+    #[error("{0}: ca.key is not the key of ca.pem")]
+    CaMismatch(String),
 }
 
 /// A node's certificate and key (PEM).
@@ -66,6 +74,7 @@ fn valid_name(n: &str) -> bool {
         && n.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         && !n.starts_with('.')
+        && n != "ca"
 }
 
 fn gen_err(e: rcgen::Error) -> CertError {
@@ -74,6 +83,43 @@ fn gen_err(e: rcgen::Error) -> CertError {
 
 /// A new CA and a certificate for each node.
 pub fn generate(nodes: &[String]) -> Result<ClusterCerts, CertError> {
+    let ca_key = KeyPair::generate().map_err(gen_err)?;
+    let ca = ca_params()?;
+    let ca_cert = ca.self_signed(&ca_key).map_err(gen_err)?;
+    sign(nodes, ca_cert.pem(), ca_key)
+}
+
+/// The CA's parameters (the same for every cluster: its key is what tells them apart).
+fn ca_params() -> Result<CertificateParams, CertError> {
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "kvmesh cluster CA");
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    Ok(ca)
+}
+
+/// Certificates for `nodes` signed by an existing CA (as `kvmesh cert` wrote it): nodes
+/// added to a running cluster.
+pub fn generate_with_ca(
+    nodes: &[String],
+    ca_pem: &str,
+    ca_key_pem: &str,
+    origin: &str,
+) -> Result<ClusterCerts, CertError> {
+    let ca_key =
+        KeyPair::from_pem(ca_key_pem).map_err(|_| CertError::Pem(format!("{origin}/ca.key")))?;
+    let ca_der = CertificateDer::from_pem_slice(ca_pem.as_bytes())
+        .map_err(|_| CertError::Pem(format!("{origin}/ca.pem")))?;
+    // The CA certificate holds its public key: the key must be that one.
+    let public = ca_key.public_key_raw();
+    if !ca_der.windows(public.len()).any(|w| w == public) {
+        return Err(CertError::CaMismatch(origin.to_string()));
+    }
+    sign(nodes, ca_pem.to_string(), ca_key)
+}
+
+fn sign(nodes: &[String], ca_pem: String, ca_key: KeyPair) -> Result<ClusterCerts, CertError> {
     for (i, n) in nodes.iter().enumerate() {
         if !valid_name(n) {
             return Err(CertError::BadName(n.clone()));
@@ -82,13 +128,7 @@ pub fn generate(nodes: &[String]) -> Result<ClusterCerts, CertError> {
             return Err(CertError::DuplicateName(n.clone()));
         }
     }
-    let ca_key = KeyPair::generate().map_err(gen_err)?;
-    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "kvmesh cluster CA");
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).map_err(gen_err)?;
+    let ca = ca_params()?;
     let issuer = Issuer::from_params(&ca, &ca_key);
     let mut out = Vec::with_capacity(nodes.len());
     for n in nodes {
@@ -109,10 +149,52 @@ pub fn generate(nodes: &[String]) -> Result<ClusterCerts, CertError> {
         });
     }
     Ok(ClusterCerts {
-        ca_pem: ca_cert.pem(),
+        ca_pem,
         ca_key_pem: ca_key.serialize_pem(),
         nodes: out,
     })
+}
+
+/// What `kvmesh cert --out DIR --nodes ...` does: certificates for `nodes`, signed by the CA
+/// already in `dir` (nodes added to a cluster) or by a new one; never overwriting a file.
+/// Returns whether the CA was there already.
+pub fn add_to_dir(dir: &Path, nodes: &[String]) -> Result<bool, CertError> {
+    let (ca_pem, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).map_err(|source| CertError::Io {
+            path: p.display().to_string(),
+            source,
+        })
+    };
+    let existing = match (ca_pem.exists(), ca_key.exists()) {
+        (true, true) => true,
+        (false, false) => false,
+        (true, false) => return Err(CertError::Exists(ca_pem.display().to_string())),
+        (false, true) => return Err(CertError::Exists(ca_key.display().to_string())),
+    };
+    for n in nodes {
+        for ext in ["pem", "key"] {
+            let f = dir.join(format!("{n}.{ext}"));
+            if f.exists() {
+                return Err(CertError::Exists(f.display().to_string()));
+            }
+        }
+    }
+    if !existing {
+        write_dir(dir, &generate(nodes)?)?;
+        return Ok(false);
+    }
+    let certs = generate_with_ca(
+        nodes,
+        &read(&ca_pem)?,
+        &read(&ca_key)?,
+        &dir.display().to_string(),
+    )?;
+    for n in &certs.nodes {
+        write(&dir.join(format!("{}.pem", n.name)), &n.cert_pem, false)?;
+        write(&dir.join(format!("{}.key", n.name)), &n.key_pem, true)?;
+    }
+    Ok(true)
 }
 
 fn write(path: &Path, text: &str, secret: bool) -> Result<(), CertError> {

@@ -282,7 +282,7 @@ impl MeshNode {
         // Everything the node starts (the endpoint's driver, its tasks) runs on its thread.
         let handle = thread.handle.clone();
         let _on_thread = handle.enter();
-        let (transport, mut inbound) = Transport::bind(listen, tls, 4096)?;
+        let (transport, mut inbound) = Transport::bind(listen, tls, cfg.cluster_id, 4096)?;
         let addr = transport.local_addr()?;
         let t0 = now();
         let id = MeshId {

@@ -27,8 +27,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// The ALPN protocol of the mesh.
+/// The ALPN protocol of the mesh; a node offers it with its cluster id (see [`alpn`]).
 pub const ALPN: &[u8] = b"kvmesh/1";
+
+/// The ALPN protocol a node of `cluster_id` offers and accepts: a router of another cluster
+/// (the same CA, another id) fails the handshake, so it never reaches SWIM membership, ingest
+/// ownership or any state (envelopes carry the id too, and are refused on their own).
+pub fn alpn(cluster_id: u64) -> Vec<u8> {
+    format!("{}/{cluster_id:016x}", String::from_utf8_lossy(ALPN)).into_bytes()
+}
 
 /// The largest delta batch accepted on one stream (bytes).
 pub const MAX_DELTA_BYTES: usize = 4 << 20;
@@ -130,7 +137,12 @@ pub struct Transport {
     conns: Mutex<HashMap<SocketAddr, Connection>>,
     tx: mpsc::Sender<Inbound>,
     counters: Arc<Counters>,
+    /// When a failed handshake with each address was last logged as a warning.
+    warned: Mutex<HashMap<SocketAddr, std::time::Instant>>,
 }
+
+/// A failed handshake with the same address is logged as a warning at most this often.
+const HANDSHAKE_WARN_EVERY: Duration = Duration::from_secs(60);
 
 fn tls_err(e: impl std::fmt::Display) -> TransportError {
     TransportError::Tls(e.to_string())
@@ -139,7 +151,10 @@ fn tls_err(e: impl std::fmt::Display) -> TransportError {
 /// A connection silent this long is closed; a handshake taking longer is given up.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(2);
 
-fn configs(tls: &NodeTls) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TransportError> {
+fn configs(
+    tls: &NodeTls,
+    cluster_id: u64,
+) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TransportError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     roots.add(tls.ca.clone()).map_err(tls_err)?;
@@ -153,14 +168,14 @@ fn configs(tls: &NodeTls) -> Result<(quinn::ServerConfig, quinn::ClientConfig), 
         .with_client_cert_verifier(verifier)
         .with_single_cert(tls.chain.clone(), tls.key.clone_key())
         .map_err(tls_err)?;
-    server.alpn_protocols = vec![ALPN.to_vec()];
+    server.alpn_protocols = vec![alpn(cluster_id)];
     let mut client = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(tls_err)?
         .with_root_certificates(roots)
         .with_client_auth_cert(tls.chain.clone(), tls.key.clone_key())
         .map_err(tls_err)?;
-    client.alpn_protocols = vec![ALPN.to_vec()];
+    client.alpn_protocols = vec![alpn(cluster_id)];
     let mut transport = quinn::TransportConfig::default();
     transport
         // A connection that heard nothing for 2 s is closed, and the next send opens a new one.
@@ -185,14 +200,16 @@ fn configs(tls: &NodeTls) -> Result<(quinn::ServerConfig, quinn::ClientConfig), 
 }
 
 impl Transport {
-    /// Binds `listen` (UDP) with the node's certificate; returns the transport and the
-    /// receiver of everything peers send (bounded: `queue` messages, then dropped).
+    /// Binds `listen` (UDP) with the node's certificate, for peers of `cluster_id` only;
+    /// returns the transport and the receiver of everything peers send (bounded: `queue`
+    /// messages, then dropped).
     pub fn bind(
         listen: SocketAddr,
         tls: &NodeTls,
+        cluster_id: u64,
         queue: usize,
     ) -> Result<(Arc<Transport>, mpsc::Receiver<Inbound>), TransportError> {
-        let (sc, cc) = configs(tls)?;
+        let (sc, cc) = configs(tls, cluster_id)?;
         let mut endpoint = Endpoint::server(sc, listen)?;
         endpoint.set_default_client_config(cc);
         let (tx, rx) = mpsc::channel(queue.max(1));
@@ -201,6 +218,7 @@ impl Transport {
             conns: Mutex::new(HashMap::new()),
             tx,
             counters: Arc::default(),
+            warned: Mutex::new(HashMap::new()),
         });
         let acceptor = t.clone();
         tokio::spawn(async move { acceptor.accept_loop().await });
@@ -220,6 +238,7 @@ impl Transport {
     async fn accept_loop(self: Arc<Self>) {
         while let Some(incoming) = self.endpoint.accept().await {
             let t = self.clone();
+            let from = incoming.remote_address();
             tokio::spawn(async move {
                 match incoming.await {
                     Ok(conn) => {
@@ -228,12 +247,34 @@ impl Transport {
                         t.connected(peer);
                         t.read_loop(conn).await;
                     }
-                    Err(e) => {
-                        t.counters.handshake_failures.fetch_add(1, Relaxed);
-                        tracing::debug!(error = %e, "mesh handshake refused");
-                    }
+                    Err(e) => t.handshake_failed(from, "from", &e.to_string()),
                 }
             });
+        }
+    }
+
+    /// Counts a failed handshake and says why, as a warning at most once a minute per
+    /// address (a router with another CA or another cluster id retries every few hundred ms).
+    fn handshake_failed(&self, peer: SocketAddr, dir: &str, error: &str) {
+        self.counters.handshake_failures.fetch_add(1, Relaxed);
+        let now = std::time::Instant::now();
+        let warn = {
+            let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+            if w.len() > 1024 {
+                w.retain(|_, t| now.duration_since(*t) < HANDSHAKE_WARN_EVERY);
+            }
+            match w.get(&peer) {
+                Some(t) if now.duration_since(*t) < HANDSHAKE_WARN_EVERY => false,
+                _ => {
+                    w.insert(peer, now);
+                    true
+                }
+            }
+        };
+        if warn {
+            tracing::warn!(%peer, error, "mesh handshake {dir} a peer failed (a certificate from another CA, another cluster id, or not a kvmesh node?); said at most once a minute per address");
+        } else {
+            tracing::debug!(%peer, error, "mesh handshake {dir} a peer failed");
         }
     }
 
@@ -321,7 +362,7 @@ impl Transport {
         let conn = match tokio::time::timeout(IDLE_TIMEOUT, connecting).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
-                self.counters.handshake_failures.fetch_add(1, Relaxed);
+                self.handshake_failed(peer, "to", &e.to_string());
                 return Err(err(e.to_string()));
             }
             Err(_) => return Err(err("handshake timed out".into())),

@@ -3,7 +3,7 @@
 //! garbage datagrams on the mesh port changing nothing. Every wait is bounded.
 
 use bytes::Bytes;
-use kvmesh_mesh::certs::{NodeTls, generate, write_dir};
+use kvmesh_mesh::certs::{NodeTls, add_to_dir, generate, write_dir};
 use kvmesh_mesh::transport::{Class, Inbound, Transport};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -31,8 +31,15 @@ async fn next(rx: &mut mpsc::Receiver<Inbound>) -> Inbound {
     }
 }
 
+/// The cluster id of these tests' nodes.
+const CLUSTER: u64 = 0x6b76_6d65_7368;
+
 fn bind(tls: &NodeTls) -> (Arc<Transport>, mpsc::Receiver<Inbound>) {
-    Transport::bind("127.0.0.1:0".parse().expect("addr"), tls, 64).expect("bind")
+    bind_in(tls, CLUSTER)
+}
+
+fn bind_in(tls: &NodeTls, cluster_id: u64) -> (Arc<Transport>, mpsc::Receiver<Inbound>) {
+    Transport::bind("127.0.0.1:0".parse().expect("addr"), tls, cluster_id, 64).expect("bind")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,10 +141,75 @@ async fn a_node_of_another_ca_cannot_connect_and_garbage_changes_nothing() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_the_same_ca_but_another_cluster_id_cannot_connect() {
+    let certs = generate(&names(&["a", "b", "other"])).expect("certs");
+    let (a, mut ra) = bind(&NodeTls::from_cluster(&certs, "a").expect("a"));
+    let (b, _rb) = bind(&NodeTls::from_cluster(&certs, "b").expect("b"));
+    let (x, _rx) = bind_in(
+        &NodeTls::from_cluster(&certs, "other").expect("x"),
+        CLUSTER + 1,
+    );
+    let aa = a.local_addr().expect("a");
+    // Its certificate is good, its cluster is not: no connection either way, so no SWIM
+    // packet of it ever reaches this cluster's membership.
+    assert!(
+        x.send_datagram(aa, Bytes::from_static(b"swim"))
+            .await
+            .is_err()
+    );
+    assert!(
+        a.send_datagram(x.local_addr().expect("x"), Bytes::from_static(b"swim"))
+            .await
+            .is_err()
+    );
+    b.send_delta(aa, b"ours").await.expect("same cluster");
+    assert_eq!(&next(&mut ra).await.payload[..], b"ours");
+    assert!(
+        ra.try_recv().is_err(),
+        "nothing of the other cluster was delivered"
+    );
+    assert!(a.counters().handshake_failures.load(Relaxed) >= 1);
+    for t in [a, b, x] {
+        t.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_added_to_a_cert_directory_are_signed_by_its_ca_and_nothing_is_overwritten() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-certs-add-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!add_to_dir(&dir, &names(&["a", "b"])).expect("a new CA"));
+    let ca_before = std::fs::read(dir.join("ca.pem")).expect("ca");
+    assert!(add_to_dir(&dir, &names(&["c"])).expect("signed by the CA there"));
+    assert_eq!(std::fs::read(dir.join("ca.pem")).expect("ca"), ca_before);
+    // A node's pair is never overwritten (nor is half a CA completed).
+    let again = add_to_dir(&dir, &names(&["d", "a"])).expect_err("a.pem exists");
+    assert!(again.to_string().contains("a.pem exists"), "{again}");
+    assert!(!dir.join("d.pem").exists(), "nothing written when refused");
+    // The added node and an old one connect: one CA.
+    let (a, mut ra) = bind(&NodeTls::load(&dir, "a").expect("a"));
+    let (c, _rc) = bind(&NodeTls::load(&dir, "c").expect("c"));
+    c.send_delta(a.local_addr().expect("a"), b"new node")
+        .await
+        .expect("same CA");
+    assert_eq!(&next(&mut ra).await.payload[..], b"new node");
+    for t in [a, c] {
+        t.close().await;
+    }
+    // A ca.key that is not the CA's is refused.
+    let other = generate(&names(&["x"])).expect("other CA");
+    std::fs::write(dir.join("ca.key"), other.ca_key_pem).expect("swap the key");
+    let e = add_to_dir(&dir, &names(&["e"])).expect_err("mismatched key");
+    assert!(e.to_string().contains("not the key of ca.pem"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_node_names_are_refused() {
     assert!(generate(&names(&["ok-1", "../etc"])).is_err());
     assert!(generate(&names(&[""])).is_err());
+    assert!(generate(&names(&["ca"])).is_err(), "ca.pem is the CA's");
     assert!(generate(&names(&["node.a_b-3"])).is_ok());
 }
 

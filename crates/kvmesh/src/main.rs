@@ -44,7 +44,8 @@ enum Cmd {
     /// Configuration helpers.
     #[command(subcommand)]
     Config(ConfigCmd),
-    /// Write a cluster CA and a certificate per router node for the mesh's mutual TLS.
+    /// Write a certificate per router node for the mesh's mutual TLS, signed by the CA in
+    /// --out (nodes added to a cluster) or by a new one; an existing file is never overwritten.
     Cert {
         /// Directory to write ca.pem, ca.key and <node>.pem, <node>.key into.
         #[arg(long)]
@@ -131,17 +132,29 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Serve(args) => match args.resolve() {
+            Ok(cfg) if args.check_config => {
+                let whole = kvmesh_config::KvmeshConfig {
+                    serve: cfg,
+                    ..Default::default()
+                };
+                print!("{}", toml_of(&whole));
+                Ok(())
+            }
             Ok(cfg) => runtime().and_then(|rt| rt.block_on(serve_cmd::run(cfg))),
             Err(e) => Err(e),
         },
         Cmd::Up(args) => runtime().and_then(|rt| rt.block_on(up_cmd::run(args))),
         Cmd::Bench(args) => runtime().and_then(|rt| rt.block_on(bench_cmd::run(args))),
         Cmd::Chaos(cmd) => runtime().and_then(|rt| rt.block_on(chaos_cmd::run(cmd))),
-        Cmd::Cert { out, nodes } => kvmesh_mesh::certs::generate(&nodes)
-            .and_then(|c| kvmesh_mesh::certs::write_dir(&out, &c))
-            .map(|()| {
+        Cmd::Cert { out, nodes } => kvmesh_mesh::certs::add_to_dir(&out, &nodes)
+            .map(|existing| {
+                let ca = if existing {
+                    "signed by its CA (ca.pem, ca.key)"
+                } else {
+                    "ca.pem, ca.key (keep it off the nodes), and"
+                };
                 println!(
-                    "wrote {}: ca.pem, ca.key (keep it off the nodes), and {} node pairs: {}",
+                    "wrote {}: {ca} {} node pairs: {}",
                     out.display(),
                     nodes.len(),
                     nodes

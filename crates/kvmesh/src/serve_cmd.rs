@@ -95,13 +95,17 @@ pub struct ServeArgs {
     pub no_mesh: bool,
     #[arg(long, value_name = "N", help = format!("Routers reading each engine's KV events, 0 = all [default: {}]", d().mesh.ingest_replicas))]
     pub ingest_replicas: Option<u32>,
+    /// Check the configuration these flags and the file make, print it (TOML) and exit
+    /// without serving (what a pod's args and its ConfigMap would run).
+    #[arg(long)]
+    pub check_config: bool,
 }
 
 impl ServeArgs {
     /// The effective configuration: defaults ← file ← flags, validated.
     pub fn resolve(&self) -> Result<ServeConfig, String> {
         let mut file = match &self.config {
-            Some(p) => KvmeshConfig::load(p).map_err(|e| e.to_string())?,
+            Some(p) => KvmeshConfig::read(p).map_err(|e| e.to_string())?,
             None => KvmeshConfig::default(),
         };
         let c = &mut file.serve;

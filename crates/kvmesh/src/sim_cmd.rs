@@ -79,7 +79,7 @@ impl SimArgs {
     /// The effective configuration: defaults ← file ← flags, validated.
     pub fn resolve(&self) -> Result<SimConfig, String> {
         let mut file = match &self.config {
-            Some(p) => KvmeshConfig::load(p).map_err(|e| e.to_string())?,
+            Some(p) => KvmeshConfig::read(p).map_err(|e| e.to_string())?,
             None => KvmeshConfig::default(),
         };
         let c = &mut file.sim;

@@ -149,6 +149,44 @@ fn check_kubernetes() -> Routers {
     );
     let cfg =
         KvmeshConfig::from_toml_str(&completed, "ConfigMap kvmesh-config + args").expect("valid");
+    // The file alone leaves node_id to the args: `kvmesh serve` with the container's args
+    // (their values substituted) takes it, and checks the whole once the flags are laid over.
+    // Two tests read the manifests at once: a file each.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = std::env::temp_dir().join(format!(
+        "kvmesh-configmap-{}-{call}.toml",
+        std::process::id()
+    ));
+    std::fs::write(&file, toml).expect("write the ConfigMap's file");
+    let substituted: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if *a == "/etc/kvmesh/config/kvmesh.toml" {
+                file.display().to_string()
+            } else {
+                a.replace("$(POD_NAME)", "kvmesh-router-7d9f8c6b5-x2x4q")
+                    .replace("$(POD_IP)", "10.244.1.17")
+            }
+        })
+        .collect();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args(&substituted)
+        .arg("--check-config")
+        .output()
+        .expect("kvmesh serve --check-config");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "the Deployment's args with its ConfigMap: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let effective = KvmeshConfig::from_toml_str(&String::from_utf8_lossy(&out.stdout), "printed")
+        .expect("the printed configuration is valid");
+    assert_eq!(
+        effective.serve, cfg.serve,
+        "the args complete the file as the test does"
+    );
     let s = &cfg.serve;
     let defaults = ServeConfig::default();
 
