@@ -429,9 +429,19 @@ impl Cluster {
                     }
                 }
                 Apply::Members => {}
-                Apply::Warm => {
+                Apply::Warm { received } => {
                     if !self.warm.swap(true, Relaxed) {
-                        tracing::info!("warm: the cluster's state received");
+                        if received {
+                            tracing::info!("warm: the cluster's state received");
+                        } else if lock(&self.core).is_alone() {
+                            tracing::warn!(
+                                "no peer answered within the warm-up time: serving alone and reporting ready (are the seeds up, is this router's certificate from the cluster's CA, is its cluster id theirs? see kvmesh_mesh_handshake_failures_total)"
+                            );
+                        } else {
+                            tracing::info!(
+                                "warm: the warm-up time passed without a peer's whole state"
+                            );
+                        }
                     }
                 }
             }

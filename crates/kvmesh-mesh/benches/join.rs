@@ -97,7 +97,7 @@ fn main() {
         let w = warm_at.clone();
         tokio::spawn(async move {
             while let Some(x) = b_applies.recv().await {
-                if matches!(x, Apply::Warm) {
+                if matches!(x, Apply::Warm { .. }) {
                     w.store(t0.elapsed().as_micros() as u64, Relaxed);
                 }
             }

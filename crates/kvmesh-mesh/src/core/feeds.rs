@@ -95,6 +95,9 @@ pub(super) struct Feeds {
     retired: HashMap<u64, (FeedOut, u32)>,
     /// Per owned engine: what its head did over the last periods.
     announced: HashMap<u64, HeadWatch>,
+    /// Per engine: the source of the last head heard of its feeds (a router that held the
+    /// engine's feed then: a new owner asks it for a handover too).
+    holders: HashMap<u64, NodeId>,
 }
 
 impl Feeds {
@@ -110,6 +113,7 @@ impl Feeds {
             handover: HashMap::new(),
             retired: HashMap::new(),
             announced: HashMap::new(),
+            holders: HashMap::new(),
         }
     }
 
@@ -175,6 +179,7 @@ impl Feeds {
             self.outs.remove(e);
             self.handover.remove(e);
             self.retired.remove(e);
+            self.holders.remove(e);
         }
         self.engines = engines;
     }
@@ -192,26 +197,18 @@ impl Feeds {
         for engine in engines {
             let owners = self.owners_of(engine, &ids);
             let should = owners.contains(&self.me);
-            let has = self.outs.contains_key(&engine) || self.handover.contains_key(&engine);
-            if should && !has {
-                let mut ask: Vec<NodeId> = owners
-                    .iter()
-                    .copied()
-                    .filter(|&o| o != self.me)
-                    .take(HANDOVER_ASKED)
-                    .collect();
-                if let Some(f) = self.ins.get(&engine).and_then(FeedIn::feed)
-                    && f.source != self.me
-                    && ids.contains(&f.source)
-                    && !ask.contains(&f.source)
-                {
-                    ask.push(f.source);
-                }
-                if ask.is_empty() {
+            let waiting = self.handover.contains_key(&engine);
+            let has = self.outs.contains_key(&engine) || waiting;
+            if should && (!has || waiting) {
+                let ask = self.handover_asks(engine, &owners, &ids);
+                if ask.is_empty() && !waiting {
                     self.start(engine, None, applies);
                     moves += 1;
                 } else {
-                    self.handover.insert(engine, 0);
+                    // Waiting already: the members changed, and with them whom to ask (a
+                    // router that has just joined asked the owners among the members it knew
+                    // then; a member that owns nothing has no feed to hand over).
+                    self.handover.entry(engine).or_insert(0);
                     for o in ask {
                         pulls.push((o, handover_pull(engine, o)));
                     }
@@ -227,6 +224,48 @@ impl Feeds {
             self.follow(engine, &owners, live, pulls, applies);
         }
         moves
+    }
+
+    /// Whom a new owner of `engine` asks for its feed: the engine's other owners, the
+    /// owners it had without this node and the next two in rank (those that read it until
+    /// this node came: a router that joins, or comes back, and outranks them), the source this node followed, and the
+    /// last router heard announcing a head of the engine's feed (when several routers came
+    /// at once, the owners without this node may be others that just came).
+    fn handover_asks(&self, engine: u64, owners: &[NodeId], ids: &[NodeId]) -> Vec<NodeId> {
+        let mut ask: Vec<NodeId> = owners
+            .iter()
+            .copied()
+            .filter(|&o| o != self.me)
+            .take(HANDOVER_ASKED)
+            .collect();
+        let others: Vec<NodeId> = ids.iter().copied().filter(|&n| n != self.me).collect();
+        // Two more than the owners: when routers come back together, the ones that read the
+        // engine until then rank just below the others that came.
+        let wide = if self.r == 0 {
+            HANDOVER_ASKED
+        } else {
+            self.r + HANDOVER_ASKED
+        };
+        for o in kvmesh_state::owners(engine, &others, wide) {
+            if !ask.contains(&o) {
+                ask.push(o);
+            }
+        }
+        if let Some(f) = self.ins.get(&engine).and_then(FeedIn::feed)
+            && f.source != self.me
+            && ids.contains(&f.source)
+            && !ask.contains(&f.source)
+        {
+            ask.push(f.source);
+        }
+        if let Some(&h) = self.holders.get(&engine)
+            && h != self.me
+            && ids.contains(&h)
+            && !ask.contains(&h)
+        {
+            ask.push(h);
+        }
+        ask
     }
 
     /// Follows this node's own feed when it owns the engine, else the first live owner.
@@ -339,6 +378,9 @@ impl Feeds {
     }
 
     pub(super) fn on_head(&mut self, engine: u64, feed: FeedId, head: u64) -> Option<FeedPull> {
+        if self.engines.contains(&engine) && feed.source != self.me {
+            self.holders.insert(engine, feed.source);
+        }
         self.ins.get_mut(&engine)?.on_head(feed, head)
     }
 
@@ -454,6 +496,20 @@ impl Feeds {
                 (*t > HANDOVER_TICKS).then_some(*e)
             })
             .collect();
+        // Not answered yet: asked again (whom to ask may have changed, or the one asked was
+        // itself waiting for the feed then).
+        let waiting: Vec<u64> = self
+            .handover
+            .keys()
+            .copied()
+            .filter(|e| !late.contains(e))
+            .collect();
+        for e in waiting {
+            let owners = self.owners_of(e, &ids);
+            for o in self.handover_asks(e, &owners, &ids) {
+                pulls.push((o, handover_pull(e, o)));
+            }
+        }
         for e in late {
             self.start(e, None, applies);
             let owners = self.owners_of(e, &ids);

@@ -115,7 +115,18 @@ impl MeshCore {
         }
     }
 
+    /// Ownership and following after a change of members or engines.
+    ///
+    /// A router that joins (it has seeds: not `first`) takes no engine while it knows no
+    /// member and is not warm: alone, it would start reading every engine afresh, and once
+    /// it met the cluster, the engines it kept would be followed from its new feeds — what
+    /// the engine's replay no longer holds gone from every router's index. It waits for the
+    /// members (then the engines' owners hand their feeds over) or for the warm-up time to
+    /// pass without any (then it is the cluster: [`MeshCore::tick`]).
     pub(super) fn rebalance(&mut self, now_us: u64) {
+        if !self.warm && self.peers.is_empty() {
+            return;
+        }
         let live = self.live();
         let mut pulls = Vec::new();
         let mut applies = Vec::new();

@@ -122,7 +122,11 @@ pub enum Apply {
     /// The set of live members changed.
     Members,
     /// The node holds the cluster's state: report ready.
-    Warm,
+    Warm {
+        /// A peer's whole state came in (`false`: the warm-up time passed without one — the
+        /// node is alone, or its peers did not answer).
+        received: bool,
+    },
 }
 
 /// What the node wants done.
@@ -519,7 +523,7 @@ impl MeshCore {
             if w.1.is_some_and(|total| w.0 >= total) {
                 self.warm = true;
                 self.welcome.clear();
-                self.out.push(Output::Apply(Apply::Warm));
+                self.out.push(Output::Apply(Apply::Warm { received: true }));
             }
         }
         for c in env.control {
@@ -534,7 +538,10 @@ impl MeshCore {
         self.drain_membership();
         if !self.warm && now_us >= self.warm_at {
             self.warm = true;
-            self.out.push(Output::Apply(Apply::Warm));
+            self.out
+                .push(Output::Apply(Apply::Warm { received: false }));
+            // Alone until now, it owned nothing (see `rebalance`): it takes its engines.
+            self.rebalance(now_us);
         }
         if now_us >= self.next_flush {
             self.next_flush = now_us + self.flush_period();

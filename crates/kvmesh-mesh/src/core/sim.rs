@@ -158,6 +158,9 @@ pub struct SimNode {
     pub reading: BTreeMap<u64, u64>,
     /// Warm reported.
     pub warm: bool,
+    /// Engines it started reading from their start: no handover (the first owner of an
+    /// engine, or nobody answered).
+    pub fresh_starts: u64,
 }
 
 /// The simulation.
@@ -260,6 +263,7 @@ impl Sim {
             index: SimIndex::default(),
             reading: BTreeMap::new(),
             warm: false,
+            fresh_starts: 0,
         });
         self.collect(i);
     }
@@ -398,12 +402,13 @@ impl Sim {
                         // Resume at the handover's seq, else read the engine from its start
                         // (the sim's replay socket keeps everything).
                         let at = from.and_then(|s| s.next_seq).unwrap_or(0);
+                        n.fresh_starts += u64::from(at == 0);
                         n.reading.insert(engine, at);
                     }
                     Apply::Disown { engine } => {
                         n.reading.remove(&engine);
                     }
-                    Apply::Warm => n.warm = true,
+                    Apply::Warm { .. } => n.warm = true,
                     Apply::EngineUpsert { .. } | Apply::EngineRemoved { .. } | Apply::Members => {}
                 },
             }

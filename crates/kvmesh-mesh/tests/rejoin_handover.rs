@@ -1,0 +1,104 @@
+//! A router that restarts, or joins a running cluster, takes the engines it comes to own by
+//! handover from their owners — never by reading them afresh while it is still alone. (A
+//! joining router used to own every engine alone at its start, before it met anyone; once it
+//! met the cluster, the engines it kept were followed from those new feeds, and what the
+//! engines' replay no longer held vanished from every router's index.) Seeded, sans-IO.
+
+use kvmesh_mesh::core::CoreConfig;
+use kvmesh_mesh::core::sim::{NetConfig, Sim};
+
+const ENGINES: u64 = 24;
+
+fn cfg(ingest_replicas: usize) -> CoreConfig {
+    CoreConfig {
+        cluster_id: 9,
+        flush_us: 20_000,
+        load_flush_us: 100,
+        load_burst: 8,
+        anti_entropy_us: 1_000_000,
+        ingest_replicas,
+        mark_capacity: 512,
+        feed_capacity: 4_096,
+        mark_ttls_us: vec![10_000_000],
+        expected_size: 4,
+        warm_bound_us: 5_000_000,
+        first: false,
+    }
+}
+
+fn events(s: &mut Sim) {
+    let engines: Vec<u64> = s.engines.keys().copied().collect();
+    let e = engines[s.rng.below(engines.len() as u64) as usize];
+    s.engine_event(e);
+}
+
+#[test]
+fn a_restarted_or_new_router_takes_its_engines_by_handover() {
+    for seed in 1..=16 {
+        let r = 1 + (seed as usize % 2);
+        let mut s = Sim::in_sync(4, ENGINES, cfg(r), NetConfig::LOSSLESS, seed).expect("formed");
+        s.run(1_000_000, events);
+        // Routers 2 and 3 are killed; the others see them go and take their engines over.
+        s.kill(2);
+        s.kill(3);
+        let gone = s.until(30_000_000, |s| s.membership_converged() && s.converged());
+        assert!(
+            gone.is_some(),
+            "seed {seed}: no convergence after the kill\n{}",
+            s.explain()
+        );
+        s.run(1_000_000, events);
+        // They come back (new incarnations), one seeded by router 0, the other by router 1.
+        let fresh_before: Vec<u64> = s.nodes.iter().flatten().map(|n| n.fresh_starts).collect();
+        s.start(2, Some(0));
+        s.run(200_000, events);
+        s.start(3, Some(1));
+        let back = s.until(30_000_000, |s| s.membership_converged() && s.converged());
+        assert!(
+            back.is_some(),
+            "seed {seed}: no convergence after the rejoin\n{}",
+            s.explain()
+        );
+        for i in [2, 3] {
+            let n = s.nodes[i].as_ref().expect("alive");
+            assert!(
+                !n.reading.is_empty(),
+                "seed {seed}: router {i} owns engines ({} of {ENGINES} among 4 routers)",
+                n.reading.len()
+            );
+            assert_eq!(
+                n.fresh_starts, 0,
+                "seed {seed}: router {i} read {} engine(s) afresh instead of taking them over",
+                n.fresh_starts
+            );
+        }
+        let fresh_after: Vec<u64> = s.nodes.iter().flatten().map(|n| n.fresh_starts).collect();
+        assert_eq!(
+            fresh_before,
+            fresh_after[..2],
+            "seed {seed}: the routers that stayed started nothing afresh"
+        );
+    }
+}
+
+#[test]
+fn a_router_whose_seeds_never_answer_takes_every_engine_after_the_warm_up() {
+    let mut s = Sim::new(2, ENGINES, cfg(2), NetConfig::LOSSLESS, 4);
+    // Its seed (router 1) is never started.
+    s.start(0, Some(1));
+    s.run(1_000_000, events);
+    let n = s.nodes[0].as_ref().expect("alive");
+    assert!(n.reading.is_empty(), "alone and cold, it owns nothing yet");
+    assert!(!n.warm);
+    let at = s.until(10_000_000, |s| {
+        s.nodes[0]
+            .as_ref()
+            .is_some_and(|n| n.warm && n.reading.len() == ENGINES as usize)
+    });
+    assert!(
+        at.is_some(),
+        "after the warm-up it is the cluster and reads every engine"
+    );
+    s.run(1_000_000, events);
+    assert!(s.indexes_exact(), "{}", s.explain());
+}
