@@ -226,6 +226,18 @@ fn main() {
             }
             ok.iter().all(|x| *x)
         });
+        let (ignored, refused, orphans) =
+            s.nodes.iter().flatten().fold((0, 0, 0), |(i, r, o), n| {
+                let c = n.core.counters();
+                (
+                    i + c.digests_ignored,
+                    r + c.deltas_refused,
+                    o + c.orphan_entries_dropped,
+                )
+            });
+        println!(
+            "seed {seed}: whole run, all routers: {ignored} digests ignored, {refused} deltas refused, {orphans} orphan entries dropped"
+        );
         let secs = |t: Option<u64>| t.map_or("-".to_string(), |t| format!("{:.1}", t as f64 / 1e6));
         println!(
             "seed {seed}: after the heal, first agreed (s): membership {}, indexes {}, ownership {}, digests {}",
