@@ -1,7 +1,7 @@
 //! Garbage at a mesh port: random datagrams of every size and datagrams shaped like QUIC
 //! Initial packets (long header, version 1, connection ids, padded to 1200 bytes) whose
 //! contents are random — the decoder and the handshake path must drop them and keep serving
-//! the router's peers; and half-open handshakes: real QUIC clients (the mesh's ALPN) whose
+//! the router's peers; and half-open handshakes: real QUIC clients (the cluster's ALPN) whose
 //! Initials reach the router through a black hole that never returns its answers, so every
 //! connection waits on the router's side until its handshake times out. Bounded in count;
 //! paced so the kernel's socket buffer is not the only thing exercised.
@@ -69,12 +69,14 @@ pub fn flood(target: SocketAddr, from: IpAddr, count: u32, seed: u64) -> Result<
     Ok(sent)
 }
 
-/// Opens `count` half-open QUIC handshakes from `from` to `target`: the client's packets are
-/// relayed for `hold`, the router's answers dropped. Returns how many were started and how
-/// many datagrams the router answered with (each dropped: proof that it took them up).
+/// Opens `count` half-open QUIC handshakes from `from` to `target` (a router of the mesh
+/// named `cluster`): the client's packets are relayed for `hold`, the router's answers
+/// dropped. Returns how many were started and how many datagrams the router answered with
+/// (each dropped: proof that it took them up).
 pub fn half_open(
     target: SocketAddr,
     from: IpAddr,
+    cluster: &str,
     count: u32,
     hold: Duration,
 ) -> Result<(u32, u64), String> {
@@ -94,7 +96,9 @@ pub fn half_open(
             .map_err(|x| e(&x))?
             .with_root_certificates(rustls::RootCertStore::empty())
             .with_no_client_auth();
-        tls.alpn_protocols = vec![kvmesh_mesh::transport::ALPN.to_vec()];
+        tls.alpn_protocols = vec![kvmesh_mesh::transport::alpn(
+            kvmesh_mesh::transport::cluster_id(cluster),
+        )];
         let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).map_err(|x| e(&x))?;
         let cfg = quinn::ClientConfig::new(std::sync::Arc::new(quic));
         let client = quinn::Endpoint::client(SocketAddr::new(from, 0)).map_err(|x| e(&x))?;

@@ -13,6 +13,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The cluster id of the routers a scenario runs.
+const CLUSTER: &str = "chaos";
+
 /// How to run.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -237,7 +240,7 @@ impl Cluster {
         let (to, from) = (self.lab.router_mesh(router), self.lab.host().into());
         let sent = crate::flood::flood(to, from, datagrams, 0xC4A05)?;
         let (opened, answers) = if handshakes > 0 {
-            crate::flood::half_open(to, from, handshakes, Duration::from_secs(2))?
+            crate::flood::half_open(to, from, CLUSTER, handshakes, Duration::from_secs(2))?
         } else {
             (0, 0)
         };
@@ -475,7 +478,7 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
         "--tls-dir".into(),
         tls.display().to_string(),
         "--cluster-id".into(),
-        "chaos".into(),
+        CLUSTER.into(),
         "--ingest-replicas".into(),
         t.ingest_replicas.to_string(),
     ];

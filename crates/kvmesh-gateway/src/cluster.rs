@@ -82,14 +82,6 @@ pub struct Cluster {
     now: NowFn,
 }
 
-/// The cluster id on the wire: 64 bits of blake3 over the configured string.
-fn cluster_id(s: &str) -> u64 {
-    let h = blake3::hash(format!("kvmesh/cluster/v1\0{s}").as_bytes());
-    let mut x = [0u8; 8];
-    x.copy_from_slice(&h.as_bytes()[..8]);
-    u64::from_le_bytes(x)
-}
-
 // The mesh names a mark by the top key of each anchor window it covers; the index lets such a
 // key vouch for its window. Both must mean the same windows (the two pure crates do not depend
 // on each other, so each has its `window_top`; the test below holds them equal).
@@ -180,7 +172,7 @@ impl Cluster {
         };
         let cap = gw.cfg.prefix.engine_capacity_blocks as usize;
         let core_cfg = CoreConfig {
-            cluster_id: cluster_id(&cfg.cluster_id),
+            cluster_id: kvmesh_mesh::transport::cluster_id(&cfg.cluster_id),
             flush_us: cfg.flush_ms * 1_000,
             load_flush_us: cfg.load_flush_us,
             load_burst: u64::from(cfg.load_burst),

@@ -30,6 +30,15 @@ use tokio::sync::mpsc;
 /// The ALPN protocol of the mesh; a node offers it with its cluster id (see [`alpn`]).
 pub const ALPN: &[u8] = b"kvmesh/1";
 
+/// The cluster id on the wire (envelopes and the handshake's ALPN): 64 bits of blake3 over
+/// the configured name.
+pub fn cluster_id(name: &str) -> u64 {
+    let h = blake3::hash(format!("kvmesh/cluster/v1\0{name}").as_bytes());
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&h.as_bytes()[..8]);
+    u64::from_le_bytes(x)
+}
+
 /// The ALPN protocol a node of `cluster_id` offers and accepts: a router of another cluster
 /// (the same CA, another id) fails the handshake, so it never reaches SWIM membership, ingest
 /// ownership or any state (envelopes carry the id too, and are refused on their own).
