@@ -114,7 +114,7 @@ pub struct Counters {
     pub received: [AtomicU64; CLASSES.len()],
     /// Datagrams dropped: empty, or of no known class.
     pub dropped_datagrams: AtomicU64,
-    /// Handshakes that failed (bad certificate, another cluster's CA, garbage).
+    /// Handshakes refused by TLS (a certificate from another CA, another cluster id).
     pub handshake_failures: AtomicU64,
     /// Delta streams dropped (over the size limit or broken).
     pub dropped_streams: AtomicU64,
@@ -256,15 +256,28 @@ impl Transport {
                         t.connected(peer);
                         t.read_loop(conn).await;
                     }
-                    Err(e) => t.handshake_failed(from, "from", &e.to_string()),
+                    Err(e) => t.handshake_failed(from, "from", &e),
                 }
             });
         }
     }
 
-    /// Counts a failed handshake and says why, as a warning at most once a minute per
-    /// address (a router with another CA or another cluster id retries every few hundred ms).
-    fn handshake_failed(&self, peer: SocketAddr, dir: &str, error: &str) {
+    /// A handshake that failed: a refusal by TLS (a certificate from another CA, another
+    /// cluster id's ALPN: a TLS alert, ours or the peer's) is counted and said as a warning
+    /// at most once a minute per address (such a router retries every few hundred ms); any
+    /// other end (a peer that restarted and closed its attempt, a timeout) only at debug.
+    fn handshake_failed(&self, peer: SocketAddr, dir: &str, e: &quinn::ConnectionError) {
+        let alert = |code: quinn::TransportErrorCode| (0x100..0x200).contains(&u64::from(code));
+        let refused = match e {
+            quinn::ConnectionError::TransportError(t) => alert(t.code),
+            quinn::ConnectionError::ConnectionClosed(c) => alert(c.error_code),
+            _ => false,
+        };
+        let error = e.to_string();
+        if !refused {
+            tracing::debug!(%peer, error, "mesh handshake {dir} a peer ended");
+            return;
+        }
         self.counters.handshake_failures.fetch_add(1, Relaxed);
         let now = std::time::Instant::now();
         let warn = {
@@ -281,9 +294,9 @@ impl Transport {
             }
         };
         if warn {
-            tracing::warn!(%peer, error, "mesh handshake {dir} a peer failed (a certificate from another CA, another cluster id, or not a kvmesh node?); said at most once a minute per address");
+            tracing::warn!(%peer, error, "mesh handshake {dir} a peer refused by TLS (a certificate from another CA, another cluster id, or not a kvmesh node?); said at most once a minute per address");
         } else {
-            tracing::debug!(%peer, error, "mesh handshake {dir} a peer failed");
+            tracing::debug!(%peer, error, "mesh handshake {dir} a peer refused by TLS");
         }
     }
 
@@ -371,7 +384,7 @@ impl Transport {
         let conn = match tokio::time::timeout(IDLE_TIMEOUT, connecting).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
-                self.handshake_failed(peer, "to", &e.to_string());
+                self.handshake_failed(peer, "to", &e);
                 return Err(err(e.to_string()));
             }
             Err(_) => return Err(err("handshake timed out".into())),

@@ -1,5 +1,6 @@
-//! A router that restarts, or joins a running cluster, takes the engines it comes to own by
-//! handover from their owners — never by reading them afresh while it is still alone. (A
+//! A router that restarts (the cluster's seed included), or joins a running cluster, takes
+//! the engines it comes to own by handover from their owners — never by reading them afresh
+//! while it is still alone. (A
 //! joining router used to own every engine alone at its start, before it met anyone; once it
 //! met the cluster, the engines it kept were followed from those new feeds, and what the
 //! engines' replay no longer held vanished from every router's index.) Seeded, sans-IO.
@@ -77,6 +78,28 @@ fn a_restarted_or_new_router_takes_its_engines_by_handover() {
             fresh_before,
             fresh_after[..2],
             "seed {seed}: the routers that stayed started nothing afresh"
+        );
+        // The first router (no seeds of its own: the others' seed) comes back.
+        s.run(1_000_000, events);
+        s.kill(0);
+        let gone = s.until(30_000_000, |s| s.membership_converged() && s.converged());
+        assert!(
+            gone.is_some(),
+            "seed {seed}: no convergence after the seed's kill"
+        );
+        s.run(1_000_000, events);
+        s.start(0, None);
+        let back = s.until(30_000_000, |s| s.membership_converged() && s.converged());
+        assert!(
+            back.is_some(),
+            "seed {seed}: the seed did not come back\n{}",
+            s.explain()
+        );
+        let n = s.nodes[0].as_ref().expect("alive");
+        assert_eq!(
+            n.fresh_starts, 0,
+            "seed {seed}: the restarted seed read {} engine(s) afresh",
+            n.fresh_starts
         );
     }
 }

@@ -175,7 +175,7 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
             ),
             (
                 "kvmesh_mesh_handshake_failures",
-                "Mesh handshakes refused (certificate not from the cluster CA, garbage)",
+                "Mesh handshakes refused by TLS (a certificate not from the cluster CA, another cluster id)",
                 t.handshake_failures.load(Relaxed),
             ),
             (

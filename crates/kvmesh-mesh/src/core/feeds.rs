@@ -6,7 +6,7 @@
 //! an owner asks the engine's other owners (and the source it followed) for a handover
 //! snapshot — the blocks with the engine's own hashes and the seq to resume at — and starts
 //! reading the engine with it ([`Apply::Own`]); with nobody to ask, or nobody answering within
-//! [`HANDOVER_TICKS`] anti-entropy periods, it starts afresh (the engine is stale until its
+//! [`HANDOVER_WAIT_US`], it starts afresh (the engine is stale until its
 //! stream is exact again). A router that stops owning keeps its feed for
 //! [`RETIRED_TICKS`] periods to serve the next owner's handover.
 
@@ -17,8 +17,9 @@ use kvmesh_state::{
 };
 use std::collections::{BTreeSet, HashMap};
 
-/// Anti-entropy periods a new owner waits for a handover before starting afresh.
-pub const HANDOVER_TICKS: u32 = 3;
+/// How long a new owner waits for a handover before starting afresh (µs of cluster time;
+/// it asks again every anti-entropy period meanwhile).
+pub const HANDOVER_WAIT_US: u64 = 3_000_000;
 /// Anti-entropy periods a former owner keeps its feed for the next owner's handover.
 pub const RETIRED_TICKS: u32 = 5;
 /// Owners asked for a handover at most.
@@ -89,8 +90,8 @@ pub(super) struct Feeds {
     engines: BTreeSet<u64>,
     ins: HashMap<u64, FeedIn>,
     outs: HashMap<u64, FeedOut>,
-    /// Engines this node should own, waiting for a handover: periods waited.
-    handover: HashMap<u64, u32>,
+    /// Engines this node should own, waiting for a handover: until when.
+    handover: HashMap<u64, u64>,
     /// Former feeds kept for a handover: periods left.
     retired: HashMap<u64, (FeedOut, u32)>,
     /// Per owned engine: what its head did over the last periods.
@@ -187,6 +188,7 @@ impl Feeds {
     /// Ownership and following after a membership or engine change. Returns the moves.
     pub(super) fn rebalance(
         &mut self,
+        now_us: u64,
         live: &[Live],
         pulls: &mut Vec<(NodeId, FeedPull)>,
         applies: &mut Vec<Apply>,
@@ -208,7 +210,9 @@ impl Feeds {
                     // Waiting already: the members changed, and with them whom to ask (a
                     // router that has just joined asked the owners among the members it knew
                     // then; a member that owns nothing has no feed to hand over).
-                    self.handover.entry(engine).or_insert(0);
+                    self.handover
+                        .entry(engine)
+                        .or_insert(now_us.saturating_add(HANDOVER_WAIT_US));
                     for o in ask {
                         pulls.push((o, handover_pull(engine, o)));
                     }
@@ -437,13 +441,12 @@ impl Feeds {
     }
 
     /// Every anti-entropy period: heads to announce (with their receivers: the live routers
-    /// that do not own the engine), pulls of unsynced feeds, handovers that waited too long,
-    /// retired feeds aging.
+    /// that do not own the engine), pulls of unsynced feeds, handovers asked again, retired
+    /// feeds aging.
     #[allow(clippy::type_complexity)]
     pub(super) fn periodic(
         &mut self,
         live: &[Live],
-        applies: &mut Vec<Apply>,
     ) -> (Vec<(Vec<NodeId>, FeedHead)>, Vec<(NodeId, FeedPull)>) {
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
         let mut heads = Vec::new();
@@ -488,39 +491,52 @@ impl Feeds {
                 ));
             }
         }
-        let late: Vec<u64> = self
-            .handover
-            .iter_mut()
-            .filter_map(|(e, t)| {
-                *t += 1;
-                (*t > HANDOVER_TICKS).then_some(*e)
-            })
-            .collect();
         // Not answered yet: asked again (whom to ask may have changed, or the one asked was
         // itself waiting for the feed then).
-        let waiting: Vec<u64> = self
-            .handover
-            .keys()
-            .copied()
-            .filter(|e| !late.contains(e))
-            .collect();
+        let waiting: Vec<u64> = self.handover.keys().copied().collect();
         for e in waiting {
             let owners = self.owners_of(e, &ids);
             for o in self.handover_asks(e, &owners, &ids) {
                 pulls.push((o, handover_pull(e, o)));
             }
         }
+        self.retired.retain(|_, (_, t)| {
+            *t = t.saturating_sub(1);
+            *t > 0
+        });
+        (heads, pulls)
+    }
+}
+
+impl Feeds {
+    /// Handovers that waited past [`HANDOVER_WAIT_US`] at `now_us` start afresh.
+    pub(super) fn expire_handovers(
+        &mut self,
+        now_us: u64,
+        live: &[Live],
+        applies: &mut Vec<Apply>,
+    ) {
+        if self.handover.values().all(|&until| until > now_us) {
+            return;
+        }
+        let late: Vec<u64> = self
+            .handover
+            .iter()
+            .filter(|&(_, &until)| until <= now_us)
+            .map(|(&e, _)| e)
+            .collect();
+        let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
         for e in late {
             self.start(e, None, applies);
             let owners = self.owners_of(e, &ids);
             let mut p = Vec::new();
             self.follow(e, &owners, live, &mut p, applies);
         }
-        self.retired.retain(|_, (_, t)| {
-            *t = t.saturating_sub(1);
-            *t > 0
-        });
-        (heads, pulls)
+    }
+
+    /// Whether a handover waits.
+    pub(super) fn waits_for_handovers(&self) -> bool {
+        !self.handover.is_empty()
     }
 }
 

@@ -333,16 +333,10 @@ impl MeshCore {
                     .push(Output::Apply(Apply::PeerLoad { engine, others }));
             }
         }
-        // Feed sources announce their heads; receivers still unsynced ask again; handovers
-        // that waited too long start afresh.
+        // Feed sources announce their heads; receivers still unsynced and owners waiting for
+        // a handover ask again.
         let live = self.live();
-        let mut applies = Vec::new();
-        let (heads, pulls) = self.feeds.periodic(&live, &mut applies);
-        self.counters.ownership_moves += applies
-            .iter()
-            .filter(|a| matches!(a, Apply::Own { .. }))
-            .count() as u64;
-        self.out.extend(applies.into_iter().map(Output::Apply));
+        let (heads, pulls) = self.feeds.periodic(&live);
         self.send_pulls(pulls, now_us);
         if !heads.is_empty() {
             for (n, m) in self.peers.clone() {

@@ -117,20 +117,23 @@ impl MeshCore {
 
     /// Ownership and following after a change of members or engines.
     ///
-    /// A router that joins (it has seeds: not `first`) takes no engine while it knows no
-    /// member and is not warm: alone, it would start reading every engine afresh, and once
-    /// it met the cluster, the engines it kept would be followed from its new feeds — what
-    /// the engine's replay no longer holds gone from every router's index. It waits for the
-    /// members (then the engines' owners hand their feeds over) or for the warm-up time to
-    /// pass without any (then it is the cluster: [`MeshCore::tick`]).
+    /// A router that has just started takes no engine while it knows no member: alone, it
+    /// would start reading every engine afresh, and once it met the cluster, the engines it
+    /// kept would be followed from its new feeds — what the engine's replay no longer holds
+    /// gone from every router's index. That holds for the first router too (no seeds: a
+    /// cluster's seed restarted is one, and its peers, announcing to it, meet it within a
+    /// second). It waits for the members (then the engines' owners hand their feeds over) or
+    /// for the warm-up time to pass without any (then it is the cluster: [`MeshCore::tick`]).
     pub(super) fn rebalance(&mut self, now_us: u64) {
-        if !self.warm && self.peers.is_empty() {
+        if self.peers.is_empty() && !self.alone_over {
             return;
         }
         let live = self.live();
         let mut pulls = Vec::new();
         let mut applies = Vec::new();
-        let moves = self.feeds.rebalance(&live, &mut pulls, &mut applies);
+        let moves = self
+            .feeds
+            .rebalance(now_us, &live, &mut pulls, &mut applies);
         self.counters.ownership_moves += moves;
         self.out.extend(applies.into_iter().map(Output::Apply));
         self.send_pulls(pulls, now_us);

@@ -231,6 +231,10 @@ pub struct MeshCore {
     orphans: BTreeMap<u64, u64>,
     warm: bool,
     warm_at: u64,
+    /// Until when a node that knows no member takes no engine (see `rebalance`).
+    alone_until: u64,
+    /// `alone_until` has passed: alone, the node is the cluster and reads every engine.
+    alone_over: bool,
     /// The latest time an input carried.
     now: u64,
     /// Whole-state envelopes received per sender, and how many it said there are.
@@ -271,6 +275,8 @@ impl MeshCore {
                 registry: RegistrySet::new(),
             },
             warm_at: now_us.saturating_add(cfg.warm_bound_us),
+            alone_until: now_us.saturating_add(cfg.warm_bound_us),
+            alone_over: false,
             next_flush: now_us.saturating_add(cfg.flush_us),
             load_tat: now_us,
             load_news: false,
@@ -435,6 +441,9 @@ impl MeshCore {
         if !self.warm {
             t = t.min(self.warm_at);
         }
+        if !self.alone_over {
+            t = t.min(self.alone_until);
+        }
         t
     }
 
@@ -540,8 +549,21 @@ impl MeshCore {
             self.warm = true;
             self.out
                 .push(Output::Apply(Apply::Warm { received: false }));
+        }
+        if !self.alone_over && now_us >= self.alone_until {
+            self.alone_over = true;
             // Alone until now, it owned nothing (see `rebalance`): it takes its engines.
             self.rebalance(now_us);
+        }
+        if self.feeds.waits_for_handovers() {
+            let live = self.live();
+            let mut applies = Vec::new();
+            self.feeds.expire_handovers(now_us, &live, &mut applies);
+            self.counters.ownership_moves += applies
+                .iter()
+                .filter(|a| matches!(a, Apply::Own { .. }))
+                .count() as u64;
+            self.out.extend(applies.into_iter().map(Output::Apply));
         }
         if now_us >= self.next_flush {
             self.next_flush = now_us + self.flush_period();
