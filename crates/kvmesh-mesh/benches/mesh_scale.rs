@@ -143,8 +143,11 @@ fn main() {
             seen: Default::default(),
             busy: true,
         };
-        // Warm-up, then the steady window whose received bytes are counted.
-        s.run(2_000_000, |s| load.tick(s));
+        // Warm-up (past the cluster's formation: its new owners wait up to
+        // `HANDOVER_WAIT_US` for a handover nobody can give, then read their engines and
+        // every router pulls their feeds), then the steady window whose received bytes are
+        // counted.
+        s.run(6_000_000, |s| load.tick(s));
         let before: Vec<u64> = s.bytes_in.clone();
         let counts = |s: &Sim| {
             s.nodes
