@@ -167,6 +167,23 @@ impl ServeArgs {
         if self.no_mesh {
             m.enabled = false;
         }
+        // A mesh flag on a router that will not join a mesh is a mistake, not a no-op.
+        let mesh_flags = [
+            ("--mesh-listen", self.mesh_listen.is_some()),
+            ("--seed", !self.seeds.is_empty()),
+            ("--seed-dns", self.seed_dns.is_some()),
+            ("--cluster-id", self.cluster_id.is_some()),
+            ("--tls-dir", self.tls_dir.is_some()),
+            ("--ingest-replicas", self.ingest_replicas.is_some()),
+        ];
+        if !m.enabled
+            && !self.no_mesh
+            && let Some((flag, _)) = mesh_flags.iter().find(|(_, given)| *given)
+        {
+            return Err(format!(
+                "{flag} configures the mesh, which is off: give --node-id NAME (or set [serve.mesh] enabled and node_id in --config)"
+            ));
+        }
         file.validate().map_err(|e| e.to_string())?;
         if file.serve.engines.is_empty() && file.serve.dns.is_empty() {
             return Err(

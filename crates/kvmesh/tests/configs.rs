@@ -547,3 +547,32 @@ async fn the_dashboard_queries_only_exported_metrics_and_the_probes_answer() {
     sims.shutdown(Duration::from_secs(5)).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn mesh_flags_on_a_router_without_a_mesh_are_refused() {
+    let serve = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+            .args(["serve", "--engine", "http://127.0.0.1:9", "--check-config"])
+            .args(extra)
+            .output()
+            .expect("kvmesh serve --check-config")
+    };
+    for flag in [
+        &["--seed", "127.0.0.1:7946"][..],
+        &["--mesh-listen", "127.0.0.1:7946"],
+        &["--cluster-id", "prod"],
+        &["--tls-dir", "certs"],
+    ] {
+        let out = serve(flag);
+        assert!(!out.status.success(), "{flag:?} without --node-id");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag[0]) && err.contains("--node-id"), "{err}");
+    }
+    assert!(serve(&[]).status.success(), "no mesh flag: a router alone");
+    assert!(
+        serve(&["--no-mesh", "--seed", "127.0.0.1:7946"])
+            .status
+            .success(),
+        "--no-mesh says the mesh is off on purpose"
+    );
+}
