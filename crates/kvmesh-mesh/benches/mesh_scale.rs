@@ -114,7 +114,10 @@ fn main() {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(100),
-            load_burst: 8,
+            load_burst: std::env::var("KVMESH_SCALE_LOAD_BURST")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(8),
             anti_entropy_us: 1_000_000,
             ingest_replicas: 2,
             mark_capacity: 131_072,

@@ -119,7 +119,7 @@ pub fn generate_with_ca(
     sign(nodes, ca_pem.to_string(), ca_key)
 }
 
-fn sign(nodes: &[String], ca_pem: String, ca_key: KeyPair) -> Result<ClusterCerts, CertError> {
+fn check_names(nodes: &[String]) -> Result<(), CertError> {
     for (i, n) in nodes.iter().enumerate() {
         if !valid_name(n) {
             return Err(CertError::BadName(n.clone()));
@@ -128,6 +128,11 @@ fn sign(nodes: &[String], ca_pem: String, ca_key: KeyPair) -> Result<ClusterCert
             return Err(CertError::DuplicateName(n.clone()));
         }
     }
+    Ok(())
+}
+
+fn sign(nodes: &[String], ca_pem: String, ca_key: KeyPair) -> Result<ClusterCerts, CertError> {
+    check_names(nodes)?;
     let ca = ca_params()?;
     let issuer = Issuer::from_params(&ca, &ca_key);
     let mut out = Vec::with_capacity(nodes.len());
@@ -159,6 +164,7 @@ fn sign(nodes: &[String], ca_pem: String, ca_key: KeyPair) -> Result<ClusterCert
 /// already in `dir` (nodes added to a cluster) or by a new one; never overwriting a file.
 /// Returns whether the CA was there already.
 pub fn add_to_dir(dir: &Path, nodes: &[String]) -> Result<bool, CertError> {
+    check_names(nodes)?;
     let (ca_pem, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
     let read = |p: &Path| {
         std::fs::read_to_string(p).map_err(|source| CertError::Io {

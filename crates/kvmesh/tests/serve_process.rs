@@ -157,6 +157,8 @@ fn serve_startup_errors_name_the_problem() {
         "serve",
         "--engine",
         "http://127.0.0.1:1",
+        "--node-id",
+        "a",
         "--ingest-replicas",
         "65",
     ]);

@@ -248,7 +248,7 @@ pub struct MeshCore {
     /// The envelope rate's theoretical arrival time (µs, the generic cell rate algorithm):
     /// each flush that sends the members an envelope moves it one
     /// [`MeshCore::load_flush_spacing`] past `max(it, now)`; an in-flight change flushes once
-    /// it is at most `load_burst - 1` spacings ahead of now.
+    /// it is at most `load_burst - 1` spacings ahead of now (up to 16 routers; beyond, 0).
     load_tat: u64,
     /// Whether an in-flight change waits in the outbox.
     load_news: bool,
@@ -418,14 +418,20 @@ impl MeshCore {
     /// are under the rate of one per [`MeshCore::load_flush_spacing`] with bursts of
     /// `load_burst` (completions come in bursts: an engine ends several requests in one
     /// decode step, and their clients' next turns arrive together at other routers); with
-    /// the flush period when `load_flush_us` is 0.
+    /// the flush period when `load_flush_us` is 0. Beyond 16 routers there are no bursts
+    /// (changes go with the flush period's spacing, as the short way is for small clusters):
+    /// at 128 routers, bursts of 8 slowed the agreement after a partition heals from 1.6 to
+    /// 2.3–2.6 s (`mesh_scale`, seeds 2 and 3).
     fn load_due(&self) -> u64 {
         if self.cfg.load_flush_us == 0 {
             return self.next_flush;
         }
-        let slack = self
-            .load_flush_spacing()
-            .saturating_mul(self.cfg.load_burst.max(1) - 1);
+        let burst = if self.peers.len() + 1 > 16 {
+            1
+        } else {
+            self.cfg.load_burst.max(1)
+        };
+        let slack = self.load_flush_spacing().saturating_mul(burst - 1);
         self.load_tat.saturating_sub(slack)
     }
 
