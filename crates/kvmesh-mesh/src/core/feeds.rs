@@ -232,9 +232,10 @@ impl Feeds {
 
     /// Whom a new owner of `engine` asks for its feed: the engine's other owners, the
     /// owners it had without this node and the next two in rank (those that read it until
-    /// this node came: a router that joins, or comes back, and outranks them), the source this node followed, and the
-    /// last router heard announcing a head of the engine's feed (when several routers came
-    /// at once, the owners without this node may be others that just came).
+    /// this node came: a router that joins, or comes back, and outranks them), the source
+    /// this node followed, and the last router heard announcing a head of the engine's feed
+    /// (when several routers came at once, the owners without this node may be others that
+    /// just came).
     fn handover_asks(&self, engine: u64, owners: &[NodeId], ids: &[NodeId]) -> Vec<NodeId> {
         let mut ask: Vec<NodeId> = owners
             .iter()

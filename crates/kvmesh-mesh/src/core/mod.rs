@@ -196,6 +196,11 @@ pub struct CoreCounters {
 /// every router's state until their engine goes.
 pub const MARK_CLOCK_ALLOWANCE_US: u64 = 10_000_000;
 
+/// Up to this many routers, in-flight changes take the short way: an envelope per change
+/// (spaced `load_flush_us` × routers, in bursts of `load_burst`); beyond, they go with the
+/// flush period.
+const SHORT_WAY_ROUTERS: u64 = 16;
+
 /// Per peer: when its last envelope arrived and how old it was.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PeerLag {
@@ -231,9 +236,8 @@ pub struct MeshCore {
     orphans: BTreeMap<u64, u64>,
     warm: bool,
     warm_at: u64,
-    /// Until when a node that knows no member takes no engine (see `rebalance`).
-    alone_until: u64,
-    /// `alone_until` has passed: alone, the node is the cluster and reads every engine.
+    /// `warm_at` has passed: a node that knows no member is the cluster and reads every
+    /// engine (until then it takes none: see `rebalance`).
     alone_over: bool,
     /// The latest time an input carried.
     now: u64,
@@ -275,7 +279,6 @@ impl MeshCore {
                 registry: RegistrySet::new(),
             },
             warm_at: now_us.saturating_add(cfg.warm_bound_us),
-            alone_until: now_us.saturating_add(cfg.warm_bound_us),
             alone_over: false,
             next_flush: now_us.saturating_add(cfg.flush_us),
             load_tat: now_us,
@@ -409,7 +412,7 @@ impl MeshCore {
         let period = self.flush_period();
         match self.cfg.load_flush_us {
             0 => period,
-            _ if n > 16 => period,
+            _ if n > SHORT_WAY_ROUTERS => period,
             us => us.saturating_mul(n).min(period),
         }
     }
@@ -426,7 +429,7 @@ impl MeshCore {
         if self.cfg.load_flush_us == 0 {
             return self.next_flush;
         }
-        let burst = if self.peers.len() + 1 > 16 {
+        let burst = if self.peers.len() as u64 + 1 > SHORT_WAY_ROUTERS {
             1
         } else {
             self.cfg.load_burst.max(1)
@@ -448,7 +451,7 @@ impl MeshCore {
             t = t.min(self.warm_at);
         }
         if !self.alone_over {
-            t = t.min(self.alone_until);
+            t = t.min(self.warm_at);
         }
         t
     }
@@ -556,7 +559,7 @@ impl MeshCore {
             self.out
                 .push(Output::Apply(Apply::Warm { received: false }));
         }
-        if !self.alone_over && now_us >= self.alone_until {
+        if !self.alone_over && now_us >= self.warm_at {
             self.alone_over = true;
             // Alone until now, it owned nothing (see `rebalance`): it takes its engines.
             self.rebalance(now_us);
