@@ -106,6 +106,14 @@ pub struct EngineEntry {
     pub models: Vec<String>,
 }
 
+/// What an engine's weight must be.
+pub const WEIGHT_RULE: &str = "must be a number from 0.001 to 1000000 (weights are kept to thousandths, as the mesh carries them)";
+
+/// Whether `w` is a weight an engine may have ([`WEIGHT_RULE`]).
+pub fn valid_weight(w: f64) -> bool {
+    w.is_finite() && (0.001..=1e6).contains(&w)
+}
+
 impl Default for EngineEntry {
     fn default() -> Self {
         EngineEntry {
@@ -168,9 +176,9 @@ impl EngineEntry {
             "must be an http:// base URL such as http://127.0.0.1:8000 (a host, a port 1-65535, no path)",
         )?;
         check(
-            self.weight.is_finite() && self.weight > 0.0 && self.weight <= 1e6,
+            valid_weight(self.weight),
             &format!("{at}.weight"),
-            "must be a positive number up to 1000000",
+            WEIGHT_RULE,
         )?;
         check(
             self.kv_events.is_empty() || self.kv_events.starts_with("tcp://"),
@@ -341,14 +349,71 @@ impl ServeConfig {
             .unwrap_or(self.prefix.block_size)
     }
 
+    /// Whether the engine URL `url` (valid) is this router's listen address: the same port on
+    /// the same IP, or on a loopback or named-localhost host when the router listens on every
+    /// address.
+    fn is_own_address(&self, url: &str) -> bool {
+        let Ok(listen) = self.listen.parse::<std::net::SocketAddr>() else {
+            return false;
+        };
+        let Some((host, port)) = url
+            .strip_prefix("http://")
+            .and_then(|hp| hp.rsplit_once(':'))
+        else {
+            return false;
+        };
+        if port.parse::<u16>() != Ok(listen.port()) {
+            return false;
+        }
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        match host.parse::<std::net::IpAddr>() {
+            Ok(ip) => ip == listen.ip() || (listen.ip().is_unspecified() && ip.is_loopback()),
+            Err(_) => {
+                host == "localhost" && (listen.ip().is_unspecified() || listen.ip().is_loopback())
+            }
+        }
+    }
+
+    /// Checks what the configuration names on disk: each tokenizer path given (the default,
+    /// empty, is the bundled one) exists.
+    pub fn check_files(&self) -> Result<(), ConfigError> {
+        let mut paths = vec![("serve.prefix.tokenizer".to_string(), &self.prefix.tokenizer)];
+        for (name, m) in &self.models {
+            if let Some(t) = &m.tokenizer {
+                paths.push((format!("serve.models.{name}.tokenizer"), t));
+            }
+        }
+        for (key, path) in paths {
+            check(
+                path.is_empty() || std::path::Path::new(path).exists(),
+                &key,
+                &format!("names {path}, which does not exist"),
+            )?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn validate(&self, at: &str) -> Result<(), ConfigError> {
         check(
             self.listen.parse::<std::net::SocketAddr>().is_ok(),
             &format!("{at}.listen"),
             "must be an IP:port address such as 127.0.0.1:8080",
         )?;
+        let mut seen = std::collections::BTreeSet::new();
         for (i, e) in self.engines.iter().enumerate() {
-            e.validate(&format!("{at}.engines[{i}]"))?;
+            let at = format!("{at}.engines[{i}]");
+            e.validate(&at)?;
+            let url = e.url.trim_end_matches('/');
+            check(
+                seen.insert(url),
+                &format!("{at}.url"),
+                "names an engine listed before it",
+            )?;
+            check(
+                !self.is_own_address(url),
+                &format!("{at}.url"),
+                "is this router's own listen address (requests would loop)",
+            )?;
         }
         for (i, d) in self.dns.iter().enumerate() {
             check(
@@ -364,9 +429,9 @@ impl ServeConfig {
                 "must be at least 100",
             )?;
             check(
-                d.weight.is_finite() && d.weight > 0.0,
+                valid_weight(d.weight),
                 &format!("{at}.dns[{i}].weight"),
-                "must be a positive number",
+                WEIGHT_RULE,
             )?;
         }
         self.routing
@@ -482,6 +547,73 @@ mod tests {
         ] {
             assert!(!valid_base_url(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn engines_listed_twice_or_at_the_routers_own_address_are_refused() {
+        let parse = |t: &str| crate::KvmeshConfig::from_toml_str(t, "test");
+        let two = |a: &str, b: &str, listen: &str| {
+            format!(
+                "[serve]\nlisten = \"{listen}\"\n[[serve.engines]]\nurl = \"{a}\"\n\
+                 [[serve.engines]]\nurl = \"{b}\"\n"
+            )
+        };
+        parse(&two(
+            "http://127.0.0.1:8001",
+            "http://127.0.0.1:8002",
+            "127.0.0.1:8080",
+        ))
+        .expect("two engines");
+        let e = parse(&two(
+            "http://127.0.0.1:8001",
+            "http://127.0.0.1:8001/",
+            "127.0.0.1:8080",
+        ))
+        .expect_err("twice");
+        assert!(e.to_string().contains("serve.engines[1].url"), "{e}");
+        for (engine, listen) in [
+            ("http://127.0.0.1:8080", "127.0.0.1:8080"),
+            ("http://localhost:8080", "0.0.0.0:8080"),
+            ("http://127.0.0.2:8080", "0.0.0.0:8080"),
+            ("http://[::1]:8080", "[::]:8080"),
+        ] {
+            let e = parse(&two("http://127.0.0.1:8001", engine, listen)).expect_err(engine);
+            assert!(e.to_string().contains("own listen address"), "{e}");
+        }
+        // Another port, or another host of the same port: another server.
+        parse(&two(
+            "http://127.0.0.1:8001",
+            "http://127.0.0.1:8081",
+            "127.0.0.1:8080",
+        ))
+        .expect("another port");
+        parse(&two(
+            "http://127.0.0.1:8001",
+            "http://10.0.0.5:8080",
+            "127.0.0.1:8080",
+        ))
+        .expect("another host");
+    }
+
+    #[test]
+    fn tokenizer_paths_must_exist() {
+        let mut c = ServeConfig::default();
+        c.check_files().expect("the bundled tokenizer");
+        c.prefix.tokenizer = env!("CARGO_MANIFEST_DIR").into();
+        c.check_files().expect("an existing path");
+        c.prefix.tokenizer = "/no/such/tokenizer.json".into();
+        let e = c.check_files().expect_err("missing");
+        assert!(e.to_string().contains("serve.prefix.tokenizer"), "{e}");
+        c.prefix.tokenizer = String::new();
+        c.models.insert(
+            "m".into(),
+            crate::ModelConfig {
+                tokenizer: Some("/no/such/dir".into()),
+                ..Default::default()
+            },
+        );
+        let e = c.check_files().expect_err("missing");
+        assert!(e.to_string().contains("serve.models.m.tokenizer"), "{e}");
     }
 
     #[test]

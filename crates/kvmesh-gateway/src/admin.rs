@@ -1,18 +1,21 @@
-//! `/admin/engines`: list, add and remove engines at run time, behind a bearer token.
+//! `/admin/engines`: list, add, reweigh and remove engines at run time, behind a bearer
+//! token. Meshed, an add, a weight and a removal reach every router (see the mesh's
+//! registry); an engine its DNS name resolves is that name's to remove.
 
 use crate::engine::Source;
 use crate::gateway::Gateway;
 use crate::probe;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use kvmesh_config::EngineEntry;
-use kvmesh_http::{Body, bearer_ok, error, json, read_body};
+use kvmesh_config::{EngineEntry, WEIGHT_RULE, valid_weight};
+use kvmesh_http::{Body, bearer_ok, error, json, not_allowed, read_body};
 use kvmesh_openai::{ApiError, parse_body};
 use kvmesh_policy::BreakerState;
+use kvmesh_prefix::EngineId;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-/// `GET | POST | DELETE /admin/engines`.
+/// `GET | POST | PATCH | DELETE /admin/engines`.
 pub async fn engines(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     if gw.cfg.admin_token.is_empty() {
         return error(&ApiError::with_status(
@@ -28,8 +31,9 @@ pub async fn engines(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body
     let result = match method {
         Method::GET => Ok(list(gw)),
         Method::POST => add(gw, req).await,
+        Method::PATCH => reweigh(gw, req).await,
         Method::DELETE => remove(gw, req, query).await,
-        m => Err(ApiError::method_not_allowed(m.as_str(), "/admin/engines")),
+        m => return not_allowed(&m, "/admin/engines", "GET, POST, PATCH, DELETE"),
     };
     result.unwrap_or_else(|e| error(&e))
 }
@@ -52,7 +56,7 @@ fn list(gw: &Gateway) -> Response<Body> {
             drop(t);
             serde_json::json!({
                 "url": e.url,
-                "weight": e.base_weight,
+                "weight": e.base_weight(),
                 "effective_weight": e.view(now, fleet).weight,
                 "kv_events": e.kv_events,
                 "models": e.models(),
@@ -94,6 +98,45 @@ async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>
     ))
 }
 
+/// `PATCH {"url": …, "weight": N}`: the engine's configured weight, here and (meshed) on
+/// every router.
+async fn reweigh(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Patch {
+        url: String,
+        weight: f64,
+    }
+    let (parts, body) = req.into_parts();
+    let body = read_body(
+        &parts.headers,
+        body,
+        64 * 1024,
+        std::time::Duration::from_millis(gw.cfg.body_read_timeout_ms),
+    )
+    .await?;
+    let p: Patch = parse_body(&body)?;
+    if !valid_weight(p.weight) {
+        return Err(ApiError::bad_request(
+            "invalid_value",
+            format!("weight {WEIGHT_RULE}"),
+        ));
+    }
+    let url = p.url.trim_end_matches('/');
+    let e = gw
+        .registry
+        .set_weight(EngineId::from_url(url), p.weight)
+        .ok_or_else(|| ApiError::with_status(404, format!("no engine {url}")))?;
+    if let Some(m) = gw.mesh.get() {
+        m.engine_added(&e.entry());
+    }
+    tracing::info!(engine = %e.url, weight = e.base_weight(), "engine weight set by the admin API");
+    Ok(json(
+        200,
+        serde_json::json!({ "url": e.url, "weight": e.base_weight() }).to_string(),
+    ))
+}
+
 async fn remove(
     gw: &Arc<Gateway>,
     req: Request<Incoming>,
@@ -122,7 +165,20 @@ async fn remove(
             parse_body::<Del>(&body)?.url
         }
     };
-    match gw.registry.remove(&url) {
+    if let Some(e) = gw
+        .registry
+        .get(EngineId::from_url(url.trim_end_matches('/')))
+        && let Source::Dns(name) = &e.source
+    {
+        return Err(ApiError::with_status(
+            409,
+            format!(
+                "engine {} comes from DNS name {name}, resolved again and again: it would come back; remove it from the DNS records",
+                e.url
+            ),
+        ));
+    }
+    match gw.registry.remove(url.trim_end_matches('/')) {
         Some(e) => {
             if let Some(m) = gw.mesh.get() {
                 m.engine_removed(&e.url);

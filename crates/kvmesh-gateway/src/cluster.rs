@@ -140,6 +140,41 @@ fn peer_entry(engine: u64, record: &EngineRecord) -> Result<EngineEntry, String>
     Ok(entry)
 }
 
+/// A peer's record of an engine: added if this router lacks it; else its weight taken (any
+/// router's admin API or config sets the cluster's). Its endpoints and models are each
+/// router's own once it has the engine: a difference is logged, not applied (the admin
+/// API removes and adds an engine to change them).
+fn upsert(gw: &Arc<Gateway>, engine: u64, record: &EngineRecord) {
+    let entry = match peer_entry(engine, record) {
+        Ok(e) => e,
+        Err(err) => {
+            tracing::warn!(error = %err, "engine from a peer refused");
+            return;
+        }
+    };
+    if let Some(e) = gw.registry.get(EngineId(engine)) {
+        let before = e.base_weight();
+        if (before - entry.weight).abs() > 1e-9 {
+            gw.registry.set_weight(e.id, entry.weight);
+            tracing::info!(engine = %e.url, from = before, to = e.base_weight(), "engine weight set by the cluster");
+        }
+        if (&e.kv_events, &e.kv_replay, &e.static_models)
+            != (&entry.kv_events, &entry.kv_replay, &entry.models)
+        {
+            tracing::warn!(engine = %e.url, kv_events = %entry.kv_events, kv_replay = %entry.kv_replay, models = ?entry.models, "the cluster's record of this engine has other endpoints or models than this router's: this router keeps its own");
+        }
+        return;
+    }
+    match probe::add_engine(gw, &entry, Source::Mesh, true) {
+        Ok(e) => {
+            tracing::info!(engine = %e.url, "engine added by a peer");
+            let g = gw.clone();
+            tokio::spawn(async move { probe::discover(&g, &e).await });
+        }
+        Err(err) => tracing::warn!(error = %err, "engine from a peer refused"),
+    }
+}
+
 fn record(entry: &EngineEntry) -> EngineRecord {
     EngineRecord {
         url: entry.url.trim_end_matches('/').to_string(),
@@ -245,6 +280,18 @@ impl Cluster {
             dropped,
         })));
         let _ = gw.mesh.set(c.clone());
+        // The engines of this router's config seed the cluster's registry once it holds it.
+        let seeds: Vec<(u64, EngineRecord)> = gw
+            .registry
+            .members()
+            .iter()
+            .filter(|e| e.source == Source::Static)
+            .map(|e| (e.id.0, record(&e.entry())))
+            .collect();
+        c.input
+            .send(Input::SeedEngines(seeds))
+            .await
+            .map_err(|_| "mesh: the node stopped at its start".to_string())?;
         tracing::info!(node = %cfg.node_id, addr = %c.addr().map(|a| a.to_string()).unwrap_or_default(), "joined the mesh");
         let flush = Duration::from_millis(cfg.flush_ms);
         let (g, cl) = (gw.clone(), c.clone());
@@ -303,8 +350,10 @@ impl Cluster {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut told: Option<(BTreeSet<u64>, BTreeSet<u64>)> = None;
+        let mut conflicts_warned: Option<std::time::Instant> = None;
         loop {
             tick.tick().await;
+            self.warn_name_conflicts(&mut conflicts_warned);
             let members = gw.registry.members();
             let all: BTreeSet<u64> = members.iter().map(|e| e.id.0).collect();
             let events: BTreeSet<u64> = members
@@ -339,6 +388,27 @@ impl Cluster {
         }
     }
 
+    /// Warns (at most once a minute) while two live routers have had one name for 10 s or
+    /// more: longer than a restart on another address takes to resolve.
+    fn warn_name_conflicts(&self, warned: &mut Option<std::time::Instant>) {
+        if warned.is_some_and(|w| w.elapsed() < Duration::from_secs(60)) {
+            return;
+        }
+        let now = (self.now)();
+        let lasting: Vec<String> = lock(&self.core)
+            .name_conflicts()
+            .filter(|(_, (_, since))| now.saturating_sub(*since) >= 10_000_000)
+            .map(|(name, (addrs, _))| {
+                let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+                format!("{name} at {}", addrs.join(" and "))
+            })
+            .collect();
+        if !lasting.is_empty() {
+            *warned = Some(std::time::Instant::now());
+            tracing::error!(routers = %lasting.join("; "), "two live routers have one node id: give each router its own --node-id (the mesh's state takes them for one router)");
+        }
+    }
+
     /// Keeps the registry told where this router stands among the live routers (its rank by
     /// name), which `least_request` splits ties by.
     async fn slot_loop(self: Arc<Self>, gw: Arc<Gateway>) {
@@ -361,30 +431,15 @@ impl Cluster {
                     apply_mark(&gw, &mark);
                 }
                 Apply::PeerLoad { engine, others } => set_peer_load(&gw, engine, others),
-                Apply::EngineUpsert { engine, record } => {
-                    if gw.registry.get(EngineId(engine)).is_none() {
-                        let entry = match peer_entry(engine, &record) {
-                            Ok(e) => e,
-                            Err(err) => {
-                                tracing::warn!(error = %err, "engine from a peer refused");
-                                continue;
-                            }
-                        };
-                        match probe::add_engine(&gw, &entry, Source::Mesh, true) {
-                            Ok(e) => {
-                                tracing::info!(engine = %e.url, "engine added by a peer");
-                                let g = gw.clone();
-                                tokio::spawn(async move { probe::discover(&g, &e).await });
-                            }
-                            Err(err) => tracing::warn!(error = %err, "engine from a peer refused"),
-                        }
-                    }
-                }
+                Apply::EngineUpsert { engine, record } => upsert(&gw, engine, &record),
                 Apply::EngineRemoved { engine } => {
-                    // Engines of this router's own config or DNS stay: those sources rule.
-                    if let Some(e) = gw.registry.get(EngineId(engine))
-                        && matches!(e.source, Source::Mesh | Source::Admin)
-                    {
+                    let Some(e) = gw.registry.get(EngineId(engine)) else {
+                        continue;
+                    };
+                    if let Source::Dns(name) = &e.source {
+                        // Its DNS name rules: it would come back at the next resolution.
+                        tracing::warn!(engine = %e.url, dns = %name, "engine removed by a peer kept: this router resolves it from DNS");
+                    } else {
                         let url = e.url.clone();
                         gw.registry.remove(&url);
                         tracing::info!(engine = %url, "engine removed by a peer");

@@ -73,8 +73,9 @@ pub struct Engine {
     /// Value of the `x-kvmesh-engine` response header (its URL, or its id when
     /// `hide_engine_urls`), built once.
     pub header_value: http::HeaderValue,
-    /// Configured weight.
-    pub base_weight: f64,
+    /// Configured weight (f64 bits): the config's, the admin API's or a peer's (see
+    /// [`Engine::set_base_weight`]).
+    base_weight_bits: AtomicU64,
     /// KV-event endpoint (precise routing), or empty.
     pub kv_events: String,
     /// KV-event replay endpoint, or empty.
@@ -170,7 +171,7 @@ impl Engine {
             header_value,
             url,
             authority,
-            base_weight: entry.weight,
+            base_weight_bits: AtomicU64::new(milli(entry.weight).to_bits()),
             kv_events: entry.kv_events.clone(),
             kv_replay: entry.kv_replay.clone(),
             source,
@@ -349,6 +350,30 @@ impl Engine {
         self.in_flight.load(Ordering::SeqCst)
     }
 
+    /// Configured weight.
+    pub fn base_weight(&self) -> f64 {
+        f64::from_bits(self.base_weight_bits.load(Ordering::Relaxed))
+    }
+
+    /// Sets the configured weight (kept to thousandths, as the mesh carries it); whether it
+    /// changed. The registry's snapshot must be rebuilt for the policies to see it
+    /// ([`crate::registry::Registry::set_weight`] does both).
+    pub(crate) fn set_base_weight(&self, weight: f64) -> bool {
+        let w = milli(weight).to_bits();
+        self.base_weight_bits.swap(w, Ordering::Relaxed) != w
+    }
+
+    /// Its entry as it stands: what the mesh's registry records of it.
+    pub fn entry(&self) -> kvmesh_config::EngineEntry {
+        kvmesh_config::EngineEntry {
+            url: self.url.clone(),
+            weight: self.base_weight(),
+            kv_events: self.kv_events.clone(),
+            kv_replay: self.kv_replay.clone(),
+            models: self.static_models.clone(),
+        }
+    }
+
     /// The view a policy reads: the cluster's in-flight count (this router's and its peers')
     /// and this router's own part of it, the engine's own report, health and weight.
     pub fn view(&self, now_us: u64, fleet_latency_us: f64) -> EngineView {
@@ -356,7 +381,7 @@ impl Engine {
         let cluster = own.saturating_add(self.peer_in_flight.load(Ordering::Relaxed));
         let mut v = self.tracker().view(
             now_us,
-            self.base_weight,
+            self.base_weight(),
             cluster,
             self.reported_load(),
             self.kv_usage(),
@@ -466,4 +491,10 @@ impl IngestStatus {
             e => Some((e - 1) as u32),
         }
     }
+}
+
+/// A weight kept to thousandths (the mesh's registry carries thousandths: every router then
+/// has the same).
+fn milli(w: f64) -> f64 {
+    (w * 1000.0).round().max(1.0) / 1000.0
 }

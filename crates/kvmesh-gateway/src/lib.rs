@@ -42,7 +42,7 @@ pub use upstream::{MockReply, MockUpstream, Upstream};
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use kvmesh_config::ServeConfig;
-use kvmesh_http::{Body, error, json, ok_empty, openmetrics};
+use kvmesh_http::{Body, error, json, not_allowed, ok_empty, openmetrics};
 use kvmesh_openai::{ApiError, ModelCard, ModelList};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -299,8 +299,9 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
                 serde_json::json!({ "mesh": "disabled", "members": [] }).to_string(),
             ),
         },
-        (_, "/v1/chat/completions" | "/v1/completions" | "/v1/models" | "/health" | "/metrics") => {
-            error(&ApiError::method_not_allowed(method.as_str(), &path))
+        (_, "/v1/chat/completions" | "/v1/completions") => not_allowed(&method, &path, "POST"),
+        (_, "/v1/models" | "/health" | "/metrics" | "/admin/cluster" | "/" | "/status.json") => {
+            not_allowed(&method, &path, "GET")
         }
         _ => error(&ApiError::not_found(method.as_str(), &path)),
     }

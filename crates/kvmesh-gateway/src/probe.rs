@@ -266,7 +266,7 @@ pub fn add_engine(
     if !gw.cfg.mesh.enabled {
         ingest::spawn(&ingest_ctx(gw, None), &gw.tasks, &e, None);
     }
-    tracing::info!(engine = %e.url, weight = e.base_weight, "engine added");
+    tracing::info!(engine = %e.url, weight = e.base_weight(), "engine added");
     Ok(e)
 }
 

@@ -309,6 +309,16 @@ impl Registry {
         Some(removed)
     }
 
+    /// Sets an engine's configured weight and rebuilds the snapshot when it changed; the
+    /// engine, or `None` if there is no such engine.
+    pub fn set_weight(&self, id: EngineId, weight: f64) -> Option<Arc<Engine>> {
+        let e = self.get(id)?;
+        if e.set_base_weight(weight) {
+            self.rebuild();
+        }
+        Some(e)
+    }
+
     /// Every engine (the authoritative list).
     pub fn members(&self) -> Vec<Arc<Engine>> {
         lock(&self.members).list.clone()
@@ -377,7 +387,7 @@ impl Registry {
                     .iter()
                     .map(|e| {
                         let mut m = EngineMember::new(e.id.0);
-                        m.base_weight = e.base_weight;
+                        m.base_weight = e.base_weight();
                         m
                     })
                     .collect();

@@ -2,11 +2,12 @@
 //!
 //! * No token configured → 403; a missing or wrong bearer → 401.
 //! * GET lists the engines; POST adds one (it takes traffic once its models are known, and
-//!   slow start ramps it); DELETE removes one while its in-flight requests finish; an invalid
-//!   body → 400 and nothing changes.
+//!   slow start ramps it); DELETE removes one while its in-flight requests finish; PATCH sets
+//!   one's weight; an invalid body → 400 and nothing changes; another method → 405 naming
+//!   those it takes.
 //! * A `dns` entry `localhost:PORT` resolves and adds the engine(s) behind it; an address
 //!   where nothing listens (e.g. `[::1]` when only 127.0.0.1 is served) is marked unhealthy and
-//!   serves no model.
+//!   serves no model; DELETE of a resolved engine → 409 (its name would bring it back).
 
 mod common;
 
@@ -308,6 +309,72 @@ async fn admin_api_lists_adds_and_removes_engines() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_sets_an_engines_weight() {
+    let sims = start_sims(2, |_| instant_sim_cfg("test-model")).await;
+    let engines = urls(&sims);
+    let mut cfg = serve_cfg(&engines);
+    cfg.admin_token = TOKEN.into();
+    let router = start_router_with(cfg, "test-model", 2).await;
+    let base = router.base_url();
+    let c = client();
+    let weight = |l: &BTreeMap<String, Value>| l[&engines[0]]["weight"].as_f64();
+
+    let r = admin(
+        &c,
+        &base,
+        "PATCH",
+        json!({ "url": engines[0], "weight": 2.5 }).to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["weight"], 2.5);
+    assert_eq!(weight(&listed(&c, &base).await), Some(2.5));
+
+    // Bad input: a clear error, and the weight stays.
+    for (body, status) in [
+        (json!({ "url": engines[0], "weight": 0 }), 400),
+        (json!({ "url": engines[0], "weight": 0.0004 }), 400),
+        (json!({ "url": engines[0], "weight": -1 }), 400),
+        (json!({ "url": engines[0], "weight": "2" }), 400),
+        (json!({ "url": engines[0] }), 400),
+        (
+            json!({ "url": engines[0], "weight": 3, "models": ["x"] }),
+            400,
+        ),
+        (json!({ "url": "http://127.0.0.1:1", "weight": 3 }), 404),
+    ] {
+        let r = admin(&c, &base, "PATCH", body.to_string()).await;
+        assert_eq!(r.status, status, "{body}: {}", r.body);
+        assert!(r.json()["error"]["message"].is_string(), "{}", r.body);
+    }
+    assert_eq!(weight(&listed(&c, &base).await), Some(2.5));
+
+    // Another method: 405, naming those the path takes.
+    let r = admin(&c, &base, "PUT", Bytes::new()).await;
+    assert_eq!(r.status, 405, "{}", r.body);
+    assert_eq!(
+        r.headers.get("allow").and_then(|v| v.to_str().ok()),
+        Some("GET, POST, PATCH, DELETE")
+    );
+    let r = send(
+        &c,
+        "DELETE",
+        &format!("{base}/v1/models"),
+        &[],
+        Bytes::new(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(r.status, 405, "{}", r.body);
+    assert_eq!(
+        r.headers.get("allow").and_then(|v| v.to_str().ok()),
+        Some("GET")
+    );
+    router.shutdown().await;
+    stop_sims(sims).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dns_name_adds_the_engines_it_resolves_to() {
     let sims = start_sims(1, |_| instant_sim_cfg("test-model")).await;
     let port = sims[0].http_addr.port();
@@ -373,6 +440,10 @@ async fn dns_name_adds_the_engines_it_resolves_to() {
         assert!(r.ok(), "{r:?}");
         assert_eq!(r.engine.as_deref(), Some(v4.as_str()));
     }
+    // A resolved engine is its name's: the admin API does not remove it.
+    let r = admin(&c, &base, "DELETE", json!({ "url": v4 }).to_string()).await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("DNS"), "{}", r.body);
     // Re-resolution keeps the same engines (no churn).
     tokio::time::sleep(Duration::from_millis(600)).await;
     let again = listed(&c, &base).await;

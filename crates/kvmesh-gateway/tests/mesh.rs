@@ -1,8 +1,9 @@
 //! Two and three routers meshed in process on loopback (mutual TLS, certificates generated
 //! here) in front of simulated engines: router A's decisions reach B's index, so the next
 //! request of the conversation sent to B goes to the same engine; A's in-flight load shows on
-//! B's engines; an engine added through A's admin API is routed to by C; `/admin/cluster`
-//! lists the members and the digests agree.
+//! B's engines; an engine added through A's admin API is routed to by C, a weight set
+//! through B and a removal through A (of an engine of every router's config) reach every
+//! router; `/admin/cluster` lists the members and the digests agree.
 
 mod common;
 
@@ -211,9 +212,34 @@ async fn meshed_routers_share_marks_load_and_engines() {
     .await;
     assert!(known, "C knows the engine A added");
 
-    // An engine the routers hold counts of (the requests above), removed through each
-    // router's admin API: its counts go from every router's mesh state (an engine without
-    // KV events used to keep them until their writer left).
+    // A weight set through B's admin API reaches every router.
+    let reweigh = send(
+        &c,
+        "PATCH",
+        &format!("{}/admin/engines", b.base_url()),
+        &[("authorization", "Bearer t")],
+        serde_json::json!({ "url": engines[1], "weight": 2.5 }).to_string(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(reweigh.status, 200, "{}", reweigh.body);
+    let id1 = kvmesh_prefix::EngineId::from_url(&engines[1]);
+    assert!(
+        until(Duration::from_secs(2), || [&a, &b, &c_router]
+            .into_iter()
+            .all(|r| r
+                .gateway
+                .registry
+                .get(id1)
+                .is_some_and(|e| e.base_weight() == 2.5)))
+        .await,
+        "every router has the weight B was given"
+    );
+
+    // An engine of every router's config that the routers hold counts of (the requests
+    // above), removed through A's admin API alone: it goes from every router, and its
+    // counts from every router's mesh state (an engine without KV events used to keep them
+    // until their writer left).
     let holds = |r: &GatewayServer, id: u64| {
         r.cluster
             .as_ref()
@@ -230,24 +256,26 @@ async fn meshed_routers_share_marks_load_and_engines() {
         .expect("an engine every router holds counts of")
         .clone();
     let victim_id = kvmesh_prefix::EngineId::from_url(&victim).0;
-    for r in [&a, &b, &c_router] {
-        let del = send(
-            &c,
-            "DELETE",
-            &format!("{}/admin/engines", r.base_url()),
-            &[("authorization", "Bearer t")],
-            serde_json::json!({ "url": victim }).to_string(),
-            Duration::from_secs(10),
-        )
-        .await;
-        assert_eq!(del.status, 200, "{}", del.body);
-    }
+    let del = send(
+        &c,
+        "DELETE",
+        &format!("{}/admin/engines", a.base_url()),
+        &[("authorization", "Bearer t")],
+        serde_json::json!({ "url": victim }).to_string(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(del.status, 200, "{}", del.body);
     assert!(
         until(Duration::from_secs(2), || [&a, &b, &c_router]
             .into_iter()
-            .all(|r| !holds(r, victim_id)))
+            .all(|r| !holds(r, victim_id)
+                && r.gateway
+                    .registry
+                    .get(kvmesh_prefix::EngineId(victim_id))
+                    .is_none()))
         .await,
-        "the removed engine's counts are gone from every router"
+        "the removed engine and its counts are gone from every router"
     );
 
     // The replicated state converges: equal digests on all three (load and registry).

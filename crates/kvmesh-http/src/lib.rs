@@ -48,6 +48,15 @@ pub fn error(e: &ApiError) -> Response<Body> {
     json(e.status, e.to_json())
 }
 
+/// A 405 for `method` on `path`, with the `Allow` header naming the methods it takes
+/// (RFC 9110 §15.5.6).
+pub fn not_allowed(method: &http::Method, path: &str, allow: &'static str) -> Response<Body> {
+    let mut r = error(&ApiError::method_not_allowed(method.as_str(), path));
+    r.headers_mut()
+        .insert(header::ALLOW, header::HeaderValue::from_static(allow));
+    r
+}
+
 /// A Prometheus text response.
 pub fn prometheus(text: String) -> Response<Body> {
     let mut r = Response::new(full(text));

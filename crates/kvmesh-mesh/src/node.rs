@@ -60,6 +60,9 @@ pub enum Input {
         /// The engine.
         engine: u64,
     },
+    /// The engines of the router's own config: they seed the replicated registry once the
+    /// node is warm (`MeshCore::seed_engines`).
+    SeedEngines(Vec<(u64, EngineRecord)>),
     /// The router's engines, and those of them with KV events (ownership follows).
     Engines {
         /// Every engine of the router's registry.
@@ -250,6 +253,7 @@ fn feed(core: &mut MeshCore, i: Input, now: u64) {
         Input::Load { engine, in_flight } => core.local_load(engine, in_flight),
         Input::EngineAdd { engine, record } => core.local_engine_add(engine, record, now),
         Input::EngineRemove { engine } => core.local_engine_remove(engine),
+        Input::SeedEngines(engines) => core.seed_engines(engines, now),
         Input::Engines { all, events } => core.set_engines(all, events, now),
         Input::Feed {
             engine,

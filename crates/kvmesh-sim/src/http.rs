@@ -12,6 +12,17 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
+/// A 405 naming the methods `path` takes, counted as rejected.
+fn not_allowed_counted(
+    st: &AppState,
+    method: &Method,
+    path: &str,
+    allow: &'static str,
+) -> Response<Body> {
+    st.metrics.rejected();
+    kvmesh_http::not_allowed(method, path, allow)
+}
+
 /// Time a client has to send its whole request body (then 408).
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -44,17 +55,21 @@ pub async fn route(st: Arc<AppState>, req: Request<Incoming>) -> Response<Body> 
             _,
             "/v1/chat/completions"
             | "/v1/completions"
-            | "/v1/models"
-            | "/health"
-            | "/metrics"
             | "/tokenize"
             | "/detokenize"
             | "/reset_prefix_cache"
-            | "/admin/faults"
             | "/admin/crash"
-            | "/admin/restart"
-            | "/admin/kv_cache",
-        ) => Err(ApiError::method_not_allowed(method.as_str(), &path)),
+            | "/admin/restart",
+        ) => Ok(not_allowed_counted(&st, &method, &path, "POST")),
+        (_, "/v1/models" | "/health" | "/metrics" | "/admin/kv_cache") => {
+            Ok(not_allowed_counted(&st, &method, &path, "GET"))
+        }
+        (_, "/admin/faults") => Ok(not_allowed_counted(
+            &st,
+            &method,
+            &path,
+            "GET, POST, DELETE",
+        )),
         _ => Err(ApiError::not_found(method.as_str(), &path)),
     };
     res.unwrap_or_else(|e| {

@@ -133,12 +133,13 @@ fn main() -> ExitCode {
         }
         Cmd::Serve(args) => match args.resolve() {
             Ok(cfg) if args.check_config => {
-                let whole = kvmesh_config::KvmeshConfig {
-                    serve: cfg,
-                    ..Default::default()
-                };
-                print!("{}", toml_of(&whole));
-                Ok(())
+                cfg.check_files().map_err(|e| e.to_string()).map(|()| {
+                    let whole = kvmesh_config::KvmeshConfig {
+                        serve: cfg,
+                        ..Default::default()
+                    };
+                    print!("{}", toml_of(&whole));
+                })
             }
             Ok(cfg) => runtime().and_then(|rt| rt.block_on(serve_cmd::run(cfg))),
             Err(e) => Err(e),
@@ -174,6 +175,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Cmd::Config(ConfigCmd::Check { file }) => kvmesh_config::KvmeshConfig::load(&file)
+            .and_then(|c| c.serve.check_files().map(|()| c))
             .map(|c| {
                 print!("{}", toml_of(&c));
             })

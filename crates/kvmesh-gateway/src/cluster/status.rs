@@ -27,6 +27,27 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
             })
         })
         .collect();
+    let down: Vec<serde_json::Value> = core
+        .down_members()
+        .map(|(m, at)| {
+            serde_json::json!({
+                "name": m.name,
+                "addr": m.addr.to_string(),
+                "incarnation": m.bump,
+                "down_for_ms": now.saturating_sub(*at) / 1_000,
+            })
+        })
+        .collect();
+    let conflicts: Vec<serde_json::Value> = core
+        .name_conflicts()
+        .map(|(name, (addrs, since))| {
+            serde_json::json!({
+                "name": name,
+                "addrs": addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "for_ms": now.saturating_sub(*since) / 1_000,
+            })
+        })
+        .collect();
     let owned: std::collections::BTreeSet<u64> = core.owned().collect();
     let mut engines = Vec::new();
     for (engine, followed) in core.feeds_followed() {
@@ -59,6 +80,8 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "rank": { "rank": slot.rank, "routers": slot.routers },
         "addr": c.addr().map(|a| a.to_string()),
         "members": lags,
+        "down": down,
+        "name_conflicts": conflicts,
         "digests": {
             "load": format!("{:016x}", d.load),
             "marks": format!("{:016x}", d.marks),
@@ -78,6 +101,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "marks_kept_local": k.marks_kept,
         "deltas_refused": k.deltas_refused,
         "orphan_entries_dropped": k.orphan_entries_dropped,
+        "engines_seeded": k.engines_seeded,
         "digests_ignored": k.digests_ignored,
         "dropped_marks": c.dropped_marks.load(Relaxed),
         "bytes": bytes_by_class(t)
@@ -103,6 +127,7 @@ fn bytes_by_class(t: &Counters) -> impl Iterator<Item = (&'static str, &'static 
 #[derive(Debug)]
 struct MeshMetrics {
     members: i64,
+    down: i64,
     owned: i64,
     max_lag_s: f64,
     age: Arc<Histogram>,
@@ -121,9 +146,11 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
         .fold(0.0, f64::max);
     let owned = core.owned().count() as i64;
     let members = core.members().count() as i64;
+    let down = core.down_members().count() as i64;
     drop(core);
     Box::new(MeshMetrics {
         members,
+        down,
         owned,
         max_lag_s,
         age: c.envelope_age().clone(),
@@ -205,6 +232,8 @@ impl prometheus_client::collector::Collector for MeshMetrics {
         )?;
         m.encode_family(&[("state", "alive")])?
             .encode_gauge(&self.members)?;
+        m.encode_family(&[("state", "down")])?
+            .encode_gauge(&self.down)?;
         let mut m = enc.encode_descriptor(
             "kvmesh_mesh_owned_engines",
             "Engines whose KV events this router reads (ingest ownership)",

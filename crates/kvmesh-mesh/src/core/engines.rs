@@ -8,9 +8,14 @@
 //! orphans cannot travel from router to router. A peer's count or mark of a new orphan is
 //! refused while [`ORPHAN_ENGINES_MAX`] are kept. Past [`MeshCore::orphan_grace_us`] they go.
 //! An engine that joins the router's has what the node held of it handed over.
+//!
+//! The engines of the router's own config seed the replicated registry: once the node holds
+//! the cluster's registry (warm), each is added where the registry lacks it or holds another
+//! record of it ([`MeshCore::seed_engines`]). A router's config thus takes effect at its
+//! start, over what the admin API changed at run time; routers of one config add nothing.
 
 use super::{Apply, MeshCore, Output};
-use kvmesh_state::Delta;
+use kvmesh_state::{Delta, EngineRecord};
 use std::collections::BTreeSet;
 
 /// Engines the router does not have whose counts and marks a node keeps, at most: a member
@@ -53,6 +58,36 @@ impl MeshCore {
         }
         self.feeds.set_engines(events);
         self.rebalance(now_us);
+    }
+
+    /// The engines of the router's own config, to be added to the replicated registry once
+    /// the node is warm (at once if it is), each where the registry does not hold this
+    /// record of it. An engine added or removed through this router before then is no
+    /// longer a seed (the later word holds).
+    pub fn seed_engines(&mut self, engines: Vec<(u64, EngineRecord)>, now_us: u64) {
+        self.at(now_us);
+        self.seeds = engines;
+        if self.warm {
+            self.plant_seeds(now_us);
+        }
+    }
+
+    /// Adds the seeds the registry does not hold as they are, and tells the router each
+    /// record it added (its own engine may have taken a peer's record meanwhile).
+    pub(super) fn plant_seeds(&mut self, now_us: u64) {
+        for (engine, record) in std::mem::take(&mut self.seeds) {
+            if self.st.registry.get(engine) == Some(&record) {
+                continue;
+            }
+            let d = self
+                .st
+                .registry
+                .add(self.me, now_us, engine, record.clone());
+            self.outbox.push(Delta::Registry(d));
+            self.counters.engines_seeded += 1;
+            self.out
+                .push(Output::Apply(Apply::EngineUpsert { engine, record }));
+        }
     }
 
     /// Whether `engine` is the router's (or the router has not said which are).

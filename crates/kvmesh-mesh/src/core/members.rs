@@ -8,7 +8,57 @@ use kvmesh_state::{Control, Delta, EnvelopeKind, NodeId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
+/// Members declared down (or gone) that a node remembers, at most: the newest.
+pub const DOWN_MEMBERS_MAX: usize = 256;
+
 impl MeshCore {
+    /// Members declared down or gone (not back since), with when (cluster time, µs); at most
+    /// [`DOWN_MEMBERS_MAX`], the newest.
+    pub fn down_members(&self) -> impl Iterator<Item = &(MeshId, u64)> {
+        self.down.values()
+    }
+
+    /// Names that more than one live router holds (this router's among them), each with
+    /// their addresses and since when (cluster time, µs). Node ids must be unique: two
+    /// routers of one name are one node to the state (its load, marks and feeds). A router
+    /// that restarted on another address shows here until its old identity is declared
+    /// down (the failure-detection time).
+    pub fn name_conflicts(&self) -> impl Iterator<Item = (&String, &(BTreeSet<SocketAddr>, u64))> {
+        self.conflicts.iter()
+    }
+
+    fn find_conflicts(&mut self) {
+        let me = self.membership.identity();
+        let mut by_name: BTreeMap<String, BTreeSet<SocketAddr>> = BTreeMap::new();
+        by_name.entry(me.name.clone()).or_default().insert(me.addr);
+        for m in self.membership.live() {
+            by_name.entry(m.name.clone()).or_default().insert(m.addr);
+        }
+        by_name.retain(|_, a| a.len() > 1);
+        let now = self.now;
+        let old = std::mem::take(&mut self.conflicts);
+        self.conflicts = by_name
+            .into_iter()
+            .map(|(n, a)| {
+                let since = old.get(&n).map_or(now, |(_, s)| *s);
+                (n, (a, since))
+            })
+            .collect();
+    }
+
+    fn note_down(&mut self, m: MeshId, now_us: u64) {
+        self.down.insert(NodeId::from_name(&m.name), (m, now_us));
+        if self.down.len() > DOWN_MEMBERS_MAX
+            && let Some(oldest) = self
+                .down
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(n, _)| *n)
+        {
+            self.down.remove(&oldest);
+        }
+    }
+
     pub(super) fn drain_membership(&mut self) {
         let mut changed = false;
         for e in self.membership.take_effects() {
@@ -33,6 +83,7 @@ impl MeshCore {
         if !changed {
             return;
         }
+        self.find_conflicts();
         let live: BTreeMap<NodeId, MeshId> = self
             .membership
             .live()
@@ -43,8 +94,12 @@ impl MeshCore {
         }
         let now = self.now;
         let mut touched = BTreeSet::new();
+        let mut gone = Vec::new();
         for (n, m) in &self.peers {
             if live.get(n).is_none_or(|x| x.bump != m.bump) {
+                if !live.contains_key(n) {
+                    gone.push(m.clone());
+                }
                 // Gone (or restarted): its load entries go with its incarnation.
                 touched.extend(self.st.load.engines_of(*n));
                 self.st.load.remove_node(*n, m.bump);
@@ -52,6 +107,10 @@ impl MeshCore {
                 self.lag.remove(n);
             }
         }
+        for m in gone {
+            self.note_down(m, now);
+        }
+        self.down.retain(|n, _| !live.contains_key(n));
         let mut joined_ids = BTreeSet::new();
         for (n, m) in &live {
             if self.peers.get(n).is_none_or(|x| x.bump != m.bump) {

@@ -188,6 +188,9 @@ pub struct CoreCounters {
     /// other than the feed's source (every router sends only its own feeds); a count or mark
     /// of an engine the router does not have while [`ORPHAN_ENGINES_MAX`] such are kept.
     pub deltas_refused: u64,
+    /// Engines of the router's config it added to the registry (absent there, or held with
+    /// another record: see [`MeshCore::seed_engines`]).
+    pub engines_seeded: u64,
 }
 
 /// How far ahead of this router's clock a peer's clock may be before its marks are refused
@@ -234,6 +237,8 @@ pub struct MeshCore {
     engines: Option<BTreeSet<u64>>,
     /// Engines not the router's with peers' counts or marks here, since when (µs).
     orphans: BTreeMap<u64, u64>,
+    /// The router's config engines, added to the registry once warm (`seed_engines`).
+    seeds: Vec<(u64, EngineRecord)>,
     warm: bool,
     warm_at: u64,
     /// `warm_at` has passed: a node that knows no member is the cluster and reads every
@@ -248,6 +253,10 @@ pub struct MeshCore {
     /// Routers gone (or restarted), with when: their load tombstones are kept a while so
     /// that a late delta cannot bring their entries back.
     departed_at: BTreeMap<NodeId, u64>,
+    /// Members declared down or gone, not back since (see [`MeshCore::down_members`]).
+    down: BTreeMap<NodeId, (MeshId, u64)>,
+    /// Names of more than one live router (see [`MeshCore::name_conflicts`]).
+    conflicts: BTreeMap<String, (BTreeSet<SocketAddr>, u64)>,
     next_flush: u64,
     /// The envelope rate's theoretical arrival time (µs, the generic cell rate algorithm):
     /// each flush that sends the members an envelope moves it one
@@ -293,10 +302,13 @@ impl MeshCore {
             direct: BTreeMap::new(),
             engines: None,
             orphans: BTreeMap::new(),
+            seeds: Vec::new(),
             warm,
             now: now_us,
             welcome: BTreeMap::new(),
             departed_at: BTreeMap::new(),
+            down: BTreeMap::new(),
+            conflicts: BTreeMap::new(),
             digest_window: BTreeMap::new(),
             rng: seed | 1,
             lag: BTreeMap::new(),
@@ -541,6 +553,7 @@ impl MeshCore {
             if w.1.is_some_and(|total| w.0 >= total) {
                 self.warm = true;
                 self.welcome.clear();
+                self.plant_seeds(now_us);
                 self.out.push(Output::Apply(Apply::Warm { received: true }));
             }
         }
@@ -556,6 +569,7 @@ impl MeshCore {
         self.drain_membership();
         if !self.warm && now_us >= self.warm_at {
             self.warm = true;
+            self.plant_seeds(now_us);
             self.out
                 .push(Output::Apply(Apply::Warm { received: false }));
         }
@@ -666,12 +680,14 @@ impl MeshCore {
     /// An engine added (or its record changed) through this router.
     pub fn local_engine_add(&mut self, engine: u64, record: EngineRecord, now_us: u64) {
         self.at(now_us);
+        self.seeds.retain(|(e, _)| *e != engine);
         let d = self.st.registry.add(self.me, now_us, engine, record);
         self.outbox.push(Delta::Registry(d));
     }
 
     /// An engine removed through this router.
     pub fn local_engine_remove(&mut self, engine: u64) {
+        self.seeds.retain(|(e, _)| *e != engine);
         if let Some(d) = self.st.registry.remove(engine) {
             self.outbox.push(Delta::Registry(d));
         }

@@ -6,7 +6,7 @@
 
 use super::{Apply, CoreConfig, MeshCore, Output};
 use crate::membership::MeshId;
-use kvmesh_state::{FeedApply, NodeId, StateDigest, WireOp};
+use kvmesh_state::{EngineRecord, FeedApply, NodeId, StateDigest, WireOp};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 
@@ -128,6 +128,8 @@ pub struct SimIndex {
     pub peer_load: HashMap<u64, u64>,
     /// The last marks and counts applied, in order: (`b'm'` or `b'l'`, engine); at most 64.
     pub order: std::collections::VecDeque<(u8, u64)>,
+    /// The registry's engines as the node told them (upserts and removals applied).
+    pub registry: BTreeMap<u64, EngineRecord>,
 }
 
 impl SimIndex {
@@ -245,8 +247,14 @@ impl Sim {
 
     /// Starts (or restarts, with a higher bump) node `i`, announcing to `seed_node`.
     pub fn start(&mut self, i: usize, seed_node: Option<usize>) {
+        self.start_named(i, &format!("r{i}"), seed_node);
+    }
+
+    /// [`Sim::start`] with another name than `r{i}` (a misconfigured router that takes
+    /// another's).
+    pub fn start_named(&mut self, i: usize, name: &str, seed_node: Option<usize>) {
         let id = MeshId {
-            name: format!("r{i}"),
+            name: name.to_string(),
             addr: addr(i),
             bump: self.now,
         };
@@ -409,7 +417,13 @@ impl Sim {
                         n.reading.remove(&engine);
                     }
                     Apply::Warm { .. } => n.warm = true,
-                    Apply::EngineUpsert { .. } | Apply::EngineRemoved { .. } | Apply::Members => {}
+                    Apply::EngineUpsert { engine, record } => {
+                        n.index.registry.insert(engine, record);
+                    }
+                    Apply::EngineRemoved { engine } => {
+                        n.index.registry.remove(&engine);
+                    }
+                    Apply::Members => {}
                 },
             }
         }

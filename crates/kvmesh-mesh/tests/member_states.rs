@@ -1,0 +1,108 @@
+//! What `/admin/cluster` lists beside the live members: a member declared down is listed
+//! down until it is back; a name that two live routers hold (a misconfigured node id) is
+//! listed as a conflict by every router until one of them is gone. Seeded, sans-IO.
+
+use kvmesh_mesh::core::CoreConfig;
+use kvmesh_mesh::core::sim::{NetConfig, Sim};
+
+fn cfg() -> CoreConfig {
+    CoreConfig {
+        cluster_id: 5,
+        flush_us: 20_000,
+        load_flush_us: 100,
+        load_burst: 8,
+        anti_entropy_us: 1_000_000,
+        ingest_replicas: 2,
+        mark_capacity: 512,
+        feed_capacity: 4_096,
+        mark_ttls_us: vec![10_000_000],
+        expected_size: 4,
+        warm_bound_us: 5_000_000,
+        first: false,
+    }
+}
+
+/// The names node `i` holds down.
+fn down(s: &Sim, i: usize) -> Vec<String> {
+    s.nodes[i]
+        .as_ref()
+        .map(|n| n.core.down_members().map(|(m, _)| m.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_member_declared_down_is_listed_until_it_is_back() {
+    for seed in 1..=8 {
+        let mut s = Sim::in_sync(4, 4, cfg(), NetConfig::default(), seed).expect("formed");
+        assert!(
+            (0..4).all(|i| down(&s, i).is_empty()),
+            "seed {seed}: none down"
+        );
+        s.kill(3);
+        let listed = s.until(30_000_000, |s| {
+            s.membership_converged() && (0..3).all(|i| down(s, i) == ["r3"])
+        });
+        assert!(
+            listed.is_some(),
+            "seed {seed}: r3 not listed down: {:?}",
+            (0..3).map(|i| down(&s, i)).collect::<Vec<_>>()
+        );
+        println!("seed {seed}: r3 listed down after {:?} µs", listed);
+        s.start(3, Some(0));
+        let back = s.until(30_000_000, |s| {
+            s.membership_converged() && (0..4).all(|i| down(s, i).is_empty())
+        });
+        assert!(
+            back.is_some(),
+            "seed {seed}: r3 still listed down after its restart: {:?}",
+            (0..4).map(|i| down(&s, i)).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// The conflicts node `i` lists: (name, addresses).
+fn conflicts(s: &Sim, i: usize) -> Vec<(String, usize)> {
+    s.nodes[i]
+        .as_ref()
+        .map(|n| {
+            n.core
+                .name_conflicts()
+                .map(|(name, (addrs, _))| (name.clone(), addrs.len()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn two_routers_of_one_name_are_listed_as_a_conflict() {
+    for seed in 1..=8 {
+        let mut s = Sim::new(4, 4, cfg(), NetConfig::default(), seed);
+        s.start(0, None);
+        s.start(1, Some(0));
+        s.start(2, Some(0));
+        assert!(
+            s.until(20_000_000, |s| s.membership_converged()).is_some(),
+            "seed {seed}: formed"
+        );
+        assert!(
+            (0..3).all(|i| conflicts(&s, i).is_empty()),
+            "seed {seed}: none"
+        );
+        // A fourth router is started with r1's name.
+        s.start_named(3, "r1", Some(0));
+        let want = vec![("r1".to_string(), 2)];
+        let seen = s.until(30_000_000, |s| (0..4).all(|i| conflicts(s, i) == want));
+        assert!(
+            seen.is_some(),
+            "seed {seed}: the conflict is not listed everywhere: {:?}",
+            (0..4).map(|i| conflicts(&s, i)).collect::<Vec<_>>()
+        );
+        s.kill(3);
+        let gone = s.until(30_000_000, |s| (0..3).all(|i| conflicts(s, i).is_empty()));
+        assert!(
+            gone.is_some(),
+            "seed {seed}: the conflict outlived the impostor: {:?}",
+            (0..3).map(|i| conflicts(&s, i)).collect::<Vec<_>>()
+        );
+    }
+}
