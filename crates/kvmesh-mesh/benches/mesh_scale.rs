@@ -228,7 +228,7 @@ fn main() {
                 }
             }
             if (5_000_000..5_100_000).contains(&at) && !ok.iter().all(|x| *x) {
-                println!("seed {seed}: 5 s after the heal, agreed {ok:?} (membership, indexes, ownership, digests)\n{}", s.explain().lines().take(8).collect::<Vec<_>>().join("\n"));
+                println!("seed {seed}: 5 s after the heal, agreed {ok:?} (membership, indexes, ownership, digests)\n{}", s.explain().lines().take(16).collect::<Vec<_>>().join("\n"));
             }
             ok.iter().all(|x| *x)
         });

@@ -185,6 +185,23 @@ impl Membership {
         self.live.values()
     }
 
+    /// What foca holds of the member at `addr`: its identity, SWIM incarnation and state
+    /// (`"alive"`, `"suspect"`, `"down"`), down members included (a diagnostic: the
+    /// simulation's `explain`).
+    pub fn state_of(&self, addr: SocketAddr) -> Option<(MeshId, u16, &'static str)> {
+        self.foca
+            .iter_membership_state()
+            .find(|m| m.id().addr == addr)
+            .map(|m| {
+                let state = match m.state() {
+                    foca::State::Alive => "alive",
+                    foca::State::Suspect => "suspect",
+                    foca::State::Down => "down",
+                };
+                (m.id().clone(), m.incarnation(), state)
+            })
+    }
+
     /// Packets or timers foca refused (malformed input, mostly).
     pub fn errors(&self) -> u64 {
         self.errors

@@ -362,6 +362,11 @@ impl MeshCore {
         self.membership.errors()
     }
 
+    /// What the membership holds of the member at `addr` (see `Membership::state_of`).
+    pub fn membership_state_of(&self, addr: SocketAddr) -> Option<(MeshId, u16, &'static str)> {
+        self.membership.state_of(addr)
+    }
+
     /// The digests of the replicated state (expired marks dropped first; marks that lapse
     /// within the next whole second left out: see `MarkMap::digest_beyond`).
     pub fn digest(&mut self, now_us: u64) -> StateDigest {

@@ -619,7 +619,43 @@ impl Sim {
                 }
             }
         }
-        format!("{n_bad} mismatches\n{out}")
+        // Membership: who misses whom, who holds whom gone (the first few).
+        let alive = self.alive();
+        let mut views = Vec::new();
+        for &i in &alive {
+            let want: BTreeSet<usize> = alive.iter().copied().filter(|&j| j != i).collect();
+            let view = self.view(i);
+            if view != want {
+                let missing: Vec<usize> = want.difference(&view).copied().take(4).collect();
+                let extra: Vec<usize> = view.difference(&want).copied().take(4).collect();
+                let states: Vec<String> = missing
+                    .iter()
+                    .map(|&j| {
+                        let me = self.nodes[i].as_ref();
+                        let them = self.nodes[j].as_ref();
+                        format!(
+                            "{j}: held as {:?}, is {:?}, holds {i} as {:?}",
+                            me.and_then(|n| n.core.membership_state_of(addr(j)))
+                                .map(|(m, inc, st)| (m.bump, inc, st)),
+                            them.map(|n| n.core.identity().bump),
+                            them.and_then(|n| n.core.membership_state_of(addr(i)))
+                                .map(|(m, inc, st)| (m.bump, inc, st)),
+                        )
+                    })
+                    .collect();
+                views.push(format!(
+                    "node {i} (incarnation {}) misses {missing:?} holds {extra:?}; {}",
+                    self.nodes[i].as_ref().map_or(0, |n| n.core.identity().bump),
+                    states.join("; ")
+                ));
+            }
+        }
+        let n_views = views.len();
+        views.truncate(6);
+        format!(
+            "{n_bad} mismatches\n{out}{n_views} membership views differ\n{}",
+            views.join("\n")
+        )
     }
 
     /// All converged: membership, digests, indexes, ownership.
