@@ -208,6 +208,22 @@ impl Membership {
     }
 
     fn drain(&mut self, now_us: u64) {
+        // foca 2 renews a node's identity (declared down, it rejoins) by `change_identity`,
+        // which leaves it disconnected, its probe and periodic timers cancelled, until a
+        // message addressed to the new identity arrives (its members are kept). Peers that
+        // never heard of the renewal address the old identity, whose messages foca drops, so
+        // a router renewed after a heal stopped probing and announcing to the members it held
+        // down until its old identity's suspicion expired: at 128 routers, 10.7 s after a
+        // heal (`mesh_scale`, seed 3: two routers, each holding the other's old identity).
+        // Applying no update runs foca's own check, which reconnects a node that has active
+        // members: its timers restart, and its probes carry its new identity.
+        if self
+            .foca
+            .apply_many(std::iter::empty(), true, &mut self.rt)
+            .is_err()
+        {
+            self.errors += 1;
+        }
         let me = self.foca.identity().addr;
         while let Some((to, data)) = self.rt.to_send() {
             // A member held down at this node's own address (its previous incarnation, after
