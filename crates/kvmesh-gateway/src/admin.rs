@@ -38,6 +38,18 @@ pub async fn engines(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body
     result.unwrap_or_else(|e| error(&e))
 }
 
+/// An admin request's body: at most 64 KiB, within the router's body-read timeout.
+async fn admin_body(gw: &Gateway, req: Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
+    let (parts, body) = req.into_parts();
+    read_body(
+        &parts.headers,
+        body,
+        64 * 1024,
+        std::time::Duration::from_millis(gw.cfg.body_read_timeout_ms),
+    )
+    .await
+}
+
 fn list(gw: &Gateway) -> Response<Body> {
     let now = gw.clock.now_us();
     let fleet = gw.registry.fleet_latency_us();
@@ -73,14 +85,7 @@ fn list(gw: &Gateway) -> Response<Body> {
 }
 
 async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
-    let (parts, body) = req.into_parts();
-    let body = read_body(
-        &parts.headers,
-        body,
-        64 * 1024,
-        std::time::Duration::from_millis(gw.cfg.body_read_timeout_ms),
-    )
-    .await?;
+    let body = admin_body(gw, req).await?;
     let entry: EngineEntry = parse_body(&body)?;
     entry
         .validate("engine")
@@ -107,14 +112,7 @@ async fn reweigh(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<B
         url: String,
         weight: f64,
     }
-    let (parts, body) = req.into_parts();
-    let body = read_body(
-        &parts.headers,
-        body,
-        64 * 1024,
-        std::time::Duration::from_millis(gw.cfg.body_read_timeout_ms),
-    )
-    .await?;
+    let body = admin_body(gw, req).await?;
     let p: Patch = parse_body(&body)?;
     if !valid_weight(p.weight) {
         return Err(ApiError::bad_request(
@@ -153,17 +151,7 @@ async fn remove(
     });
     let url = match from_query {
         Some(u) => u,
-        None => {
-            let (parts, body) = req.into_parts();
-            let body = read_body(
-                &parts.headers,
-                body,
-                64 * 1024,
-                std::time::Duration::from_millis(gw.cfg.body_read_timeout_ms),
-            )
-            .await?;
-            parse_body::<Del>(&body)?.url
-        }
+        None => parse_body::<Del>(&admin_body(gw, req).await?)?.url,
     };
     if let Some(e) = gw
         .registry

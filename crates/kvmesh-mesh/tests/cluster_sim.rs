@@ -9,7 +9,7 @@
 //! what it holds must stay bounded. Seeded, bounded loops; no sockets, no clock.
 
 use kvmesh_mesh::core::CoreConfig;
-use kvmesh_mesh::core::sim::{NetConfig, Sim};
+use kvmesh_mesh::core::sim::{NetConfig, Sim, sim_config};
 use kvmesh_state::EngineRecord;
 
 const N: usize = 32;
@@ -21,18 +21,8 @@ const REGISTRY_ENGINES: u64 = 8;
 
 fn cfg() -> CoreConfig {
     CoreConfig {
-        cluster_id: 7,
-        flush_us: 20_000,
-        load_flush_us: 100,
-        load_burst: 8,
-        anti_entropy_us: 1_000_000,
-        ingest_replicas: 2,
-        mark_capacity: 512,
-        feed_capacity: 4_096,
         mark_ttls_us: vec![600_000_000],
-        expected_size: N as u32,
-        warm_bound_us: 5_000_000,
-        first: false,
+        ..sim_config(7, N as u32)
     }
 }
 

@@ -6,7 +6,7 @@
 //! router's config seeded the engine; so does a change of weight. Seeded, sans-IO.
 
 use kvmesh_mesh::core::CoreConfig;
-use kvmesh_mesh::core::sim::{NetConfig, Sim};
+use kvmesh_mesh::core::sim::{NetConfig, Sim, sim_config};
 use kvmesh_state::EngineRecord;
 use std::collections::BTreeMap;
 
@@ -15,20 +15,7 @@ const Y: u64 = (1 << 40) + 1;
 const Z: u64 = (1 << 40) + 2;
 
 fn cfg() -> CoreConfig {
-    CoreConfig {
-        cluster_id: 11,
-        flush_us: 20_000,
-        load_flush_us: 100,
-        load_burst: 8,
-        anti_entropy_us: 1_000_000,
-        ingest_replicas: 2,
-        mark_capacity: 512,
-        feed_capacity: 4_096,
-        mark_ttls_us: vec![10_000_000],
-        expected_size: 3,
-        warm_bound_us: 5_000_000,
-        first: false,
-    }
+    sim_config(11, 3)
 }
 
 fn record(engine: u64, weight_milli: u32) -> EngineRecord {

@@ -6,24 +6,14 @@
 //! engines' replay no longer held vanished from every router's index.) Seeded, sans-IO.
 
 use kvmesh_mesh::core::CoreConfig;
-use kvmesh_mesh::core::sim::{NetConfig, Sim};
+use kvmesh_mesh::core::sim::{NetConfig, Sim, sim_config};
 
 const ENGINES: u64 = 24;
 
 fn cfg(ingest_replicas: usize) -> CoreConfig {
     CoreConfig {
-        cluster_id: 9,
-        flush_us: 20_000,
-        load_flush_us: 100,
-        load_burst: 8,
-        anti_entropy_us: 1_000_000,
         ingest_replicas,
-        mark_capacity: 512,
-        feed_capacity: 4_096,
-        mark_ttls_us: vec![10_000_000],
-        expected_size: 4,
-        warm_bound_us: 5_000_000,
-        first: false,
+        ..sim_config(9, 4)
     }
 }
 

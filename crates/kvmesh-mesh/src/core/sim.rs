@@ -48,6 +48,27 @@ impl Default for NetConfig {
     }
 }
 
+/// The node configuration the simulations start from: a 20 ms flush, in-flight changes
+/// spaced 100 µs in bursts of 8, anti-entropy every second, 2 ingest owners per engine, 512
+/// marks and 4,096 feed blocks per engine, 10 s marks, a 5 s warm-up bound; a test changes
+/// what it studies (`CoreConfig { mark_ttls_us: …, ..sim_config(7, 32) }`).
+pub fn sim_config(cluster_id: u64, expected_size: u32) -> CoreConfig {
+    CoreConfig {
+        cluster_id,
+        flush_us: 20_000,
+        load_flush_us: 100,
+        load_burst: 8,
+        anti_entropy_us: 1_000_000,
+        ingest_replicas: 2,
+        mark_capacity: 512,
+        feed_capacity: 4_096,
+        mark_ttls_us: vec![10_000_000],
+        expected_size,
+        warm_bound_us: 5_000_000,
+        first: false,
+    }
+}
+
 /// A seeded xorshift generator.
 #[derive(Debug, Clone)]
 pub struct Rng(pub u64);
