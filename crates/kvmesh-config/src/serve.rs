@@ -114,6 +114,12 @@ pub fn valid_weight(w: f64) -> bool {
     w.is_finite() && (0.001..=1e6).contains(&w)
 }
 
+/// A weight in thousandths, as the mesh's registry carries it (every router then holds the
+/// same): at least 1.
+pub fn weight_milli(w: f64) -> u32 {
+    (w * 1000.0).round().clamp(1.0, f64::from(u32::MAX)) as u32
+}
+
 impl Default for EngineEntry {
     fn default() -> Self {
         EngineEntry {

@@ -153,9 +153,8 @@ async fn remove(
         Some(u) => u,
         None => parse_body::<Del>(&admin_body(gw, req).await?)?.url,
     };
-    if let Some(e) = gw
-        .registry
-        .get(EngineId::from_url(url.trim_end_matches('/')))
+    let url = url.trim_end_matches('/');
+    if let Some(e) = gw.registry.get(EngineId::from_url(url))
         && let Source::Dns(name) = &e.source
     {
         return Err(ApiError::with_status(
@@ -166,7 +165,7 @@ async fn remove(
             ),
         ));
     }
-    match gw.registry.remove(url.trim_end_matches('/')) {
+    match gw.registry.remove(url) {
         Some(e) => {
             if let Some(m) = gw.mesh.get() {
                 m.engine_removed(&e.url);

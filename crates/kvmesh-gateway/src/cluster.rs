@@ -154,8 +154,8 @@ fn upsert(gw: &Arc<Gateway>, engine: u64, record: &EngineRecord) {
     };
     if let Some(e) = gw.registry.get(EngineId(engine)) {
         let before = e.base_weight();
-        if (before - entry.weight).abs() > 1e-9 {
-            gw.registry.set_weight(e.id, entry.weight);
+        gw.registry.set_weight(e.id, entry.weight);
+        if e.base_weight() != before {
             tracing::info!(engine = %e.url, from = before, to = e.base_weight(), "engine weight set by the cluster");
         }
         if (&e.kv_events, &e.kv_replay, &e.static_models)
@@ -178,9 +178,7 @@ fn upsert(gw: &Arc<Gateway>, engine: u64, record: &EngineRecord) {
 fn record(entry: &EngineEntry) -> EngineRecord {
     EngineRecord {
         url: entry.url.trim_end_matches('/').to_string(),
-        weight_milli: (entry.weight * 1000.0)
-            .round()
-            .clamp(1.0, f64::from(u32::MAX)) as u32,
+        weight_milli: kvmesh_config::weight_milli(entry.weight),
         kv_events: entry.kv_events.clone(),
         kv_replay: entry.kv_replay.clone(),
         models: entry.models.clone(),

@@ -493,8 +493,7 @@ impl IngestStatus {
     }
 }
 
-/// A weight kept to thousandths (the mesh's registry carries thousandths: every router then
-/// has the same).
+/// A weight kept to thousandths, as the mesh's registry carries it.
 fn milli(w: f64) -> f64 {
-    (w * 1000.0).round().max(1.0) / 1000.0
+    f64::from(kvmesh_config::weight_milli(w)) / 1000.0
 }

@@ -14,6 +14,7 @@ mod common;
 use bytes::Bytes;
 use common::*;
 use kvmesh_config::DnsEntry;
+use kvmesh_gateway::GatewayServer;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -37,6 +38,18 @@ async fn admin(c: &HttpClient, base: &str, method: &str, body: impl Into<Bytes>)
         Duration::from_secs(10),
     )
     .await
+}
+
+/// The `Allow` header of a reply.
+fn allow(r: &Reply) -> Option<&str> {
+    r.headers.get("allow").and_then(|v| v.to_str().ok())
+}
+
+/// A router in front of `engines` with the admin API on (`TOKEN`), routing to all of them.
+async fn admin_router(engines: &[String]) -> GatewayServer {
+    let mut cfg = serve_cfg(engines);
+    cfg.admin_token = TOKEN.into();
+    start_router_with(cfg, "test-model", engines.len()).await
 }
 
 /// The engines the admin API lists, by URL.
@@ -75,9 +88,7 @@ async fn admin_api_is_off_without_a_token() {
 async fn admin_api_lists_adds_and_removes_engines() {
     let mut sims = start_sims(2, |_| sim_cfg("test-model")).await;
     let engines = urls(&sims);
-    let mut cfg = serve_cfg(&engines);
-    cfg.admin_token = TOKEN.into();
-    let router = start_router_with(cfg, "test-model", 2).await;
+    let router = admin_router(&engines).await;
     let base = router.base_url();
     let c = client();
     let url = format!("{base}/admin/engines");
@@ -312,9 +323,7 @@ async fn admin_api_lists_adds_and_removes_engines() {
 async fn admin_api_sets_an_engines_weight() {
     let sims = start_sims(2, |_| instant_sim_cfg("test-model")).await;
     let engines = urls(&sims);
-    let mut cfg = serve_cfg(&engines);
-    cfg.admin_token = TOKEN.into();
-    let router = start_router_with(cfg, "test-model", 2).await;
+    let router = admin_router(&engines).await;
     let base = router.base_url();
     let c = client();
     let weight = |l: &BTreeMap<String, Value>| l[&engines[0]]["weight"].as_f64();
@@ -352,10 +361,7 @@ async fn admin_api_sets_an_engines_weight() {
     // Another method: 405, naming those the path takes.
     let r = admin(&c, &base, "PUT", Bytes::new()).await;
     assert_eq!(r.status, 405, "{}", r.body);
-    assert_eq!(
-        r.headers.get("allow").and_then(|v| v.to_str().ok()),
-        Some("GET, POST, PATCH, DELETE")
-    );
+    assert_eq!(allow(&r), Some("GET, POST, PATCH, DELETE"));
     let r = send(
         &c,
         "DELETE",
@@ -366,10 +372,7 @@ async fn admin_api_sets_an_engines_weight() {
     )
     .await;
     assert_eq!(r.status, 405, "{}", r.body);
-    assert_eq!(
-        r.headers.get("allow").and_then(|v| v.to_str().ok()),
-        Some("GET")
-    );
+    assert_eq!(allow(&r), Some("GET"));
     router.shutdown().await;
     stop_sims(sims).await;
 }

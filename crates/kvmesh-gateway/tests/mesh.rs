@@ -14,6 +14,24 @@ use kvmesh_policy::PolicyKind;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
+/// `/admin/engines` of `router` (token `t`), `body` as JSON.
+async fn admin(
+    c: &HttpClient,
+    router: &GatewayServer,
+    method: &str,
+    body: serde_json::Value,
+) -> Reply {
+    send(
+        c,
+        method,
+        &format!("{}/admin/engines", router.base_url()),
+        &[("authorization", "Bearer t")],
+        body.to_string(),
+        Duration::from_secs(10),
+    )
+    .await
+}
+
 fn mesh_cfg(dir: &std::path::Path, name: &str, seeds: Vec<String>) -> MeshConfig {
     MeshConfig {
         enabled: true,
@@ -191,15 +209,7 @@ async fn meshed_routers_share_marks_load_and_engines() {
 
     // An engine added through A's admin API is routed to by C within a second or so.
     let fifth = engines[4].clone();
-    let add = send(
-        &c,
-        "POST",
-        &format!("{}/admin/engines", a.base_url()),
-        &[("authorization", "Bearer t")],
-        serde_json::json!({ "url": fifth }).to_string(),
-        Duration::from_secs(10),
-    )
-    .await;
+    let add = admin(&c, &a, "POST", serde_json::json!({ "url": fifth })).await;
     assert_eq!(add.status, 201, "{}", add.body);
     let known = until(Duration::from_secs(2), || {
         c_router
@@ -213,13 +223,11 @@ async fn meshed_routers_share_marks_load_and_engines() {
     assert!(known, "C knows the engine A added");
 
     // A weight set through B's admin API reaches every router.
-    let reweigh = send(
+    let reweigh = admin(
         &c,
+        &b,
         "PATCH",
-        &format!("{}/admin/engines", b.base_url()),
-        &[("authorization", "Bearer t")],
-        serde_json::json!({ "url": engines[1], "weight": 2.5 }).to_string(),
-        Duration::from_secs(10),
+        serde_json::json!({ "url": engines[1], "weight": 2.5 }),
     )
     .await;
     assert_eq!(reweigh.status, 200, "{}", reweigh.body);
@@ -256,15 +264,7 @@ async fn meshed_routers_share_marks_load_and_engines() {
         .expect("an engine every router holds counts of")
         .clone();
     let victim_id = kvmesh_prefix::EngineId::from_url(&victim).0;
-    let del = send(
-        &c,
-        "DELETE",
-        &format!("{}/admin/engines", a.base_url()),
-        &[("authorization", "Bearer t")],
-        serde_json::json!({ "url": victim }).to_string(),
-        Duration::from_secs(10),
-    )
-    .await;
+    let del = admin(&c, &a, "DELETE", serde_json::json!({ "url": victim })).await;
     assert_eq!(del.status, 200, "{}", del.body);
     assert!(
         until(Duration::from_secs(2), || [&a, &b, &c_router]
