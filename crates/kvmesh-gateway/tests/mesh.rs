@@ -62,6 +62,29 @@ async fn cluster_json(c: &HttpClient, r: &GatewayServer) -> serde_json::Value {
     serde_json::from_str(&body).expect("json")
 }
 
+/// Whether the routers' load and registry digests agree within 5 s.
+async fn digests_agree(c: &HttpClient, routers: [&GatewayServer; 3]) -> bool {
+    for _ in 0..100 {
+        let mut ds = Vec::new();
+        for r in routers {
+            ds.push(cluster_json(c, r).await["digests"].clone());
+        }
+        if ds
+            .iter()
+            .all(|d| d["registry"] == ds[0]["registry"] && d["load"] == ds[0]["load"])
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Whether the router's mesh node is warm.
+fn cluster_warm(r: &GatewayServer) -> bool {
+    r.cluster.as_ref().is_some_and(|c| c.is_warm())
+}
+
 async fn wait_members(c: &HttpClient, r: &GatewayServer, n: usize) {
     for _ in 0..200 {
         if cluster_json(c, r).await["members"]
@@ -279,23 +302,43 @@ async fn meshed_routers_share_marks_load_and_engines() {
     );
 
     // The replicated state converges: equal digests on all three (load and registry).
-    let mut agree = false;
-    for _ in 0..100 {
-        let ds: Vec<serde_json::Value> = vec![
-            cluster_json(&c, &a).await["digests"].clone(),
-            cluster_json(&c, &b).await["digests"].clone(),
-            cluster_json(&c, &c_router).await["digests"].clone(),
-        ];
-        if ds
+    assert!(
+        digests_agree(&c, [&a, &b, &c_router]).await,
+        "digests agree"
+    );
+
+    // C restarts with the config it had, which lists the removed engine: the run-time
+    // changes hold on every router (the engine stays removed, B's weight stays).
+    let seed = a.cluster.as_ref().and_then(|x| x.addr()).expect("a's mesh");
+    c_router.shutdown().await;
+    let mut cfg = serve_cfg(&engines[..4]);
+    cfg.routing.policy.policy = PolicyKind::CacheAware;
+    cfg.admin_token = "t".into();
+    cfg.mesh = mesh_cfg(&dir, "c", vec![seed.to_string()]);
+    let c_router = start_router(cfg).await;
+    let settled = |r: &GatewayServer| {
+        let reg = &r.gateway.registry;
+        reg.get(kvmesh_prefix::EngineId(victim_id)).is_none()
+            && reg.members().len() == 4
+            && (victim == engines[1] || reg.get(id1).is_some_and(|e| e.base_weight() == 2.5))
+    };
+    assert!(
+        until(Duration::from_secs(5), || cluster_warm(&c_router)
+            && [&a, &b, &c_router].into_iter().all(settled))
+        .await,
+        "after C's restart: {:?}",
+        c_router
+            .gateway
+            .registry
+            .members()
             .iter()
-            .all(|d| d["registry"] == ds[0]["registry"] && d["load"] == ds[0]["load"])
-        {
-            agree = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(agree, "digests agree");
+            .map(|e| (e.url.clone(), e.base_weight()))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        digests_agree(&c, [&a, &b, &c_router]).await,
+        "digests agree after C's restart"
+    );
     for (rank, r) in [&a, &b, &c_router].into_iter().enumerate() {
         let status = cluster_json(&c, r).await;
         assert_eq!(status["warm"], true, "every router is warm");

@@ -15,7 +15,7 @@ use kvmesh_mesh::core::{
 use kvmesh_state::{
     Control, Delta, Dot, EngineRecord, Envelope, EnvelopeKind, EnvelopeV1, FeedBatch, FeedBatches,
     FeedHead, FeedId, FeedPull, FeedSnapshot, LoadBatch, LoadDelta, MarkDelta, NodeId, RegistryAdd,
-    RegistryDelta, SnapBlock, Span, Stamp, StateDigest, Version, WireOp, encode,
+    RegistryDelta, Seeded, SnapBlock, Span, Stamp, StateDigest, Version, WireOp, encode,
 };
 
 const CLUSTER: u64 = 77;
@@ -196,6 +196,13 @@ impl Gen {
                             lo: a.min(b),
                             hi: if self.rng.below(4) == 0 { a } else { a.max(b) },
                         }
+                    })
+                    .collect(),
+                seeded: (0..self.len(4))
+                    .map(|_| Seeded {
+                        engine: self.engine(),
+                        record: self.u64(),
+                        at_us: self.u64(),
                     })
                     .collect(),
             }),

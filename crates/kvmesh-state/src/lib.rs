@@ -12,7 +12,8 @@
 //!   expired marks dropped deterministically, a per-engine bound.
 //! * [`registry`]: the engine registry — an add-wins observed-remove set of engines with
 //!   last-writer-wins attributes ((time, node) stamps, no arbitrary tie) and a causal context
-//!   instead of tombstones (memory: the engines present + a counter interval per router run).
+//!   instead of tombstones (memory: the engines present + a counter interval per router run),
+//!   beside it the notes of the config records routers seeded (bounded, grow-only).
 //! * [`ownership`]: which `r` routers read an engine's KV events (rendezvous hashing over the
 //!   live routers' stable ids).
 //! * [`feeds`]: precise prefix feeds — an engine's KV-event ops as its ingest owner derived
@@ -40,7 +41,9 @@ pub use ids::{NodeId, Version};
 pub use load::{LoadBatch, LoadDelta, LoadMap};
 pub use marks::{MARK_WINDOW, MarkDelta, MarkMap, covering_keys, window_top};
 pub use ownership::{owners, owns};
-pub use registry::{Dot, EngineRecord, RegistryAdd, RegistryDelta, RegistrySet, Span, Stamp};
+pub use registry::{
+    Dot, EngineRecord, RegistryAdd, RegistryDelta, RegistrySet, SEEDED_MAX, Seeded, Span, Stamp,
+};
 pub use wire::{
     Control, Delta, Envelope, EnvelopeKind, EnvelopeV1, FeedHead, MAX_ENVELOPE_BYTES, StateDigest,
     WireError, decode, encode, encoded_len,

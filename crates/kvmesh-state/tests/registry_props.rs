@@ -3,7 +3,9 @@
 //! they produced, and whole states taken at random moments (in fragments), are merged in
 //! random orders with duplicates. Whatever the order: the same digest, exactly the engines and
 //! records of the model, commutative / associative / idempotent joins of whole states, and a
-//! context of one interval per router run instead of one tombstone per removed add.
+//! context of one interval per router run instead of one tombstone per removed add. Some adds
+//! come with a note that a config seeded them: every note reaches every order, and outlives
+//! its engine's removal.
 
 use kvmesh_state::{EngineRecord, NodeId, RegistryDelta, RegistrySet, Span};
 use proptest::prelude::*;
@@ -47,7 +49,15 @@ fn produce(actions: &[(u8, u8, u8, u32)]) -> Run {
         let now = 1_000 + 10 * i as u64;
         let before = routers[r].clone();
         let made = match kind % 8 {
-            0..=2 => vec![routers[r].add(node(r), now, engine, record(engine, x % 4000))],
+            0..=2 => {
+                let rec = record(engine, x % 4000);
+                let mut made = vec![routers[r].add(node(r), now, engine, rec.clone())];
+                // A config's engine (now and then the same record again: noted once).
+                if x % 5 < 2 {
+                    made.extend(routers[r].note_seeded(now, engine, &record(engine, x % 2)));
+                }
+                made
+            }
             3..=4 => routers[r].remove(engine).into_iter().collect(),
             5 => {
                 // Restart: same id, empty registry (learns from peers only afterwards).
@@ -117,6 +127,28 @@ fn model(deltas: &[RegistryDelta]) -> BTreeMap<u64, EngineRecord> {
     best.into_iter().map(|(e, (_, r))| (e, r)).collect()
 }
 
+/// Every (engine, record) a delta noted as seeded: all of them, whatever was removed.
+fn noted(deltas: &[RegistryDelta]) -> std::collections::BTreeSet<(u64, u32)> {
+    deltas
+        .iter()
+        .flat_map(|d| &d.seeded)
+        .map(|n| {
+            let w = (0..2)
+                .find(|&w| record(n.engine, w).digest() == n.record)
+                .expect("a record of the test");
+            (n.engine, w)
+        })
+        .collect()
+}
+
+/// The test's possible config records that `s` has notes of.
+fn notes_of(s: &RegistrySet) -> std::collections::BTreeSet<(u64, u32)> {
+    (0..5u64)
+        .flat_map(|e| (0..2).map(move |w| (e, w)))
+        .filter(|&(e, w)| s.was_seeded(e, &record(e, w)))
+        .collect()
+}
+
 fn contents(s: &RegistrySet) -> BTreeMap<u64, EngineRecord> {
     s.engines().map(|(e, r)| (e, r.clone())).collect()
 }
@@ -150,6 +182,8 @@ proptest! {
         prop_assert_eq!(a.digest(), b.digest());
         prop_assert_eq!(contents(&a), model(&run.deltas));
         prop_assert_eq!(contents(&b), contents(&a));
+        prop_assert_eq!(notes_of(&a), noted(&run.deltas));
+        prop_assert_eq!(a.seeded_len(), noted(&run.deltas).len());
         // No local change removes an add its router had not seen (a restarted router's
         // first add leaves its previous run's adds alone).
         for (before, d) in &run.local {
@@ -189,6 +223,7 @@ proptest! {
             all.merge(d);
         }
         prop_assert_eq!(contents(&all), model(&run.deltas));
+        prop_assert_eq!(notes_of(&all), noted(&run.deltas));
     }
 
     #[test]

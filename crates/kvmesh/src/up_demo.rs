@@ -237,7 +237,7 @@ pub async fn run(a: &UpArgs, c: &Cluster, wl: &SharedPrefixWorkload) -> Result<(
             .map(|m| {
                 let s = m.status(r.gateway.registry.router_slot());
                 format!(
-                    "; {} mesh members, reads the KV events of {} engines",
+                    "; meshed with {} peers, reads the KV events of {} engines",
                     s["members"].as_array().map_or(0, Vec::len),
                     s["ingest"]["owned"].as_u64().unwrap_or(0)
                 )

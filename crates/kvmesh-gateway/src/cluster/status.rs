@@ -102,6 +102,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "deltas_refused": k.deltas_refused,
         "orphan_entries_dropped": k.orphan_entries_dropped,
         "engines_seeded": k.engines_seeded,
+        "seeds_superseded": k.seeds_superseded,
         "digests_ignored": k.digests_ignored,
         "dropped_marks": c.dropped_marks.load(Relaxed),
         "bytes": bytes_by_class(t)

@@ -10,9 +10,12 @@
 //! An engine that joins the router's has what the node held of it handed over.
 //!
 //! The engines of the router's own config seed the replicated registry: once the node holds
-//! the cluster's registry (warm), each is added where the registry lacks it or holds another
-//! record of it ([`MeshCore::seed_engines`]). A router's config thus takes effect at its
-//! start, over what the admin API changed at run time; routers of one config add nothing.
+//! the cluster's registry (warm), each config record that no router's config seeded before is
+//! added where the registry lacks it or holds another record, and noted
+//! ([`MeshCore::seed_engines`]). A record seeded before is left as the cluster has it since:
+//! a router that restarts with its config does not undo what the admin API changed at run
+//! time (an engine removed, a weight set); one whose config changed an engine's record puts
+//! the new record in. Routers of one config add nothing.
 
 use super::{Apply, MeshCore, Output};
 use kvmesh_state::{Delta, EngineRecord};
@@ -62,8 +65,8 @@ impl MeshCore {
 
     /// The engines of the router's own config, to be added to the replicated registry once
     /// the node is warm (at once if it is), each where the registry does not hold this
-    /// record of it. An engine added or removed through this router before then is no
-    /// longer a seed (the later word holds).
+    /// record of it and no router's config seeded this record before. An engine added or
+    /// removed through this router before then is no longer a seed (the later word holds).
     pub fn seed_engines(&mut self, engines: Vec<(u64, EngineRecord)>, now_us: u64) {
         self.at(now_us);
         self.seeds = engines;
@@ -72,11 +75,32 @@ impl MeshCore {
         }
     }
 
-    /// Adds the seeds the registry does not hold as they are, and tells the router each
-    /// record it added (its own engine may have taken a peer's record meanwhile).
+    /// Adds the seeds the registry does not hold as they are, unless a config seeded that
+    /// record before (a run-time change since holds), notes each, and tells the router each
+    /// record it added (its own engine may have taken a peer's record meanwhile). The router
+    /// has its config's engines from its start: of a seed superseded, it is told what the
+    /// cluster holds (the engine removed, or its record).
     pub(super) fn plant_seeds(&mut self, now_us: u64) {
         for (engine, record) in std::mem::take(&mut self.seeds) {
-            if self.st.registry.get(engine) == Some(&record) {
+            let held = self.st.registry.get(engine) == Some(&record);
+            if self.st.registry.was_seeded(engine, &record) {
+                if !held {
+                    self.counters.seeds_superseded += 1;
+                    let a = match self.st.registry.get(engine) {
+                        Some(rec) => Apply::EngineUpsert {
+                            engine,
+                            record: rec.clone(),
+                        },
+                        None => Apply::EngineRemoved { engine },
+                    };
+                    self.out.push(Output::Apply(a));
+                }
+                continue;
+            }
+            if let Some(d) = self.st.registry.note_seeded(now_us, engine, &record) {
+                self.outbox.push(Delta::Registry(d));
+            }
+            if held {
                 continue;
             }
             let d = self

@@ -191,6 +191,9 @@ pub struct CoreCounters {
     /// Engines of the router's config it added to the registry (absent there, or held with
     /// another record: see [`MeshCore::seed_engines`]).
     pub engines_seeded: u64,
+    /// Engines of the router's config left as the cluster has them: a config seeded this
+    /// record before, and it was removed or changed at run time since.
+    pub seeds_superseded: u64,
 }
 
 /// How far ahead of this router's clock a peer's clock may be before its marks are refused

@@ -19,11 +19,14 @@
 //! Memory: the adds present (about one per engine and router that added it concurrently,
 //! each with its record) plus the context: per router and run of that router (a restart is a
 //! new run), one counter interval, and a few more while an add is missing (they merge when it
-//! arrives). Removed engines leave nothing else behind: their records go with their last add.
+//! arrives). Removed engines leave nothing else behind: their records go with their last add,
+//! but for the notes of what routers' configs seeded ([`seeded`]: at most [`SEEDED_MAX`]).
 
 mod context;
+mod seeded;
 
 pub use context::Span;
+pub use seeded::{SEEDED_MAX, Seeded};
 
 use crate::ids::NodeId;
 use crate::{digest_of, part};
@@ -33,6 +36,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Context spans per fragment of a whole state at most ([`RegistrySet::deltas`]).
 const SPANS_PER_FRAGMENT: usize = 256;
+
+/// Seed notes per fragment of a whole state at most ([`RegistrySet::deltas`]).
+const NOTES_PER_FRAGMENT: usize = 64;
 
 /// A unique add: (node, that node's counter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -85,13 +91,16 @@ pub struct RegistryAdd {
 /// this fragment goes (an add's own dot counts as seen even when `seen` omits it). An add is
 /// `adds` = the new add, `seen` = its dot, the counters its router skipped, and the engine's
 /// dots it replaces; a remove is `adds` empty, `seen` = the engine's dots; a whole state is
-/// a fragment per router and counter range.
+/// a fragment per router and counter range. `seeded` carries notes of config records seeded
+/// (a grow-only part beside the set, see [`Seeded`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct RegistryDelta {
     /// Adds present.
     pub adds: Vec<RegistryAdd>,
     /// Dots seen.
     pub seen: Vec<Span>,
+    /// Config records seeded.
+    pub seeded: Vec<Seeded>,
 }
 
 /// A present add's payload.
@@ -113,6 +122,8 @@ pub struct RegistrySet {
     ctx: CausalContext,
     /// The last counter this router issued since it started (0: none yet).
     issued: u64,
+    /// The config records routers seeded.
+    seeded: seeded::SeededLog,
     /// [`RegistrySet::digest`] as last computed, until the next change (anti-entropy asks
     /// for it at every digest exchange, and the registry seldom changes).
     digest: std::cell::Cell<Option<u64>>,
@@ -184,9 +195,44 @@ impl RegistrySet {
                 record,
             }],
             seen,
+            seeded: Vec::new(),
         };
         self.merge(&d);
         d
+    }
+
+    /// Notes that a router's config seeded `engine` with `record` (or found it so), at
+    /// `now_us`: returns the delta to send, or `None` when the note was made before.
+    pub fn note_seeded(
+        &mut self,
+        now_us: u64,
+        engine: u64,
+        record: &EngineRecord,
+    ) -> Option<RegistryDelta> {
+        let note = Seeded {
+            engine,
+            record: record.digest(),
+            at_us: now_us,
+        };
+        if self.seeded.contains(engine, note.record) {
+            return None;
+        }
+        let d = RegistryDelta {
+            seeded: vec![note],
+            ..RegistryDelta::default()
+        };
+        self.merge(&d);
+        Some(d)
+    }
+
+    /// Whether some router's config seeded `engine` with `record` (noted, and not cut since).
+    pub fn was_seeded(&self, engine: u64, record: &EngineRecord) -> bool {
+        self.seeded.contains(engine, record.digest())
+    }
+
+    /// Notes of config records seeded.
+    pub fn seeded_len(&self) -> usize {
+        self.seeded.len()
     }
 
     /// The local router removes an engine (the adds it has seen): returns the delta to send,
@@ -197,8 +243,8 @@ impl RegistrySet {
             return None;
         }
         let d = RegistryDelta {
-            adds: Vec::new(),
             seen: self.dots_of(engine).into_iter().map(Span::dot).collect(),
+            ..RegistryDelta::default()
         };
         self.merge(&d);
         Some(d)
@@ -283,6 +329,9 @@ impl RegistrySet {
         {
             changed |= self.ctx.insert(s);
         }
+        for &n in &d.seeded {
+            changed |= self.seeded.merge(n);
+        }
         changed
     }
 
@@ -353,8 +402,8 @@ impl RegistrySet {
                     .collect();
                 let last = parts.pop().unwrap_or_default();
                 out.extend(parts.into_iter().map(|seen| RegistryDelta {
-                    adds: Vec::new(),
                     seen,
+                    ..RegistryDelta::default()
                 }));
                 let adds: Vec<RegistryAdd> = add
                     .map(|(d, e)| RegistryAdd {
@@ -366,15 +415,25 @@ impl RegistrySet {
                     .into_iter()
                     .collect();
                 if !adds.is_empty() || !last.is_empty() {
-                    out.push(RegistryDelta { adds, seen: last });
+                    out.push(RegistryDelta {
+                        adds,
+                        seen: last,
+                        seeded: Vec::new(),
+                    });
                 }
                 lo = hi.saturating_add(1);
             }
         }
+        let notes: Vec<Seeded> = self.seeded.iter().collect();
+        out.extend(notes.chunks(NOTES_PER_FRAGMENT).map(|n| RegistryDelta {
+            seeded: n.to_vec(),
+            ..RegistryDelta::default()
+        }));
         out
     }
 
-    /// A digest of the set: the adds present with their records, and the context.
+    /// A digest of the set: the adds present with their records, the context and the seed
+    /// notes.
     pub fn digest(&self) -> u64 {
         if let Some(d) = self.digest.get() {
             return d;
@@ -400,8 +459,8 @@ impl RegistrySet {
             self.ctx.spans().map(|s| part(s.node.0, s.lo, s.hi, 0)),
         );
         digest_of(
-            b"kvmesh/registry/v2",
-            std::iter::once(part(adds, seen, 0, 0)),
+            b"kvmesh/registry/v3",
+            std::iter::once(part(adds, seen, self.seeded.digest(), 0)),
         )
     }
 }

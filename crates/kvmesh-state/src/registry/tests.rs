@@ -109,6 +109,7 @@ fn a_restarted_router_continues_its_counter_above_its_previous_run() {
             record: rec("http://e:3", 1000),
         }],
         seen: vec![Span::dot(e1.adds[0].dot)],
+        seeded: vec![],
     };
     assert!(!peer.clone().merge(&stale), "a reused dot is ignored");
     let mut after = RegistrySet::new();
@@ -248,17 +249,18 @@ fn hostile_fragments_do_not_panic() {
                 hi: u64::MAX,
             },
         ],
+        seeded: vec![],
     };
     r.merge(&weird);
     assert!(r.contains(1) && !r.contains(2));
     // Every counter of a router seen: its later adds saturate and are ignored, never panic.
     r.merge(&RegistryDelta {
-        adds: vec![],
         seen: vec![Span {
             node: a,
             lo: 1,
             hi: u64::MAX,
         }],
+        ..RegistryDelta::default()
     });
     assert!(!r.contains(1));
     let d = r.add(a, 10, 3, rec("x", 0));
