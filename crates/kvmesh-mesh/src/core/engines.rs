@@ -86,14 +86,7 @@ impl MeshCore {
             if self.st.registry.was_seeded(engine, &record) {
                 if !held {
                     self.counters.seeds_superseded += 1;
-                    let a = match self.st.registry.get(engine) {
-                        Some(rec) => Apply::EngineUpsert {
-                            engine,
-                            record: rec.clone(),
-                        },
-                        None => Apply::EngineRemoved { engine },
-                    };
-                    self.out.push(Output::Apply(a));
+                    self.tell_engine(engine);
                 }
                 continue;
             }
@@ -112,6 +105,18 @@ impl MeshCore {
             self.out
                 .push(Output::Apply(Apply::EngineUpsert { engine, record }));
         }
+    }
+
+    /// Tells the router what the registry holds of `engine`: its record, or its removal.
+    pub(super) fn tell_engine(&mut self, engine: u64) {
+        let a = match self.st.registry.get(engine) {
+            Some(rec) => Apply::EngineUpsert {
+                engine,
+                record: rec.clone(),
+            },
+            None => Apply::EngineRemoved { engine },
+        };
+        self.out.push(Output::Apply(a));
     }
 
     /// Whether `engine` is the router's (or the router has not said which are).

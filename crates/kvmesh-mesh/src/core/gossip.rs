@@ -78,14 +78,7 @@ impl MeshCore {
                     self.counters.deltas_applied += 1;
                 }
                 for engine in touched {
-                    let a = match self.st.registry.get(engine) {
-                        Some(rec) => Apply::EngineUpsert {
-                            engine,
-                            record: rec.clone(),
-                        },
-                        None => Apply::EngineRemoved { engine },
-                    };
-                    self.out.push(Output::Apply(a));
+                    self.tell_engine(engine);
                 }
             }
             Delta::FeedBatches(g) => {
