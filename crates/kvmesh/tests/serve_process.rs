@@ -110,7 +110,7 @@ fn kvmesh_up_by_default_meshes_three_routers() {
             .lines()
             .find(|l| l.trim_start().starts_with(r) && l.contains("served"))
             .unwrap_or_else(|| panic!("no line for {r}: {stdout}"));
-        assert!(line.contains("2 mesh members"), "{line}");
+        assert!(line.contains("meshed with 2 peers"), "{line}");
     }
 }
 
