@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 pub struct ServeConfig {
     /// HTTP address of the OpenAI-compatible API and of `/metrics` and `/admin/*`.
     pub listen: String,
-    /// Engines known at start-up.
+    /// Engines known at start-up: tables, or plain base URLs (`engines = ["http://10.0.0.5:8000"]`).
+    #[serde(deserialize_with = "urls_or_entries")]
     pub engines: Vec<EngineEntry>,
     /// DNS names that resolve to many engines, re-resolved periodically.
     pub dns: Vec<DnsEntry>,
@@ -120,6 +121,37 @@ pub fn weight_milli(w: f64) -> u32 {
     (w * 1000.0).round().clamp(1.0, f64::from(u32::MAX)) as u32
 }
 
+/// `engines`: each a table, or a string (its base URL, as `--engine URL` takes it).
+fn urls_or_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<EngineEntry>, D::Error> {
+    struct UrlOrEntry(EngineEntry);
+    impl<'de> Deserialize<'de> for UrlOrEntry {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Form;
+            impl<'de> serde::de::Visitor<'de> for Form {
+                type Value = EngineEntry;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("an engine: its base URL, or a table with `url`")
+                }
+                fn visit_str<E: serde::de::Error>(self, url: &str) -> Result<EngineEntry, E> {
+                    Ok(EngineEntry {
+                        url: url.to_string(),
+                        ..EngineEntry::default()
+                    })
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    m: A,
+                ) -> Result<EngineEntry, A::Error> {
+                    EngineEntry::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                }
+            }
+            d.deserialize_any(Form).map(UrlOrEntry)
+        }
+    }
+    let v: Vec<UrlOrEntry> = Vec::deserialize(d)?;
+    Ok(v.into_iter().map(|e| e.0).collect())
+}
+
 impl Default for EngineEntry {
     fn default() -> Self {
         EngineEntry {
@@ -176,11 +208,16 @@ impl EngineEntry {
 
     /// Checks the entry; `at` is the key prefix.
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
-        check(
-            valid_base_url(&self.url),
-            &format!("{at}.url"),
-            "must be an http:// base URL such as http://127.0.0.1:8000 (a host, a port 1-65535, no path)",
-        )?;
+        if !valid_base_url(&self.url) {
+            return Err(ConfigError::invalid(
+                &format!("{at}.url"),
+                &format!(
+                    "{:?} is not an http:// base URL such as http://127.0.0.1:8000 (a host, a port \
+                     1-65535, no path)",
+                    self.url
+                ),
+            ));
+        }
         check(
             valid_weight(self.weight),
             &format!("{at}.weight"),
@@ -553,6 +590,36 @@ mod tests {
         ] {
             assert!(!valid_base_url(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_engine_is_a_url_or_a_table_and_a_tables_typo_is_named() {
+        let parse = |t: &str| crate::KvmeshConfig::from_toml_str(t, "test");
+        let c = parse(
+            "[serve]\nengines = [\"http://127.0.0.1:8001\", \
+             { url = \"http://127.0.0.1:8002\", weight = 2 }]\n",
+        )
+        .expect("a URL and a table");
+        let e = &c.serve.engines;
+        assert_eq!(e.len(), 2);
+        assert_eq!(
+            e[0],
+            EngineEntry {
+                url: "http://127.0.0.1:8001".into(),
+                ..EngineEntry::default()
+            }
+        );
+        assert_eq!(
+            (e[1].url.as_str(), e[1].weight),
+            ("http://127.0.0.1:8002", 2.0)
+        );
+        let typo = parse("[[serve.engines]]\nurl = \"http://127.0.0.1:8001\"\nweigth = 2\n")
+            .expect_err("a typo");
+        assert!(typo.to_string().contains("weigth"), "{typo}");
+        let bad = parse("[serve]\nengines = [3]\n").expect_err("a number");
+        assert!(bad.to_string().contains("base URL"), "{bad}");
+        let bad_url = parse("[serve]\nengines = [\"http://127.0.0.1:0\"]\n").expect_err("port 0");
+        assert!(bad_url.to_string().contains("127.0.0.1:0"), "{bad_url}");
     }
 
     #[test]
