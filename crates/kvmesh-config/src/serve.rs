@@ -211,7 +211,7 @@ impl EngineEntry {
         if !valid_base_url(&self.url) {
             return Err(ConfigError::invalid(
                 &format!("{at}.url"),
-                &format!(
+                format!(
                     "{:?} is not an http:// base URL such as http://127.0.0.1:8000 (a host, a port \
                      1-65535, no path)",
                     self.url
