@@ -317,6 +317,7 @@ impl MeshNode {
                 short: short.as_ref(),
             };
             let mut failing = std::collections::BTreeSet::new();
+            let mut drops = DropWarnings::default();
             let mut reseed = tokio::time::interval(Duration::from_secs(1));
             reseed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             // Whether the previous turn ran a due tick without waiting (never twice in a row).
@@ -358,11 +359,24 @@ impl MeshNode {
                     }
                     msg = inbound.recv() => {
                         let Some(Inbound { from, class, payload }) = msg else { break };
-                        let mut core = lock(&c);
-                        match class {
-                            Class::Datagram => core.handle_datagram(&payload, now()),
-                            Class::Delta | Class::Load => core.handle_envelope(from, &payload, now()),
-                            Class::Connected => core.peer_connected(from, now()),
+                        let dropped = {
+                            let mut core = lock(&c);
+                            match class {
+                                Class::Datagram => {
+                                    core.handle_datagram(&payload, now());
+                                    None
+                                }
+                                Class::Delta | Class::Load => {
+                                    core.handle_envelope(from, &payload, now()).err()
+                                }
+                                Class::Connected => {
+                                    core.peer_connected(from, now());
+                                    None
+                                }
+                            }
+                        };
+                        if let Some(e) = dropped {
+                            drops.say(from, &e);
                         }
                     }
                     Some(id) = async {
@@ -532,5 +546,40 @@ impl Out<'_> {
             }
         });
         }
+    }
+}
+
+/// Envelopes from a member that do not decode, said as a warning at most once a minute per
+/// address (such a peer keeps sending them; each is counted as dropped).
+#[derive(Default)]
+struct DropWarnings {
+    last: std::collections::HashMap<SocketAddr, std::time::Instant>,
+}
+
+impl DropWarnings {
+    const EVERY: Duration = Duration::from_secs(60);
+
+    fn say(&mut self, from: SocketAddr, e: &kvmesh_state::WireError) {
+        let now = std::time::Instant::now();
+        if self.last.len() > 1024 {
+            self.last
+                .retain(|_, t| now.duration_since(*t) < Self::EVERY);
+        }
+        if self
+            .last
+            .get(&from)
+            .is_some_and(|t| now.duration_since(*t) < Self::EVERY)
+        {
+            tracing::debug!(peer = %from, error = %e, "mesh envelope dropped");
+            return;
+        }
+        self.last.insert(from, now);
+        tracing::warn!(
+            peer = %from,
+            error = %e,
+            "mesh envelope dropped: it does not decode (a router of another kvmesh build whose \
+             mesh format differs, see README \"Upgrades\", or corrupt bytes); said at most once \
+             a minute per address"
+        );
     }
 }

@@ -513,20 +513,27 @@ impl MeshCore {
         self.meet(&BTreeSet::from([id]), now_us);
     }
 
-    /// An envelope from the network (hostile bytes: bounded, never panics, counted).
-    pub fn handle_envelope(&mut self, from: SocketAddr, bytes: &[u8], now_us: u64) {
+    /// An envelope from the network (hostile bytes: bounded, never panics, counted). Bytes
+    /// that do not decode are dropped and their error returned (the shell says it: a peer of
+    /// another build whose mesh format differs sends such envelopes).
+    pub fn handle_envelope(
+        &mut self,
+        from: SocketAddr,
+        bytes: &[u8],
+        now_us: u64,
+    ) -> Result<(), kvmesh_state::WireError> {
         self.at(now_us);
         let env = match kvmesh_state::decode(bytes, self.cfg.cluster_id) {
             Ok(e) => e,
-            Err(_) => {
+            Err(e) => {
                 self.counters.envelopes_dropped += 1;
-                return;
+                return Err(e);
             }
         };
         self.counters.envelopes_received += 1;
         self.counters.bytes_received += bytes.len() as u64;
         if env.from == self.me {
-            return;
+            return Ok(());
         }
         // The sender's clock is its own (and its bytes hostile): any difference, clamped.
         let lag_us = (i128::from(now_us) - i128::from(env.sent_us))
@@ -568,6 +575,7 @@ impl MeshCore {
         for c in env.control {
             self.control(from, env.from, c, now_us);
         }
+        Ok(())
     }
 
     /// Runs what is due at `now_us`: membership timers, the flush, anti-entropy.

@@ -314,7 +314,7 @@ impl Sim {
     pub fn deliver(&mut self, to: usize, from: usize, bytes: &[u8]) {
         let now = self.now;
         if let Some(n) = self.nodes[to].as_mut() {
-            n.core.handle_envelope(addr(from), bytes, now);
+            let _ = n.core.handle_envelope(addr(from), bytes, now);
             self.collect(to);
         }
     }
@@ -514,7 +514,7 @@ impl Sim {
                     if way == Way::Swim {
                         n.core.handle_datagram(&bytes, now);
                     } else {
-                        n.core.handle_envelope(addr(from), &bytes, now);
+                        let _ = n.core.handle_envelope(addr(from), &bytes, now);
                     }
                     self.collect(to);
                 }
