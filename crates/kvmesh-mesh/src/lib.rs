@@ -14,3 +14,4 @@ pub mod membership;
 pub mod node;
 pub mod realtime;
 pub mod transport;
+mod warn_every;

@@ -10,6 +10,7 @@ use crate::core::{Apply, CoreConfig, MeshCore, Output};
 use crate::membership::MeshId;
 use crate::realtime;
 use crate::transport::{Class, Inbound, Transport, TransportError};
+use crate::warn_every::WarnEvery;
 use kvmesh_state::{EngineRecord, MarkDelta, WireOp};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -551,29 +552,20 @@ impl Out<'_> {
 
 /// Envelopes from a member that do not decode, said as a warning at most once a minute per
 /// address (such a peer keeps sending them; each is counted as dropped).
-#[derive(Default)]
-struct DropWarnings {
-    last: std::collections::HashMap<SocketAddr, std::time::Instant>,
+struct DropWarnings(WarnEvery);
+
+impl Default for DropWarnings {
+    fn default() -> Self {
+        DropWarnings(WarnEvery::new(Duration::from_secs(60)))
+    }
 }
 
 impl DropWarnings {
-    const EVERY: Duration = Duration::from_secs(60);
-
     fn say(&mut self, from: SocketAddr, e: &kvmesh_state::WireError) {
-        let now = std::time::Instant::now();
-        if self.last.len() > 1024 {
-            self.last
-                .retain(|_, t| now.duration_since(*t) < Self::EVERY);
-        }
-        if self
-            .last
-            .get(&from)
-            .is_some_and(|t| now.duration_since(*t) < Self::EVERY)
-        {
+        if !self.0.due(from, std::time::Instant::now()) {
             tracing::debug!(peer = %from, error = %e, "mesh envelope dropped");
             return;
         }
-        self.last.insert(from, now);
         tracing::warn!(
             peer = %from,
             error = %e,

@@ -15,6 +15,7 @@
 //! sends reaches the program; bytes that are not QUIC are dropped by quinn.
 
 use crate::certs::{NodeTls, SERVER_NAME};
+use crate::warn_every::WarnEvery;
 use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use quinn::{Connection, Endpoint};
@@ -146,8 +147,8 @@ pub struct Transport {
     conns: Mutex<HashMap<SocketAddr, Connection>>,
     tx: mpsc::Sender<Inbound>,
     counters: Arc<Counters>,
-    /// When a failed handshake with each address was last logged as a warning.
-    warned: Mutex<HashMap<SocketAddr, std::time::Instant>>,
+    /// Failed handshakes logged as warnings, at most once a minute per address.
+    warned: Mutex<WarnEvery>,
 }
 
 /// A failed handshake with the same address is logged as a warning at most this often.
@@ -227,7 +228,7 @@ impl Transport {
             conns: Mutex::new(HashMap::new()),
             tx,
             counters: Arc::default(),
-            warned: Mutex::new(HashMap::new()),
+            warned: Mutex::new(WarnEvery::new(HANDSHAKE_WARN_EVERY)),
         });
         let acceptor = t.clone();
         tokio::spawn(async move { acceptor.accept_loop().await });
@@ -279,20 +280,11 @@ impl Transport {
             return;
         }
         self.counters.handshake_failures.fetch_add(1, Relaxed);
-        let now = std::time::Instant::now();
-        let warn = {
-            let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-            if w.len() > 1024 {
-                w.retain(|_, t| now.duration_since(*t) < HANDSHAKE_WARN_EVERY);
-            }
-            match w.get(&peer) {
-                Some(t) if now.duration_since(*t) < HANDSHAKE_WARN_EVERY => false,
-                _ => {
-                    w.insert(peer, now);
-                    true
-                }
-            }
-        };
+        let warn = self
+            .warned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .due(peer, std::time::Instant::now());
         if warn {
             tracing::warn!(%peer, error, "mesh handshake {dir} a peer refused by TLS (a certificate from another CA, another cluster id, or not a kvmesh node?); said at most once a minute per address");
         } else {
