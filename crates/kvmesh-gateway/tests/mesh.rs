@@ -335,11 +335,25 @@ async fn meshed_routers_share_marks_load_and_engines() {
             .map(|e| (e.url.clone(), e.base_weight()))
             .collect::<Vec<_>>()
     );
+    // Every router sees the two others again (C's new run included) before their digests
+    // and ranks are compared.
+    for r in [&a, &b, &c_router] {
+        wait_members(&c, r, 2).await;
+    }
     assert!(
         digests_agree(&c, [&a, &b, &c_router]).await,
         "digests agree after C's restart"
     );
     for (rank, r) in [&a, &b, &c_router].into_iter().enumerate() {
+        // (A membership change reaches the rank a moment after the members.)
+        let want = kvmesh_policy::RouterSlot {
+            rank: rank as u32,
+            routers: 3,
+        };
+        until(Duration::from_secs(5), || {
+            r.gateway.registry.router_slot() == want
+        })
+        .await;
         let status = cluster_json(&c, r).await;
         assert_eq!(status["warm"], true, "every router is warm");
         // Each knows its own place among the three (by name), and its policies split ties
