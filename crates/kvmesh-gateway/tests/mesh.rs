@@ -138,13 +138,13 @@ async fn mesh_of_three(
 async fn meshed_routers_share_marks_load_and_engines() {
     let sims = start_sims(5, |_| sim_cfg("m")).await;
     let engines = urls(&sims);
-    let (dir, [a, b, c_router]) = mesh_of_three("mesh-test", 4, |_| {
+    let router_cfg = |_: &str| {
         let mut cfg = serve_cfg(&engines[..4]);
         cfg.routing.policy.policy = PolicyKind::CacheAware;
         cfg.admin_token = "t".into();
         cfg
-    })
-    .await;
+    };
+    let (dir, [a, b, c_router]) = mesh_of_three("mesh-test", 4, router_cfg).await;
     let c = client();
 
     // A conversation's first turn through A; its follow-up through B lands on the same engine.
@@ -311,9 +311,7 @@ async fn meshed_routers_share_marks_load_and_engines() {
     // changes hold on every router (the engine stays removed, B's weight stays).
     let seed = a.cluster.as_ref().and_then(|x| x.addr()).expect("a's mesh");
     c_router.shutdown().await;
-    let mut cfg = serve_cfg(&engines[..4]);
-    cfg.routing.policy.policy = PolicyKind::CacheAware;
-    cfg.admin_token = "t".into();
+    let mut cfg = router_cfg("c");
     cfg.mesh = mesh_cfg(&dir, "c", vec![seed.to_string()]);
     let c_router = start_router(cfg).await;
     let settled = |r: &GatewayServer| {

@@ -318,7 +318,7 @@ impl MeshNode {
                 short: short.as_ref(),
             };
             let mut failing = std::collections::BTreeSet::new();
-            let mut drops = DropWarnings::default();
+            let mut drops = WarnEvery::default();
             let mut reseed = tokio::time::interval(Duration::from_secs(1));
             reseed.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             // Whether the previous turn ran a due tick without waiting (never twice in a row).
@@ -377,7 +377,7 @@ impl MeshNode {
                             }
                         };
                         if let Some(e) = dropped {
-                            drops.say(from, &e);
+                            warn_dropped(&mut drops, from, &e);
                         }
                     }
                     Some(id) = async {
@@ -550,28 +550,18 @@ impl Out<'_> {
     }
 }
 
-/// Envelopes from a member that do not decode, said as a warning at most once a minute per
-/// address (such a peer keeps sending them; each is counted as dropped).
-struct DropWarnings(WarnEvery);
-
-impl Default for DropWarnings {
-    fn default() -> Self {
-        DropWarnings(WarnEvery::new(Duration::from_secs(60)))
+/// An envelope from a member that does not decode, said as a warning at most once a minute
+/// per address (such a peer keeps sending them; each is counted as dropped).
+fn warn_dropped(warned: &mut WarnEvery, from: SocketAddr, e: &kvmesh_state::WireError) {
+    if !warned.due(from, std::time::Instant::now()) {
+        tracing::debug!(peer = %from, error = %e, "mesh envelope dropped");
+        return;
     }
-}
-
-impl DropWarnings {
-    fn say(&mut self, from: SocketAddr, e: &kvmesh_state::WireError) {
-        if !self.0.due(from, std::time::Instant::now()) {
-            tracing::debug!(peer = %from, error = %e, "mesh envelope dropped");
-            return;
-        }
-        tracing::warn!(
-            peer = %from,
-            error = %e,
-            "mesh envelope dropped: it does not decode (a router of another kvmesh build whose \
-             mesh format differs, see README \"Upgrades\", or corrupt bytes); said at most once \
-             a minute per address"
-        );
-    }
+    tracing::warn!(
+        peer = %from,
+        error = %e,
+        "mesh envelope dropped: it does not decode (a router of another kvmesh build whose \
+         mesh format differs, see README \"Upgrades\", or corrupt bytes); said at most once a \
+         minute per address"
+    );
 }

@@ -151,9 +151,6 @@ pub struct Transport {
     warned: Mutex<WarnEvery>,
 }
 
-/// A failed handshake with the same address is logged as a warning at most this often.
-const HANDSHAKE_WARN_EVERY: Duration = Duration::from_secs(60);
-
 fn tls_err(e: impl std::fmt::Display) -> TransportError {
     TransportError::Tls(e.to_string())
 }
@@ -228,7 +225,7 @@ impl Transport {
             conns: Mutex::new(HashMap::new()),
             tx,
             counters: Arc::default(),
-            warned: Mutex::new(WarnEvery::new(HANDSHAKE_WARN_EVERY)),
+            warned: Mutex::new(WarnEvery::default()),
         });
         let acceptor = t.clone();
         tokio::spawn(async move { acceptor.accept_loop().await });

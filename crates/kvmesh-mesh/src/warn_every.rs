@@ -9,30 +9,23 @@ use std::time::{Duration, Instant};
 /// Addresses kept before those past their period are dropped.
 const ADDRESSES: usize = 1024;
 
-/// When each address was last warned about.
-#[derive(Debug)]
+/// The period of every mesh warning about a peer.
+const EVERY: Duration = Duration::from_secs(60);
+
+/// When each address was last warned about: at most once a minute per address.
+#[derive(Debug, Default)]
 pub(crate) struct WarnEvery {
-    every: Duration,
     last: HashMap<SocketAddr, Instant>,
 }
 
 impl WarnEvery {
-    /// At most once per `every` per address.
-    pub(crate) fn new(every: Duration) -> WarnEvery {
-        WarnEvery {
-            every,
-            last: HashMap::new(),
-        }
-    }
-
     /// Whether to warn about `addr` now (and if so, the period starts again).
     pub(crate) fn due(&mut self, addr: SocketAddr, now: Instant) -> bool {
         if self.last.len() > ADDRESSES {
-            let every = self.every;
-            self.last.retain(|_, t| now.duration_since(*t) < every);
+            self.last.retain(|_, t| now.duration_since(*t) < EVERY);
         }
         match self.last.get(&addr) {
-            Some(t) if now.duration_since(*t) < self.every => false,
+            Some(t) if now.duration_since(*t) < EVERY => false,
             _ => {
                 self.last.insert(addr, now);
                 true
@@ -47,7 +40,7 @@ mod tests {
 
     #[test]
     fn once_a_period_per_address() {
-        let mut w = WarnEvery::new(Duration::from_secs(60));
+        let mut w = WarnEvery::default();
         let (a, b): (SocketAddr, SocketAddr) = (
             "127.0.0.1:1".parse().unwrap(),
             "127.0.0.1:2".parse().unwrap(),
