@@ -23,7 +23,14 @@ pub struct MeshConfig {
     /// Routers of another cluster id never change this one's state.
     pub cluster_id: String,
     /// Directory with `ca.pem` and this node's `<node_id>.pem`/`.key` (`kvmesh cert`).
+    /// `ca.pem` may hold several CA certificates, each trusted (a CA rotation: README).
     pub tls_dir: String,
+    /// The files in `tls_dir` are read again this often, ms, and taken when they changed,
+    /// without a restart: a renewed pair is offered from the next handshake on; new trusted
+    /// CAs close the open connections, so each peer is verified against them. Files that do
+    /// not load leave the certificates as they were (a warning, and
+    /// `kvmesh_mesh_tls_reload_failures_total`). 0 = read them only at start.
+    pub tls_reload_ms: u64,
     /// Load `<tls_dir>/<cert_name>.pem`/`.key` instead of `<node_id>.*` ("" = node_id):
     /// replicas whose names are not known in advance (a Kubernetes Deployment, node_id =
     /// the pod name) share one pair signed by the cluster CA.
@@ -78,6 +85,7 @@ impl Default for MeshConfig {
             cluster_id: "kvmesh".into(),
             tls_dir: String::new(),
             cert_name: String::new(),
+            tls_reload_ms: 10_000,
             ingest_replicas: 2,
             flush_ms: 5,
             load_flush_us: 100,
@@ -110,6 +118,11 @@ impl MeshConfig {
             (1..=1_024).contains(&self.load_burst),
             &format!("{at}.load_burst"),
             "must be between 1 and 1024",
+        )?;
+        check(
+            self.tls_reload_ms == 0 || (100..=86_400_000).contains(&self.tls_reload_ms),
+            &format!("{at}.tls_reload_ms"),
+            "must be 0 (only at start) or between 100 and 86400000",
         )?;
         check(
             self.realtime_priority <= 99,

@@ -21,10 +21,10 @@ use crate::engine::Source;
 use crate::gateway::{Gateway, MeshHook};
 use crate::{ingest, probe};
 use kvmesh_config::{EngineEntry, MeshConfig};
-use kvmesh_mesh::certs::NodeTls;
 use kvmesh_mesh::core::{Apply, CoreConfig, MeshCore};
 use kvmesh_mesh::membership::{MeshId, rank_among};
 use kvmesh_mesh::node::{Input, LoadLink, MeshNode, NowFn, Seeds};
+use kvmesh_mesh::tls_watch::TlsWatch;
 use kvmesh_mesh::transport::Transport;
 use kvmesh_metrics::Histogram;
 use kvmesh_policy::RouterSlot;
@@ -193,8 +193,8 @@ impl Cluster {
         } else {
             &cfg.cert_name
         };
-        let mut tls = NodeTls::load(Path::new(&cfg.tls_dir), pair).map_err(|e| e.to_string())?;
-        tls.name = cfg.node_id.clone();
+        let (watch, tls) = TlsWatch::new(Path::new(&cfg.tls_dir), pair, &cfg.node_id);
+        let tls = tls.map_err(|e| e.to_string())?;
         let listen: SocketAddr = cfg
             .listen
             .parse()
@@ -299,7 +299,53 @@ impl Cluster {
             .spawn(async move { cl.apply_loop(g, applies).await });
         let (g, cl) = (gw.clone(), c.clone());
         gw.tasks.spawn(async move { cl.slot_loop(g).await });
+        if cfg.tls_reload_ms > 0 {
+            let (cl, every) = (c.clone(), Duration::from_millis(cfg.tls_reload_ms));
+            gw.tasks
+                .spawn(async move { cl.tls_loop(watch, every).await });
+        }
         Ok(c)
+    }
+
+    /// Every `every`: the certificate files again, taken when they changed (a renewed pair,
+    /// a CA rotation); files that do not load are said once and change nothing.
+    async fn tls_loop(self: Arc<Self>, mut watch: TlsWatch, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(loaded) = watch.check() else {
+                continue;
+            };
+            let taken = loaded.map_err(|e| e.to_string()).and_then(|tls| {
+                let cas = tls.cas.len();
+                self.transport
+                    .reload_tls(&tls)
+                    .map(|changed| (cas, changed))
+                    .map_err(|e| e.to_string())
+            });
+            match taken {
+                Ok((cas, changed)) => tracing::info!(
+                    cas,
+                    trusted_changed = changed,
+                    "mesh certificates reloaded{}",
+                    if changed {
+                        "; connections closed, each peer is verified again"
+                    } else {
+                        ""
+                    }
+                ),
+                Err(error) => {
+                    let c = self.transport.counters();
+                    c.tls_reload_failures.fetch_add(1, Relaxed);
+                    tracing::warn!(
+                        error,
+                        "mesh certificate files changed but do not load: keeping the ones loaded before"
+                    );
+                }
+            }
+        }
     }
 
     /// This router holds the cluster's state (see [`Cluster::warm`]).
@@ -327,6 +373,12 @@ impl Cluster {
     /// Ages of the envelopes received from peers (see [`MeshCore::envelope_age`]).
     pub fn envelope_age(&self) -> &Arc<Histogram> {
         &self.envelope_age
+    }
+
+    /// The mesh transport's counters (bytes by class, handshakes refused, certificate
+    /// reloads).
+    pub fn transport_counters(&self) -> &kvmesh_mesh::transport::Counters {
+        self.transport.counters()
     }
 
     /// This router's mesh address.

@@ -484,3 +484,175 @@ async fn replicas_share_one_certificate_pair_through_cert_name() {
     stop_sims(sims).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Publishes a router's certificate files as Kubernetes updates a Secret's volume: a new
+/// directory of all three files, then the directory link swapped to it by a rename, so the
+/// router never sees half of a change.
+fn publish(base: &std::path::Path, node: &str, version: u32, ca: &str, cert: &str, key: &str) {
+    let real = base.join(format!("{node}-v{version}"));
+    std::fs::create_dir_all(&real).expect("dir");
+    std::fs::write(real.join("ca.pem"), ca).expect("write");
+    std::fs::write(real.join(format!("{node}.pem")), cert).expect("write");
+    std::fs::write(real.join(format!("{node}.key")), key).expect("write");
+    let link = base.join(format!("{node}.tmp"));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&real, &link).expect("link");
+    std::fs::rename(&link, base.join(node)).expect("swap");
+}
+
+/// A CA rotation through the files of two running routers, each with its own directory (as
+/// on two hosts): both trust the old and the new CA, then take pairs of the new one, then
+/// trust the new one alone. They stay one mesh, and a change through one reaches the other;
+/// files that do not load change nothing; at the end a router holding the old CA's pair is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_rotation_through_the_files_keeps_routers_meshed_without_a_restart() {
+    let sims = start_sims(1, |_| sim_cfg("m")).await;
+    let engines = urls(&sims);
+    let names = || vec!["a".to_string(), "b".to_string(), "c".to_string()];
+    let old = kvmesh_mesh::certs::generate(&names()).expect("old CA");
+    let new = kvmesh_mesh::certs::generate(&names()).expect("new CA");
+    let base = std::env::temp_dir().join(format!("kvmesh-rotation-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let dir = |n: &str| base.join(n);
+    let pair = |c: &kvmesh_mesh::certs::ClusterCerts, n: &str| {
+        let p = c.nodes.iter().find(|x| x.name == n).expect("node");
+        (p.cert_pem.clone(), p.key_pem.clone())
+    };
+    let install = |n: &str, v: u32, ca: &str, c: &kvmesh_mesh::certs::ClusterCerts| {
+        let (cert, key) = pair(c, n);
+        publish(&base, n, v, ca, &cert, &key);
+    };
+    for n in ["a", "b", "c"] {
+        install(n, 1, &old.ca_pem, &old);
+    }
+    let cfg = |name: &str, seeds: Vec<String>| {
+        let mut c = serve_cfg(&engines);
+        c.admin_token = "t".into();
+        c.mesh = MeshConfig {
+            tls_reload_ms: 100,
+            ..mesh_cfg(&dir(name), name, seeds)
+        };
+        c
+    };
+    let a = start_router_with(cfg("a", vec![]), "m", 1).await;
+    let seed = a
+        .cluster
+        .as_ref()
+        .and_then(|c| c.addr())
+        .expect("a's mesh address")
+        .to_string();
+    let b = start_router_with(cfg("b", vec![seed.clone()]), "m", 1).await;
+    let http = client();
+    wait_members(&http, &a, 1).await;
+    wait_members(&http, &b, 1).await;
+    let counter = |r: &GatewayServer, what: &str| {
+        let t = r.cluster.as_ref().expect("meshed").transport_counters();
+        match what {
+            "reloads" => t.tls_reloads.load(Relaxed),
+            _ => t.tls_reload_failures.load(Relaxed),
+        }
+    };
+    let reloaded = |n: u64| {
+        let (a, b) = (&a, &b);
+        async move {
+            assert!(
+                until(Duration::from_secs(5), || counter(a, "reloads") >= n
+                    && counter(b, "reloads") >= n)
+                .await,
+                "both routers took the files ({n})"
+            );
+        }
+    };
+
+    // 1. Both trust the old and the new CA.
+    let both = format!("{}{}", old.ca_pem, new.ca_pem);
+    for n in ["a", "b"] {
+        install(n, 2, &both, &old);
+    }
+    reloaded(1).await;
+    // A key cut short on a: refused, the pair before kept.
+    let (cert, _) = pair(&old, "a");
+    publish(
+        &base,
+        "a",
+        3,
+        &both,
+        &cert,
+        "-----BEGIN PRIVATE KEY-----\nAAA",
+    );
+    assert!(
+        until(Duration::from_secs(5), || counter(&a, "failures") == 1).await,
+        "the bad key was counted"
+    );
+    // 2. Pairs of the new CA.
+    for n in ["a", "b"] {
+        install(n, 4, &both, &new);
+    }
+    reloaded(2).await;
+    // 3. The new CA alone: the connections close and both sides verify each other again.
+    for n in ["a", "b"] {
+        install(n, 5, &new.ca_pem, &new);
+    }
+    reloaded(3).await;
+    wait_members(&http, &a, 1).await;
+    wait_members(&http, &b, 1).await;
+    let reweigh = admin(
+        &http,
+        &b,
+        "PATCH",
+        serde_json::json!({ "url": engines[0], "weight": 3.5 }),
+    )
+    .await;
+    assert_eq!(reweigh.status, 200, "{}", reweigh.body);
+    let id = kvmesh_prefix::EngineId::from_url(&engines[0]);
+    assert!(
+        until(Duration::from_secs(5), || a
+            .gateway
+            .registry
+            .get(id)
+            .is_some_and(|e| e.base_weight() == 3.5))
+        .await,
+        "a change through b reached a after the rotation"
+    );
+    assert_eq!(counter(&a, "failures"), 1);
+    assert_eq!(counter(&b, "failures"), 0);
+
+    // A router still holding the old CA's pair (and trusting it) is refused.
+    let refused = a
+        .cluster
+        .as_ref()
+        .expect("meshed")
+        .transport_counters()
+        .handshake_failures
+        .load(Relaxed);
+    let c = start_router_with(cfg("c", vec![seed]), "m", 1).await;
+    assert!(
+        until(Duration::from_secs(10), || a
+            .cluster
+            .as_ref()
+            .expect("meshed")
+            .transport_counters()
+            .handshake_failures
+            .load(Relaxed)
+            > refused)
+        .await,
+        "a refused c's handshake"
+    );
+    assert!(
+        cluster_json(&http, &c).await["members"]
+            .as_array()
+            .is_none_or(Vec::is_empty)
+    );
+    assert_eq!(
+        cluster_json(&http, &a).await["members"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    for r in [a, b, c] {
+        r.shutdown().await;
+    }
+    stop_sims(sims).await;
+    let _ = std::fs::remove_dir_all(&base);
+}

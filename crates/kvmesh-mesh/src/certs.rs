@@ -2,6 +2,11 @@
 //! client and server authentication, with the fixed DNS name [`SERVER_NAME`] (every node
 //! connects to every other under that name) and the node's own name as a second one.
 //! `kvmesh cert --out DIR --nodes a,b,c` writes them; a node loads its own and the CA.
+//!
+//! A node's `ca.pem` may hold several CA certificates (a bundle): it trusts each of them.
+//! That is how a cluster moves to a new CA without a restart: every node trusts both, then
+//! takes a certificate of the new one, then trusts the new one alone (README, *Rotating the
+//! mesh's certificates*).
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -109,11 +114,14 @@ pub fn generate_with_ca(
 ) -> Result<ClusterCerts, CertError> {
     let ca_key =
         KeyPair::from_pem(ca_key_pem).map_err(|_| CertError::Pem(format!("{origin}/ca.key")))?;
-    let ca_der = CertificateDer::from_pem_slice(ca_pem.as_bytes())
-        .map_err(|_| CertError::Pem(format!("{origin}/ca.pem")))?;
-    // The CA certificate holds its public key: the key must be that one.
+    let cas = ca_bundle(ca_pem).map_err(|_| CertError::Pem(format!("{origin}/ca.pem")))?;
+    // A CA certificate holds its public key: the key must be one of theirs (in a bundle of
+    // the old and the new CA, the one whose key is here signs).
     let public = ca_key.public_key_raw();
-    if !ca_der.windows(public.len()).any(|w| w == public) {
+    if !cas
+        .iter()
+        .any(|ca| ca.windows(public.len()).any(|w| w == public))
+    {
         return Err(CertError::CaMismatch(origin.to_string()));
     }
     sign(nodes, ca_pem.to_string(), ca_key)
@@ -235,13 +243,21 @@ pub fn write_dir(dir: &Path, certs: &ClusterCerts) -> Result<(), CertError> {
     Ok(())
 }
 
-/// What a node needs for mutual TLS: the cluster CA, its certificate chain and key.
+/// Every certificate of a PEM bundle (at least one; anything else in the text is ignored).
+fn ca_bundle(pem: &str) -> Result<Vec<CertificateDer<'static>>, ()> {
+    let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|_| ())?;
+    if cas.is_empty() { Err(()) } else { Ok(cas) }
+}
+
+/// What a node needs for mutual TLS: the cluster CAs it trusts, its certificate chain and key.
 #[derive(Debug)]
 pub struct NodeTls {
     /// The node's name.
     pub name: String,
-    /// The cluster CA.
-    pub ca: CertificateDer<'static>,
+    /// The CAs it trusts (one, or during a rotation the old and the new).
+    pub cas: Vec<CertificateDer<'static>>,
     /// The node's certificate chain.
     pub chain: Vec<CertificateDer<'static>>,
     /// The node's key.
@@ -256,8 +272,7 @@ impl NodeTls {
         cert_pem: &str,
         key_pem: &str,
     ) -> Result<Self, CertError> {
-        let ca = CertificateDer::from_pem_slice(ca_pem.as_bytes())
-            .map_err(|_| CertError::Pem("CA certificate".into()))?;
+        let cas = ca_bundle(ca_pem).map_err(|_| CertError::Pem("CA certificate".into()))?;
         let chain: Vec<CertificateDer<'static>> =
             CertificateDer::pem_slice_iter(cert_pem.as_bytes())
                 .collect::<Result<_, _>>()
@@ -269,7 +284,7 @@ impl NodeTls {
             .map_err(|_| CertError::Pem(format!("{name} key")))?;
         Ok(NodeTls {
             name: name.to_string(),
-            ca,
+            cas,
             chain,
             key,
         })
@@ -308,7 +323,33 @@ impl NodeTls {
 
 #[cfg(test)]
 mod tests {
-    use super::{CertError, generate};
+    use super::{CertError, NodeTls, generate, generate_with_ca};
+
+    /// In a bundle of the old and the new CA, the CA whose key is given signs; a key of
+    /// neither is refused; a node loading the bundle trusts both.
+    #[test]
+    fn a_bundle_of_cas_signs_with_the_one_whose_key_is_given() {
+        let one = |n: &str| vec![n.to_string()];
+        let (old, new, other) = (
+            generate(&one("a")).expect("old"),
+            generate(&one("a")).expect("new"),
+            generate(&one("a")).expect("other"),
+        );
+        let bundle = format!("{}{}", old.ca_pem, new.ca_pem);
+        let signed = generate_with_ca(&one("b"), &bundle, &new.ca_key_pem, "d").expect("signs");
+        assert_eq!(signed.ca_pem, bundle, "the bundle is kept as it was");
+        let b = &signed.nodes[0];
+        let tls = NodeTls::from_pem("b", &bundle, &b.cert_pem, &b.key_pem).expect("loads");
+        assert_eq!(tls.cas.len(), 2);
+        assert!(matches!(
+            generate_with_ca(&one("b"), &bundle, &other.ca_key_pem, "d"),
+            Err(CertError::CaMismatch(_))
+        ));
+        assert!(matches!(
+            NodeTls::from_pem("b", "no certificate here", &b.cert_pem, &b.key_pem),
+            Err(CertError::Pem(_))
+        ));
+    }
 
     #[test]
     fn names_must_be_valid_and_distinct() {

@@ -1,4 +1,4 @@
-//! The mesh: the cluster's certificates ([`certs`]), the mutual-TLS QUIC transport
+//! The mesh: the cluster's certificates ([`certs`], watched for renewal by [`tls_watch`]), the mutual-TLS QUIC transport
 //! ([`transport`]), SWIM membership sans-IO ([`membership`], foca), the whole node sans-IO
 //! ([`core`]: membership + replicated state + ingest ownership + dissemination, time and
 //! randomness passed in) and its tokio shell ([`node`]: its thread sets a peer's marks and
@@ -13,5 +13,6 @@ pub mod core;
 pub mod membership;
 pub mod node;
 pub mod realtime;
+pub mod tls_watch;
 pub mod transport;
 mod warn_every;

@@ -119,6 +119,11 @@ pub struct Counters {
     pub handshake_failures: AtomicU64,
     /// Delta streams dropped (over the size limit or broken).
     pub dropped_streams: AtomicU64,
+    /// Certificates taken while running ([`Transport::reload_tls`]).
+    pub tls_reloads: AtomicU64,
+    /// Certificate files that changed but did not load (kept the ones before), counted by
+    /// the node's shell.
+    pub tls_reload_failures: AtomicU64,
 }
 
 /// The traffic classes' names as counters and metrics label them, by [`Class::index`]:
@@ -144,6 +149,11 @@ impl Class {
 /// One node's endpoint and its connections.
 pub struct Transport {
     endpoint: Endpoint,
+    cluster_id: u64,
+    /// What new connections to peers are made with (replaced by [`Transport::reload_tls`]).
+    client: Mutex<quinn::ClientConfig>,
+    /// The CAs trusted now.
+    trusted: Mutex<Vec<rustls::pki_types::CertificateDer<'static>>>,
     conns: Mutex<HashMap<SocketAddr, Connection>>,
     tx: mpsc::Sender<Inbound>,
     counters: Arc<Counters>,
@@ -164,7 +174,9 @@ fn configs(
 ) -> Result<(quinn::ServerConfig, quinn::ClientConfig), TransportError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
-    roots.add(tls.ca.clone()).map_err(tls_err)?;
+    for ca in &tls.cas {
+        roots.add(ca.clone()).map_err(tls_err)?;
+    }
     let roots = Arc::new(roots);
     let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
         .build()
@@ -217,11 +229,13 @@ impl Transport {
         queue: usize,
     ) -> Result<(Arc<Transport>, mpsc::Receiver<Inbound>), TransportError> {
         let (sc, cc) = configs(tls, cluster_id)?;
-        let mut endpoint = Endpoint::server(sc, listen)?;
-        endpoint.set_default_client_config(cc);
+        let endpoint = Endpoint::server(sc, listen)?;
         let (tx, rx) = mpsc::channel(queue.max(1));
         let t = Arc::new(Transport {
             endpoint,
+            cluster_id,
+            client: Mutex::new(cc),
+            trusted: Mutex::new(tls.cas.clone()),
             conns: Mutex::new(HashMap::new()),
             tx,
             counters: Arc::default(),
@@ -240,6 +254,31 @@ impl Transport {
     /// The counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Takes new certificates while running (a renewed pair, a CA bundle): handshakes from
+    /// now on offer the new pair and verify peers against the new CAs. When the CAs trusted
+    /// changed, every open connection is closed too, so that each peer is verified against
+    /// them (the next message reconnects; a peer no longer trusted cannot). Returns whether
+    /// they changed. An error leaves everything as it was.
+    pub fn reload_tls(&self, tls: &NodeTls) -> Result<bool, TransportError> {
+        let (sc, cc) = configs(tls, self.cluster_id)?;
+        self.endpoint.set_server_config(Some(sc));
+        *self.client.lock().unwrap_or_else(|p| p.into_inner()) = cc;
+        let changed = {
+            let mut trusted = self.trusted.lock().unwrap_or_else(|p| p.into_inner());
+            let changed = *trusted != tls.cas;
+            trusted.clone_from(&tls.cas);
+            changed
+        };
+        self.counters.tls_reloads.fetch_add(1, Relaxed);
+        if changed {
+            let conns: Vec<Connection> = self.lock().drain().map(|(_, c)| c).collect();
+            for c in conns {
+                c.close(0u32.into(), b"trusted CAs changed");
+            }
+        }
+        Ok(changed)
     }
 
     async fn accept_loop(self: Arc<Self>) {
@@ -366,9 +405,14 @@ impl Transport {
             return Ok(c.clone());
         }
         let err = |detail: String| TransportError::Connect { peer, detail };
+        let client = self
+            .client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let connecting = self
             .endpoint
-            .connect(peer, SERVER_NAME)
+            .connect_with(client, peer, SERVER_NAME)
             .map_err(|e| err(e.to_string()))?;
         let conn = match tokio::time::timeout(IDLE_TIMEOUT, connecting).await {
             Ok(Ok(c)) => c,

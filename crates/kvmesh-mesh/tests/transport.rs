@@ -221,7 +221,7 @@ async fn a_client_trusting_our_ca_but_holding_a_foreign_certificate_is_refused_b
     let aa = a.local_addr().expect("a");
     // It trusts our CA (so it accepts a's certificate) but presents its own.
     let mut forged = NodeTls::from_cluster(&theirs, "intruder").expect("x");
-    forged.ca = NodeTls::from_cluster(&ours, "a").expect("a").ca;
+    forged.cas = NodeTls::from_cluster(&ours, "a").expect("a").cas;
     let (x, _rx) = bind(&forged);
     // The client side may finish its half of the handshake before the server's refusal
     // arrives; whatever it believes, nothing reaches a.
@@ -240,4 +240,77 @@ async fn a_client_trusting_our_ca_but_holding_a_foreign_certificate_is_refused_b
     assert!(refused >= 1, "the server counted the refused handshake");
     x.close().await;
     a.close().await;
+}
+
+/// Sends a delta from `x` to `to` until one arrives (a connection closed a moment ago may
+/// still be in `x`'s map), within a bound; whether it arrived.
+async fn delivered(
+    x: &Arc<Transport>,
+    to: std::net::SocketAddr,
+    rx: &mut mpsc::Receiver<Inbound>,
+    what: &'static [u8],
+) -> bool {
+    for _ in 0..10 {
+        let _ = x.send_delta(to, what).await;
+        let until = tokio::time::Instant::now() + Duration::from_millis(300);
+        while let Ok(Some(m)) = tokio::time::timeout_at(until, rx.recv()).await {
+            if m.class == Class::Delta && m.payload == Bytes::from_static(what) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// A CA rotation without a restart: a node that trusts the old and the new CA (a bundle in
+/// `ca.pem`) talks with nodes of either; a node that takes the bundle while running reaches a
+/// node of the new CA; a node that stops trusting the old CA closes its connections and
+/// refuses the old CA's nodes from then on; a node that takes a new pair while running is
+/// accepted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_and_trusted_cas_are_taken_while_running() {
+    let old = generate(&names(&["a", "b"])).expect("old CA");
+    let new = generate(&names(&["a", "b"])).expect("new CA");
+    let pem = |c: &kvmesh_mesh::certs::ClusterCerts, n: &str| {
+        c.nodes.iter().find(|x| x.name == n).cloned().expect("node")
+    };
+    let tls = |ca: &str, c: &kvmesh_mesh::certs::ClusterCerts, n: &str| {
+        let p = pem(c, n);
+        NodeTls::from_pem(n, ca, &p.cert_pem, &p.key_pem).expect("loads")
+    };
+    let both = format!("{}{}", old.ca_pem, new.ca_pem);
+    // a: the old CA's pair, trusting the old CA; b: the new CA's pair, trusting both.
+    let (a, mut ra) = bind(&tls(&old.ca_pem, &old, "a"));
+    let (b, mut rb) = bind(&tls(&both, &new, "b"));
+    assert_eq!(tls(&both, &new, "b").cas.len(), 2);
+    let (aa, ba) = (a.local_addr().expect("a"), b.local_addr().expect("b"));
+
+    assert!(
+        !delivered(&a, ba, &mut rb, b"before").await,
+        "a does not trust b's CA yet"
+    );
+    assert!(
+        a.reload_tls(&tls(&both, &old, "a")).expect("reload"),
+        "a's trusted CAs changed"
+    );
+    assert!(delivered(&a, ba, &mut rb, b"a trusts both").await);
+    assert!(delivered(&b, aa, &mut ra, b"b to a").await);
+
+    // b stops trusting the old CA: its connection with a closes, and a's old pair is refused.
+    let refused_before = b.counters().handshake_failures.load(Relaxed);
+    assert!(b.reload_tls(&tls(&new.ca_pem, &new, "b")).expect("reload"));
+    assert!(
+        !delivered(&a, ba, &mut rb, b"old pair").await,
+        "b refuses a's certificate of the old CA"
+    );
+    assert!(b.counters().handshake_failures.load(Relaxed) > refused_before);
+
+    // a takes its pair of the new CA (trusting the new CA alone): accepted again.
+    assert!(a.reload_tls(&tls(&new.ca_pem, &new, "a")).expect("reload"));
+    assert!(delivered(&a, ba, &mut rb, b"new pair").await);
+    // The same CAs again: nothing to close.
+    assert!(!a.reload_tls(&tls(&new.ca_pem, &new, "a")).expect("reload"));
+    assert_eq!(a.counters().tls_reloads.load(Relaxed), 3);
+    a.close().await;
+    b.close().await;
 }

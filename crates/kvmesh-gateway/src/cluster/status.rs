@@ -110,6 +110,8 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
             .collect::<serde_json::Map<_, _>>(),
         "dropped_datagrams": t.dropped_datagrams.load(Relaxed),
         "handshake_failures": t.handshake_failures.load(Relaxed),
+        "tls_reloads": t.tls_reloads.load(Relaxed),
+        "tls_reload_failures": t.tls_reload_failures.load(Relaxed),
         "ingest": { "owned": owned.len(), "engines": engines },
     })
 }
@@ -132,7 +134,7 @@ struct MeshMetrics {
     owned: i64,
     max_lag_s: f64,
     age: Arc<Histogram>,
-    counters: [(&'static str, &'static str, u64); 11],
+    counters: [(&'static str, &'static str, u64); 13],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
 }
@@ -210,6 +212,16 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
                 "kvmesh_mesh_dropped_datagrams",
                 "Mesh datagrams dropped: empty or of no known traffic class",
                 t.dropped_datagrams.load(Relaxed),
+            ),
+            (
+                "kvmesh_mesh_tls_reloads",
+                "Mesh certificates taken while running (the files in tls_dir changed)",
+                t.tls_reloads.load(Relaxed),
+            ),
+            (
+                "kvmesh_mesh_tls_reload_failures",
+                "Mesh certificate files that changed but did not load (the ones before were kept)",
+                t.tls_reload_failures.load(Relaxed),
             ),
         ],
         envelopes: [
