@@ -53,6 +53,7 @@ struct Cluster {
     engines: Vec<Option<Proc>>,
     engine_args: Vec<Vec<String>>,
     engine_addrs: Vec<SocketAddr>,
+    /// Packets dropped, `(from, to)` (see [`blocked_pairs`]).
     blocked: Vec<(usize, usize)>,
     loss: u32,
     /// The delay in force.
@@ -108,10 +109,11 @@ impl Cluster {
 
     fn apply_rules(&self) -> Result<(), String> {
         for i in 0..self.n() {
+            // The rules sit on the receiver: router i drops what comes from these.
             let drop_to: Vec<usize> = self
                 .blocked
                 .iter()
-                .filter_map(|&(a, b)| (a == i).then_some(b).or((b == i).then_some(a)))
+                .filter_map(|&(from, to)| (to == i).then_some(from))
                 .collect();
             let others: Vec<usize> = (0..self.n()).filter(|&j| j != i).collect();
             self.lab.set_rules(i, &drop_to, &others, self.loss)?;
@@ -251,7 +253,7 @@ impl Cluster {
 
     fn act_inner(&mut self, a: &Action) -> Result<(), String> {
         match a {
-            Action::Partition { .. } | Action::Isolate { .. } => {
+            Action::Partition { .. } | Action::Isolate { .. } | Action::Cut { .. } => {
                 self.blocked = blocked_pairs(a, self.n());
                 self.apply_rules()
             }

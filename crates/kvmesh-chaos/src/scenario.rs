@@ -158,6 +158,10 @@ pub enum Action {
     Partition { groups: Vec<Vec<usize>> },
     /// One router cannot reach any other router, nor they it (clients still reach it).
     Isolate { router: usize },
+    /// A one-way fault: packets from the routers of `from` to those of `to` are dropped,
+    /// while `to` still reaches `from` (a firewall rule on one side, a broken route one way).
+    /// Replaces the partition in force, as `partition` and `isolate` do.
+    Cut { from: Vec<usize>, to: Vec<usize> },
     /// `times` × (isolate `router` for `down_s`, heal for `up_s`): expanded at load.
     Flap {
         router: usize,
@@ -226,6 +230,15 @@ impl Action {
         match self {
             Action::Partition { groups } => format!("partition {groups:?}"),
             Action::Isolate { router } => format!("isolate r{router}"),
+            Action::Cut { from, to } => {
+                let names = |v: &[usize]| {
+                    v.iter()
+                        .map(|i| format!("r{i}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                format!("cut {} → {} (one way)", names(from), names(to))
+            }
             Action::Flap { router, times, .. } => format!("flap r{router} ×{times}"),
             Action::Loss { percent } => format!("loss {percent}%"),
             Action::Delay {
@@ -446,6 +459,18 @@ fn check_indices(a: &Action, routers: usize, engines: usize) -> Result<(), Strin
             }
             Ok(())
         }
+        Action::Cut { from, to } => {
+            for &i in from.iter().chain(to) {
+                r(i)?;
+            }
+            if from.is_empty() || to.is_empty() || from.iter().any(|i| to.contains(i)) {
+                return Err(format!(
+                    "`{}`: `from` and `to` each list routers, none in both",
+                    a.label()
+                ));
+            }
+            Ok(())
+        }
         Action::Isolate { router }
         | Action::Flap { router, .. }
         | Action::KillRouter { router }
@@ -519,9 +544,10 @@ pub fn delayed_pairs(between: Option<&[[usize; 2]]>, routers: usize) -> Vec<(usi
     out
 }
 
-/// Which pairs of routers may not exchange packets, from the rules in force.
-/// `Partition`: routers of different groups (routers in no group reach everyone);
-/// `Isolate`: the router and every other.
+/// Which packets between routers are dropped, from the rules in force: `(from, to)`, the
+/// packets from router `from` to router `to`. `Partition`: both ways between routers of
+/// different groups (routers in no group reach everyone); `Isolate`: both ways between the
+/// router and every other; `Cut`: from each of `from` to each of `to` only.
 pub fn blocked_pairs(a: &Action, routers: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     match a {
@@ -530,7 +556,7 @@ pub fn blocked_pairs(a: &Action, routers: usize) -> Vec<(usize, usize)> {
                 for h in &groups[gi + 1..] {
                     for &x in g {
                         for &y in h {
-                            out.push((x.min(y), x.max(y)));
+                            out.extend([(x, y), (y, x)]);
                         }
                     }
                 }
@@ -538,7 +564,12 @@ pub fn blocked_pairs(a: &Action, routers: usize) -> Vec<(usize, usize)> {
         }
         Action::Isolate { router } => {
             for y in (0..routers).filter(|y| y != router) {
-                out.push(((*router).min(y), (*router).max(y)));
+                out.extend([(*router, y), (y, *router)]);
+            }
+        }
+        Action::Cut { from, to } => {
+            for &x in from {
+                out.extend(to.iter().map(|&y| (x, y)));
             }
         }
         _ => {}
@@ -753,12 +784,44 @@ duration_s = 12
         };
         assert_eq!(
             blocked_pairs(&halves, 4),
-            vec![(0, 2), (0, 3), (1, 2), (1, 3)]
+            vec![
+                (0, 2),
+                (0, 3),
+                (1, 2),
+                (1, 3),
+                (2, 0),
+                (2, 1),
+                (3, 0),
+                (3, 1)
+            ]
         );
         assert_eq!(
             blocked_pairs(&Action::Isolate { router: 1 }, 3),
-            vec![(0, 1), (1, 2)]
+            vec![(0, 1), (1, 0), (1, 2), (2, 1)]
         );
+        let cut = Action::Cut {
+            from: vec![0],
+            to: vec![1, 2],
+        };
+        assert_eq!(blocked_pairs(&cut, 3), vec![(0, 1), (0, 2)]);
+        assert_eq!(cut.label(), "cut r0 → r1 r2 (one way)");
+        assert!(check_indices(&cut, 3, 1).is_ok());
+        for bad in [
+            Action::Cut {
+                from: vec![0],
+                to: vec![0, 1],
+            },
+            Action::Cut {
+                from: vec![],
+                to: vec![1],
+            },
+            Action::Cut {
+                from: vec![3],
+                to: vec![1],
+            },
+        ] {
+            assert!(check_indices(&bad, 3, 1).is_err(), "{bad:?}");
+        }
         assert!(blocked_pairs(&Action::Heal, 3).is_empty());
     }
 }
