@@ -28,7 +28,8 @@ pub struct MeshConfig {
     /// The files in `tls_dir` are read again this often, ms, and taken when they changed,
     /// without a restart: a renewed pair is offered from the next handshake on; new trusted
     /// CAs close the open connections, so each peer is verified against them. Files that do
-    /// not load leave the certificates as they were (a warning, and
+    /// not load, or a pair that does not verify against `ca.pem` (peers trusting the same
+    /// CAs would refuse it), leave the certificates as they were (a warning, and
     /// `kvmesh_mesh_tls_reload_failures_total`). 0 = read them only at start.
     pub tls_reload_ms: u64,
     /// Load `<tls_dir>/<cert_name>.pem`/`.key` instead of `<node_id>.*` ("" = node_id):

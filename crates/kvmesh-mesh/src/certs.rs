@@ -50,6 +50,10 @@ pub enum CertError {
     /// `ca.key` is not the key of `ca.pem`.
     #[error("{0}: ca.key is not the key of ca.pem")]
     CaMismatch(String),
+    /// A node's pair that its peers would refuse: the key is not the certificate's, or the
+    /// certificate is not signed by a CA the node trusts (peers trusting the same refuse it).
+    #[error("{0}")]
+    Unusable(String),
 }
 
 /// A node's certificate and key (PEM).
@@ -288,6 +292,39 @@ impl NodeTls {
             chain,
             key,
         })
+    }
+
+    /// Checks what peers will check of this node: its key is its certificate's, and the
+    /// certificate is signed by one of the CAs it trusts (peers trusting the same CAs verify
+    /// it so at every handshake). A pair of a new CA put in before the CA itself, or a key
+    /// and certificate of two different pairs, fail here rather than at every peer.
+    pub fn check(&self) -> Result<(), CertError> {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let bad = |what: String| CertError::Unusable(format!("{}: {what}", self.name));
+        rustls::sign::CertifiedKey::from_der(self.chain.clone(), self.key.clone_key(), &provider)
+            .map_err(|e| bad(format!("the key is not the certificate's ({e})")))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in &self.cas {
+            roots
+                .add(ca.clone())
+                .map_err(|e| bad(format!("a CA of ca.pem does not load ({e})")))?;
+        }
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                .build()
+                .map_err(|e| bad(e.to_string()))?;
+        verifier
+            .verify_client_cert(
+                &self.chain[0],
+                &self.chain[1..],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .map_err(|e| {
+                bad(format!(
+                    "the certificate does not verify against the CAs of ca.pem ({e}); peers trusting them would refuse it"
+                ))
+            })?;
+        Ok(())
     }
 
     /// A node's files as `kvmesh cert` wrote them in `dir`.

@@ -1,7 +1,8 @@
 //! A node's certificate files, watched: `ca.pem` (one CA or a bundle), `<pair>.pem` and
 //! `<pair>.key` in the TLS directory. [`TlsWatch::check`] reads them again and says whether
 //! they changed since the last look, and what they hold now. The node's shell calls it on a
-//! timer and gives what loads to [`crate::transport::Transport::reload_tls`]: a certificate
+//! timer and gives what loads and passes [`NodeTls::check`] (what peers will verify) to
+//! [`crate::transport::Transport::reload_tls`]: a certificate
 //! renewed in place (cert-manager, a Kubernetes Secret updated, files copied by hand) or a CA
 //! rotated is taken without a restart. Files that do not load are reported once per change
 //! and leave the transport as it was.
@@ -63,9 +64,10 @@ impl TlsWatch {
                 }
             }
         }
-        let loaded = NodeTls::load(&self.dir, &self.pair).map(|mut t| {
+        let loaded = NodeTls::load(&self.dir, &self.pair).and_then(|mut t| {
+            t.check()?;
             t.name = self.name.clone();
-            t
+            Ok(t)
         });
         (*h.finalize().as_bytes(), loaded)
     }
@@ -104,8 +106,18 @@ mod tests {
             w.check().expect("changed").is_err(),
             "a file gone is a change"
         );
+        std::fs::write(dir.join("a.key"), &first.nodes[0].key_pem).expect("write");
+        assert!(w.check().expect("changed").is_ok());
+        // A key of another pair: refused.
         std::fs::write(dir.join("a.key"), &second.nodes[0].key_pem).expect("write");
+        let e = w.check().expect("changed").expect_err("mismatched key");
+        assert!(e.to_string().contains("not the certificate's"), "{e}");
+        // The new CA's pair while ca.pem holds the old CA alone: refused.
+        std::fs::write(dir.join("ca.pem"), &first.ca_pem).expect("write");
         std::fs::write(dir.join("a.pem"), &second.nodes[0].cert_pem).expect("write");
+        let e = w.check().expect("changed").expect_err("untrusted pair");
+        assert!(e.to_string().contains("does not verify"), "{e}");
+        std::fs::write(dir.join("ca.pem"), &bundle).expect("write");
         assert!(w.check().expect("changed").is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }
