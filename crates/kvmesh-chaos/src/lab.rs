@@ -163,6 +163,14 @@ impl Proc {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the process.
+    pub fn signal(&self, signal: &str) -> Result<(), String> {
+        match &self.child {
+            Some(c) => sh(&["kill", &format!("-{signal}"), &c.id().to_string()]).map(|_| ()),
+            None => Err(format!("{}: not running", self.name)),
+        }
+    }
+
     /// SIGTERM, then SIGKILL if it has not exited within `grace`.
     pub fn stop(&mut self, grace: Duration) {
         if let Some(c) = self.child.as_mut() {

@@ -55,6 +55,8 @@ struct Cluster {
     engine_addrs: Vec<SocketAddr>,
     /// Packets dropped, `(from, to)` (see [`blocked_pairs`]).
     blocked: Vec<(usize, usize)>,
+    /// Routers stopped by SIGSTOP (not asked anything until resumed).
+    paused: Vec<bool>,
     loss: u32,
     /// The delay in force.
     delay: Option<Delay>,
@@ -282,18 +284,33 @@ impl Cluster {
             Action::Flap { .. } => Err("flap is expanded when the scenario is planned".into()),
             Action::KillRouter { router } => {
                 self.live.routers[*router].store(false, Relaxed);
+                self.paused[*router] = false;
                 if let Some(mut p) = self.routers[*router].take() {
                     p.kill();
                 }
                 Ok(())
             }
             Action::StartRouter { router } => self.start_router(*router, 0),
+            Action::PauseRouter { router } | Action::ResumeRouter { router } => {
+                let sig = if matches!(a, Action::PauseRouter { .. }) {
+                    "STOP"
+                } else {
+                    "CONT"
+                };
+                match &self.routers[*router] {
+                    Some(p) => p.signal(sig)?,
+                    None => return Err(format!("r{router} is not running")),
+                }
+                self.paused[*router] = matches!(a, Action::PauseRouter { .. });
+                Ok(())
+            }
             Action::RestartRouter {
                 router,
                 graceful,
                 skew_ms,
             } => {
                 self.live.routers[*router].store(false, Relaxed);
+                self.paused[*router] = false;
                 if let Some(mut p) = self.routers[*router].take() {
                     if *graceful {
                         p.stop(Duration::from_secs(40));
@@ -365,6 +382,9 @@ impl Cluster {
         self.running_routers()
             .iter()
             .map(|&i| {
+                if self.paused[i] {
+                    return format!("r{i}:paused");
+                }
                 let c = client::get_json(self.lab.router_http(i), "/admin/cluster");
                 let m = c["members"]
                     .as_array()
@@ -498,6 +518,7 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
         engine_args,
         engine_addrs,
         blocked: Vec::new(),
+        paused: vec![false; n],
         loss: 0,
         delay: None,
         live: live.clone(),

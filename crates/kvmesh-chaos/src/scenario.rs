@@ -186,6 +186,12 @@ pub enum Action {
     Heal,
     /// SIGKILL a router.
     KillRouter { router: usize },
+    /// SIGSTOP a router: it holds its sockets and its state and answers nothing, as a
+    /// process frozen by a stalled disk, a VM paused or a debugger would; `resume_router`
+    /// sends SIGCONT.
+    PauseRouter { router: usize },
+    /// SIGCONT a paused router: it wakes with the state it had, late for everything.
+    ResumeRouter { router: usize },
     /// Start a router (a killed one again under the same name, or a late one): returns when
     /// it is ready (warm).
     StartRouter { router: usize },
@@ -265,6 +271,8 @@ impl Action {
             ),
             Action::Heal => "heal".into(),
             Action::KillRouter { router } => format!("kill -9 r{router}"),
+            Action::PauseRouter { router } => format!("pause r{router} (SIGSTOP)"),
+            Action::ResumeRouter { router } => format!("resume r{router} (SIGCONT)"),
             Action::StartRouter { router } => format!("start r{router}"),
             Action::RestartRouter {
                 router,
@@ -401,18 +409,35 @@ impl Scenario {
                 last.at_s, w.duration_s
             ));
         }
-        // Routers that exist at each step: late routers only after their start.
+        // Routers that exist at each step: late routers only after their start; paused
+        // ones until they are resumed.
         let mut up: Vec<bool> = (0..all_routers).map(|i| i < t.routers).collect();
+        let mut paused = vec![false; all_routers];
         for s in &steps {
+            let not = |what: &str, router: usize| {
+                e(format!("{what} r{router} at {} s: not running", s.at_s))
+            };
             match &s.action {
                 Action::StartRouter { router } => up[*router] = true,
-                Action::KillRouter { router } => up[*router] = false,
-                Action::RestartRouter { router, .. } if !up[*router] => {
-                    return e(format!("restart r{router} at {} s: not running", s.at_s));
+                Action::KillRouter { router } => {
+                    up[*router] = false;
+                    paused[*router] = false;
                 }
+                Action::RestartRouter { router, .. } if !up[*router] => {
+                    return not("restart", *router);
+                }
+                Action::RestartRouter { router, .. } => paused[*router] = false,
+                Action::PauseRouter { router } if !up[*router] || paused[*router] => {
+                    return not("pause", *router);
+                }
+                Action::PauseRouter { router } => paused[*router] = true,
+                Action::ResumeRouter { router } if !paused[*router] => {
+                    return e(format!("resume r{router} at {} s: not paused", s.at_s));
+                }
+                Action::ResumeRouter { router } => paused[*router] = false,
                 _ => {}
             }
-            if !up.iter().any(|&u| u) {
+            if !up.iter().zip(&paused).any(|(&u, &p)| u && !p) {
                 return e(format!(
                     "at {} s no router is running: the client cannot be served",
                     s.at_s
@@ -474,6 +499,8 @@ fn check_indices(a: &Action, routers: usize, engines: usize) -> Result<(), Strin
         Action::Isolate { router }
         | Action::Flap { router, .. }
         | Action::KillRouter { router }
+        | Action::PauseRouter { router }
+        | Action::ResumeRouter { router }
         | Action::StartRouter { router }
         | Action::Flood { router, .. } => r(*router),
         Action::RestartRouter {
@@ -714,6 +741,21 @@ duration_s = 12
             (
                 "[[step]]\nat_s = 1\ndo = \"kill_router\"\nrouter = 0\n\
                  [[step]]\nat_s = 2\ndo = \"kill_router\"\nrouter = 1\n\
+                 [[step]]\nat_s = 3\ndo = \"kill_router\"\nrouter = 2\n",
+                "no router is running",
+            ),
+            (
+                "[[step]]\nat_s = 1\ndo = \"resume_router\"\nrouter = 0\n",
+                "not paused",
+            ),
+            (
+                "[[step]]\nat_s = 1\ndo = \"pause_router\"\nrouter = 0\n\
+                 [[step]]\nat_s = 2\ndo = \"pause_router\"\nrouter = 0\n",
+                "pause r0 at 2 s: not running",
+            ),
+            (
+                "[[step]]\nat_s = 1\ndo = \"pause_router\"\nrouter = 0\n\
+                 [[step]]\nat_s = 2\ndo = \"pause_router\"\nrouter = 1\n\
                  [[step]]\nat_s = 3\ndo = \"kill_router\"\nrouter = 2\n",
                 "no router is running",
             ),
