@@ -166,6 +166,9 @@ pub async fn start_routers_at(
             cfg.mesh.node_id = names[i as usize].clone();
             cfg.mesh.listen = format!("127.0.0.1:{}", ports.map_or(0, |p| port(p.1)));
             cfg.mesh.tls_dir = tls_dir.display().to_string();
+            // The certificates are made for this run and removed once the mesh has formed:
+            // nothing to read again.
+            cfg.mesh.tls_reload_ms = 0;
             cfg.mesh.expected_routers = n;
             if let Some(seed) = routers
                 .first()
