@@ -30,23 +30,24 @@ impl TlsWatch {
             name: name.to_string(),
             seen: [0; 32],
         };
-        let (seen, loaded) = w.read();
-        w.seen = seen;
+        w.seen = w.fingerprint();
+        let loaded = w.load();
         (w, loaded)
     }
 
     /// The files again: `None` when they hold what they held at the last look (whether that
     /// loaded or not), else what they hold now.
     pub fn check(&mut self) -> Option<Result<NodeTls, CertError>> {
-        let (seen, loaded) = self.read();
+        let seen = self.fingerprint();
         if seen == self.seen {
             return None;
         }
         self.seen = seen;
-        Some(loaded)
+        Some(self.load())
     }
 
-    fn read(&self) -> ([u8; 32], Result<NodeTls, CertError>) {
+    /// A hash of what the files hold, or of how reading each failed.
+    fn fingerprint(&self) -> [u8; 32] {
         let mut h = blake3::Hasher::new();
         for f in [
             "ca.pem".to_string(),
@@ -64,12 +65,15 @@ impl TlsWatch {
                 }
             }
         }
-        let loaded = NodeTls::load(&self.dir, &self.pair).and_then(|mut t| {
-            t.check()?;
-            t.name = self.name.clone();
-            Ok(t)
-        });
-        (*h.finalize().as_bytes(), loaded)
+        *h.finalize().as_bytes()
+    }
+
+    /// What the files hold, checked as peers will check it.
+    fn load(&self) -> Result<NodeTls, CertError> {
+        let mut t = NodeTls::load(&self.dir, &self.pair)?;
+        t.check()?;
+        t.name = self.name.clone();
+        Ok(t)
     }
 }
 
