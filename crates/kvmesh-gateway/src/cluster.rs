@@ -341,7 +341,7 @@ impl Cluster {
                     c.tls_reload_failures.fetch_add(1, Relaxed);
                     tracing::warn!(
                         error,
-                        "mesh certificate files changed but do not load: keeping the ones loaded before"
+                        "mesh certificate files changed but are not usable: keeping the ones loaded before"
                     );
                 }
             }

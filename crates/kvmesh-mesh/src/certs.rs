@@ -5,8 +5,8 @@
 //!
 //! A node's `ca.pem` may hold several CA certificates (a bundle): it trusts each of them.
 //! That is how a cluster moves to a new CA without a restart: every node trusts both, then
-//! takes a certificate of the new one, then trusts the new one alone (README, *Rotating the
-//! mesh's certificates*).
+//! takes a certificate of the new one, then trusts the new one alone (README, *Renewing and
+//! rotating the mesh's certificates*).
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,

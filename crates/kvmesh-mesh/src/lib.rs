@@ -1,5 +1,5 @@
-//! The mesh: the cluster's certificates ([`certs`], watched for renewal by [`tls_watch`]), the mutual-TLS QUIC transport
-//! ([`transport`]), SWIM membership sans-IO ([`membership`], foca), the whole node sans-IO
+//! The mesh: the cluster's certificates ([`certs`]; [`tls_watch`] reads them again while
+//! running), the mutual-TLS QUIC transport ([`transport`]), SWIM membership sans-IO ([`membership`], foca), the whole node sans-IO
 //! ([`core`]: membership + replicated state + ingest ownership + dissemination, time and
 //! randomness passed in) and its tokio shell ([`node`]: its thread sets a peer's marks and
 //! in-flight counts on the router itself, in the order the peer made them).
