@@ -1,8 +1,9 @@
 //! The mesh: the cluster's certificates ([`certs`]; [`tls_watch`] reads them again while
-//! running), the mutual-TLS QUIC transport ([`transport`]), SWIM membership sans-IO ([`membership`], foca), the whole node sans-IO
-//! ([`core`]: membership + replicated state + ingest ownership + dissemination, time and
-//! randomness passed in) and its tokio shell ([`node`]: its thread sets a peer's marks and
-//! in-flight counts on the router itself, in the order the peer made them).
+//! running), the mutual-TLS QUIC transport ([`transport`]), SWIM membership sans-IO
+//! ([`membership`], foca), the whole node sans-IO ([`core`]: membership + replicated state +
+//! ingest ownership + dissemination, time and randomness passed in) and its tokio shell
+//! ([`node`]: its thread sets a peer's marks and in-flight counts on the router itself, in
+//! the order the peer made them).
 
 // Unsafe only in `realtime`: the one libc call that sets the thread's scheduling.
 #![deny(unsafe_code)]
