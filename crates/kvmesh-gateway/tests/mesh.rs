@@ -616,6 +616,23 @@ async fn a_ca_rotation_through_the_files_keeps_routers_meshed_without_a_restart(
         "a change through b reached a after the rotation"
     );
     assert_eq!(counter(&a, "failures"), 1);
+    // `/admin/cluster` says what each presents and trusts: the new pair and the new CA alone.
+    for n in ["a", "b"] {
+        let (cert, key) = pair(&new, n);
+        let want = kvmesh_mesh::certs::NodeTls::from_pem(n, &new.ca_pem, &cert, &key)
+            .expect("loads")
+            .summary();
+        let r = if n == "a" { &a } else { &b };
+        let tls = cluster_json(&http, r).await["tls"].clone();
+        assert_eq!(tls["cert_sha256"], want.cert_sha256.as_str(), "{n}: {tls}");
+        assert_eq!(
+            tls["cas_sha256"],
+            serde_json::json!(want.cas_sha256),
+            "{n}: {tls}"
+        );
+        assert_eq!(tls["cert_not_after"], 67_090_118_400i64, "{n}: {tls}");
+        assert_eq!(tls["reloads"], 3, "{n}: {tls}");
+    }
     assert_eq!(counter(&b, "failures"), 0);
 
     // A router still holding the old CA's pair (and trusting it) is refused.

@@ -247,6 +247,104 @@ pub fn write_dir(dir: &Path, certs: &ClusterCerts) -> Result<(), CertError> {
     Ok(())
 }
 
+/// The SHA-256 fingerprint of a certificate (DER), in hex, as `openssl x509 -fingerprint
+/// -sha256` prints it without the colons.
+pub fn sha256_hex(der: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, der)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// One DER element: its tag, its contents and what follows it (`None` when cut short or
+/// longer than 4 GiB).
+fn der_element(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, b) = b.split_first()?;
+    let (&first, mut b) = b.split_first()?;
+    let len = if first < 0x80 {
+        usize::from(first)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let (digits, rest) = b.split_at_checked(n)?;
+        b = rest;
+        digits.iter().fold(0usize, |a, &d| a << 8 | usize::from(d))
+    };
+    let (contents, rest) = b.split_at_checked(len)?;
+    Some((tag, contents, rest))
+}
+
+/// Days from 1970-01-01 to a civil date (proleptic Gregorian; H. Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// A certificate's end of validity (`notAfter`), in seconds since the Unix epoch; `None` when
+/// the DER is not a certificate this reads (it reads what rustls accepted: UTCTime or
+/// GeneralizedTime, in UTC).
+pub fn not_after(der: &[u8]) -> Option<i64> {
+    let (0x30, cert, _) = der_element(der)? else {
+        return None;
+    };
+    let (0x30, tbs, _) = der_element(cert)? else {
+        return None;
+    };
+    // [0] version (optional), serial number, signature algorithm, issuer, then validity.
+    let (tag, _, after_version) = der_element(tbs)?;
+    let mut rest = if tag == 0xa0 { after_version } else { tbs };
+    for _ in 0..3 {
+        rest = der_element(rest)?.2;
+    }
+    let (0x30, validity, _) = der_element(rest)? else {
+        return None;
+    };
+    let (tag, time, _) = der_element(der_element(validity)?.2)?;
+    let digits = |t: &[u8]| -> Option<i64> {
+        t.iter().try_fold(0i64, |a, &c| {
+            c.is_ascii_digit().then(|| a * 10 + i64::from(c - b'0'))
+        })
+    };
+    let (year, t) = match (tag, time.len()) {
+        // UTCTime YYMMDDHHMMSSZ: 50–99 are 19xx (RFC 5280).
+        (0x17, 13) => {
+            let yy = digits(&time[..2])?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &time[2..])
+        }
+        // GeneralizedTime YYYYMMDDHHMMSSZ.
+        (0x18, 15) => (digits(&time[..4])?, &time[4..]),
+        _ => return None,
+    };
+    if t[10] != b'Z' {
+        return None;
+    }
+    let f = |i: usize| digits(&t[i..i + 2]);
+    let (mo, d, h, mi, sec) = (f(0)?, f(2)?, f(4)?, f(6)?, f(8)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    Some(days_from_civil(year, mo, d) * 86_400 + h * 3_600 + mi * 60 + sec)
+}
+
+/// What a node presents and trusts, as operators compare it across routers (a rotation's
+/// steps) and alert on (the end of validity).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsSummary {
+    /// SHA-256 of the node's certificate.
+    pub cert_sha256: String,
+    /// Its `notAfter`, seconds since the Unix epoch.
+    pub cert_not_after: Option<i64>,
+    /// SHA-256 of each CA trusted, in `ca.pem`'s order.
+    pub cas_sha256: Vec<String>,
+}
+
 /// Every certificate of a PEM bundle (at least one; anything else in the text is ignored).
 fn ca_bundle(pem: &str) -> Result<Vec<CertificateDer<'static>>, ()> {
     let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem.as_bytes())
@@ -292,6 +390,15 @@ impl NodeTls {
             chain,
             key,
         })
+    }
+
+    /// Its fingerprints and end of validity.
+    pub fn summary(&self) -> TlsSummary {
+        TlsSummary {
+            cert_sha256: sha256_hex(&self.chain[0]),
+            cert_not_after: not_after(&self.chain[0]),
+            cas_sha256: self.cas.iter().map(|c| sha256_hex(c)).collect(),
+        }
     }
 
     /// Checks what peers will check of this node: its key is its certificate's, and the
@@ -386,6 +493,31 @@ mod tests {
             NodeTls::from_pem("b", "no certificate here", &b.cert_pem, &b.key_pem),
             Err(CertError::Pem(_))
         ));
+    }
+
+    /// The end of validity as rcgen wrote it: UTCTime before 2050, GeneralizedTime after; and
+    /// bytes that are not a certificate give `None`, never a panic.
+    #[test]
+    fn the_end_of_validity_is_read_from_the_certificate() {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = |y, m, d| {
+            let mut p = rcgen::CertificateParams::new(vec!["x".to_string()]).expect("params");
+            p.not_after = rcgen::date_time_ymd(y, m, d);
+            p.self_signed(&key).expect("cert").der().to_vec()
+        };
+        assert_eq!(super::not_after(&cert(2030, 6, 1)), Some(1_906_502_400));
+        assert_eq!(super::not_after(&cert(2096, 2, 29)), Some(3_981_312_000));
+        // `kvmesh cert`'s pairs: rcgen's default, 4096-01-01.
+        let c = generate(&["a".to_string()]).expect("certs");
+        let tls = NodeTls::from_cluster(&c, "a").expect("a");
+        let s = tls.summary();
+        assert_eq!(s.cert_not_after, Some(67_090_118_400));
+        assert_eq!((s.cert_sha256.len(), s.cas_sha256.len()), (64, 1));
+        let der = cert(2030, 6, 1);
+        for cut in 0..der.len() {
+            let _ = super::not_after(&der[..cut]);
+        }
+        assert_eq!(super::not_after(b"not a certificate"), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! A peer without a certificate from the cluster CA never completes a handshake, so nothing it
 //! sends reaches the program; bytes that are not QUIC are dropped by quinn.
 
-use crate::certs::{NodeTls, SERVER_NAME};
+use crate::certs::{NodeTls, SERVER_NAME, TlsSummary};
 use crate::warn_every::WarnEvery;
 use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
@@ -154,6 +154,8 @@ pub struct Transport {
     client: Mutex<quinn::ClientConfig>,
     /// The CAs trusted now.
     trusted: Mutex<Vec<rustls::pki_types::CertificateDer<'static>>>,
+    /// What the node presents and trusts now.
+    summary: Mutex<TlsSummary>,
     conns: Mutex<HashMap<SocketAddr, Connection>>,
     tx: mpsc::Sender<Inbound>,
     counters: Arc<Counters>,
@@ -236,6 +238,7 @@ impl Transport {
             cluster_id,
             client: Mutex::new(cc),
             trusted: Mutex::new(tls.cas.clone()),
+            summary: Mutex::new(tls.summary()),
             conns: Mutex::new(HashMap::new()),
             tx,
             counters: Arc::default(),
@@ -256,6 +259,14 @@ impl Transport {
         &self.counters
     }
 
+    /// The node's certificate and trusted CAs now (fingerprints, end of validity).
+    pub fn tls_summary(&self) -> TlsSummary {
+        self.summary
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Takes new certificates while running (a renewed pair, a CA bundle): handshakes from
     /// now on offer the new pair and verify peers against the new CAs. When the CAs trusted
     /// changed, every open connection is closed too, so that each peer is verified against
@@ -271,6 +282,7 @@ impl Transport {
             trusted.clone_from(&tls.cas);
             changed
         };
+        *self.summary.lock().unwrap_or_else(|p| p.into_inner()) = tls.summary();
         self.counters.tls_reloads.fetch_add(1, Relaxed);
         if changed {
             let conns: Vec<Connection> = self.lock().drain().map(|(_, c)| c).collect();

@@ -13,6 +13,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
     let members = c.members();
     let now = (c.now)();
     let t = c.transport.counters();
+    let tls = c.transport.tls_summary();
     let mut core = lock(&c.core);
     let d = core.digest(now);
     let lags: Vec<serde_json::Value> = core
@@ -110,8 +111,13 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
             .collect::<serde_json::Map<_, _>>(),
         "dropped_datagrams": t.dropped_datagrams.load(Relaxed),
         "handshake_failures": t.handshake_failures.load(Relaxed),
-        "tls_reloads": t.tls_reloads.load(Relaxed),
-        "tls_reload_failures": t.tls_reload_failures.load(Relaxed),
+        "tls": {
+            "cert_sha256": tls.cert_sha256,
+            "cert_not_after": tls.cert_not_after,
+            "cas_sha256": tls.cas_sha256,
+            "reloads": t.tls_reloads.load(Relaxed),
+            "reload_failures": t.tls_reload_failures.load(Relaxed),
+        },
         "ingest": { "owned": owned.len(), "engines": engines },
     })
 }
@@ -133,6 +139,8 @@ struct MeshMetrics {
     down: i64,
     owned: i64,
     max_lag_s: f64,
+    /// The certificate's end of validity (seconds since the Unix epoch), when readable.
+    cert_not_after: Option<i64>,
     age: Arc<Histogram>,
     counters: [(&'static str, &'static str, u64); 13],
     envelopes: [(&'static str, u64); 3],
@@ -156,6 +164,7 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
         down,
         owned,
         max_lag_s,
+        cert_not_after: c.transport.tls_summary().cert_not_after,
         age: c.envelope_age().clone(),
         counters: [
             (
@@ -261,6 +270,16 @@ impl prometheus_client::collector::Collector for MeshMetrics {
             Gauge,
         )?;
         m.encode_gauge(&self.max_lag_s)?;
+        if let Some(t) = self.cert_not_after {
+            let mut m = enc.encode_descriptor(
+                "kvmesh_mesh_certificate_expiry_timestamp_seconds",
+                "End of validity of the certificate this router presents to its peers (seconds \
+                 since the Unix epoch): alert well before it, the pair must be renewed in tls_dir",
+                None,
+                Gauge,
+            )?;
+            m.encode_gauge(&t)?;
+        }
         crate::metrics::histogram(
             &mut enc,
             "kvmesh_mesh_envelope_age_seconds",
