@@ -73,6 +73,13 @@ pub struct MeshConfig {
     /// `least_request.own_bias` follows: 0 with it, 4 without. 0 = never ask. Default 1
     /// (above every normal thread, below the kernel's).
     pub realtime_priority: u8,
+    /// The envelope version this router writes to its peers (it reads every version). 1: every
+    /// delta and control message in one piece, what every build reads. 2: each on its own, so
+    /// that a reader skips a kind it does not know (a later build's) and applies the rest. Set
+    /// 2 once every router of the cluster runs a build that reads it (this one or later): an
+    /// upgrade in two rolling restarts, as Kafka's `inter.broker.protocol.version` (README,
+    /// *Upgrades*).
+    pub wire_version: u8,
 }
 
 impl Default for MeshConfig {
@@ -94,6 +101,7 @@ impl Default for MeshConfig {
             anti_entropy_ms: 1_000,
             expected_routers: 3,
             realtime_priority: 1,
+            wire_version: 1,
         }
     }
 }
@@ -124,6 +132,11 @@ impl MeshConfig {
             self.tls_reload_ms == 0 || (100..=86_400_000).contains(&self.tls_reload_ms),
             &format!("{at}.tls_reload_ms"),
             "must be 0 (only at start) or between 100 and 86400000",
+        )?;
+        check(
+            (1..=2).contains(&self.wire_version),
+            &format!("{at}.wire_version"),
+            "must be 1 or 2",
         )?;
         check(
             self.realtime_priority <= 99,

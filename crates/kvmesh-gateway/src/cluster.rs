@@ -86,6 +86,10 @@ pub struct Cluster {
 // key vouch for its window. Both must mean the same windows (the two pure crates do not depend
 // on each other, so each has its `window_top`; the test below holds them equal).
 const _: () = assert!(kvmesh_state::MARK_WINDOW == kvmesh_prefix::ANCHOR_STRIDE);
+// `serve.mesh.wire_version` is checked against 1..=2 in the config crate (which does not
+// depend on the state crate): the versions this build writes.
+const _: () =
+    assert!(*kvmesh_state::WIRE_VERSIONS.start() == 1 && *kvmesh_state::WIRE_VERSIONS.end() == 2);
 
 /// The index sink that tells the mesh of this router's marks (the KV-event batches go to
 /// the mesh from the ingestion of the engines this router owns).
@@ -219,6 +223,7 @@ impl Cluster {
             ],
             expected_size: cfg.expected_routers,
             warm_bound_us: cfg.anti_entropy_ms * 5_000,
+            wire_version: cfg.wire_version,
             first: cfg.seeds.is_empty() && cfg.seed_dns.is_empty(),
         };
         let clock = gw.clock;

@@ -27,6 +27,7 @@ fn cfg(first: bool) -> CoreConfig {
         mark_ttls_us: vec![2_000_000, 120_000_000],
         expected_size: 2,
         warm_bound_us: 60_000_000,
+        wire_version: 1,
         first,
     }
 }

@@ -125,6 +125,7 @@ fn main() {
             mark_ttls_us: vec![2_000_000, 120_000_000],
             expected_size: routers as u32,
             warm_bound_us: 5_000_000,
+            wire_version: 1,
             first: false,
         };
         let net = NetConfig {

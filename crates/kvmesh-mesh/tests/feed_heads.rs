@@ -23,6 +23,7 @@ fn cfg(flush_us: u64) -> CoreConfig {
         mark_ttls_us: vec![2_000_000],
         expected_size: ROUTERS as u32,
         warm_bound_us: 1_000_000,
+        wire_version: 1,
         first: false,
     }
 }

@@ -36,6 +36,7 @@ fn cfg() -> CoreConfig {
         mark_ttls_us: vec![2_000_000, APPROXIMATE_US],
         expected_size: 3,
         warm_bound_us: 1_000_000,
+        wire_version: 1,
         first: false,
     }
 }

@@ -24,6 +24,7 @@ fn cfg(load_flush_us: u64) -> CoreConfig {
         mark_ttls_us: vec![2_000_000],
         expected_size: 3,
         warm_bound_us: 1_000_000,
+        wire_version: 1,
         first: false,
     }
 }

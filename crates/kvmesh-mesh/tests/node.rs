@@ -24,6 +24,7 @@ fn cfg(first: bool) -> CoreConfig {
         mark_ttls_us: vec![2_000_000, 60_000_000],
         expected_size: 4,
         warm_bound_us: 5_000_000,
+        wire_version: 1,
         first,
     }
 }

@@ -24,6 +24,7 @@ fn cfg() -> CoreConfig {
         mark_ttls_us: vec![SPECULATIVE_US, APPROXIMATE_US],
         expected_size: 3,
         warm_bound_us: 1_000_000,
+        wire_version: 1,
         first: false,
     }
 }

@@ -18,8 +18,10 @@
 //!   live routers' stable ids).
 //! * [`feeds`]: precise prefix feeds — an engine's KV-event ops as its ingest owner derived
 //!   them, numbered without gaps, a bounded log and snapshots for receivers that lost some.
-//! * [`wire`]: the versioned envelope (`Envelope::V1` with the cluster id and the sender)
-//!   and its size-bounded decoder, which never panics on hostile bytes.
+//! * [`wire`]: the versioned envelope (`Envelope::V1`, and `V2` whose every delta and
+//!   control message is a part of its own, skipped alone when a reader cannot decode it), with
+//!   the cluster id and the sender, and its size-bounded decoder, which never panics on
+//!   hostile bytes.
 //!
 
 #![forbid(unsafe_code)]
@@ -45,8 +47,9 @@ pub use registry::{
     Dot, EngineRecord, RegistryAdd, RegistryDelta, RegistrySet, SEEDED_MAX, Seeded, Span, Stamp,
 };
 pub use wire::{
-    Control, Delta, Envelope, EnvelopeKind, EnvelopeV1, FeedHead, MAX_ENVELOPE_BYTES, StateDigest,
-    WireError, decode, encode, encoded_len,
+    Control, Delta, Envelope, EnvelopeKind, EnvelopeV1, EnvelopeV2, FeedHead, MAX_ENVELOPE_BYTES,
+    Part, StateDigest, WIRE_VERSIONS, WireError, decode, decode_counting, encode, encode_as,
+    encoded_len,
 };
 
 /// A 64-bit digest of a sorted sequence of hashable parts (blake3, stable across platforms).

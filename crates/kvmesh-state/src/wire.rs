@@ -1,7 +1,20 @@
-//! The wire envelope of state deltas: versioned (`Envelope::V1`), carrying the cluster id and
-//! the sender, encoded with bincode 2 (standard config) behind this one module. Decoding
-//! treats every byte as hostile: bounded input size and allocation (`with_limit`), no panic,
-//! a typed error the caller counts.
+//! The wire envelope of state deltas: versioned (`Envelope::V1`, `Envelope::V2`), carrying the
+//! cluster id and the sender, encoded with bincode 2 (standard config) behind this one module.
+//! Decoding treats every byte as hostile: bounded input size and allocation (`with_limit`), no
+//! panic, a typed error the caller counts.
+//!
+//! **Versions, and how the format may change.** Version 1 encodes the deltas and control
+//! messages in one piece: a reader that cannot decode one of them (a kind a later build
+//! added) drops the whole envelope. Version 2 carries the same header and encodes each delta
+//! and each control message on its own, length-prefixed ([`Part`]): a reader skips a part it
+//! cannot decode, counts it, and applies the rest. Every build reads both; which one a router
+//! writes is `serve.mesh.wire_version` (1 by default: builds before version 2 existed read
+//! only version 1). Once every router of a cluster reads version 2, writing it lets a later
+//! build add a kind of delta or control message without the earlier builds losing the rest.
+//! The rule for such a change: never change how an existing kind is encoded (its fields, their
+//! order, its variant's index); add a new variant at the end of [`Delta`] or [`Control`], and
+//! keep reading the old one. Information that older builds lack changes no digest they
+//! compare (anti-entropy would repair it forever) unless that is accepted for the upgrade.
 
 use crate::feeds::{FeedBatch, FeedBatches, FeedId, FeedPull, FeedSnapshot};
 use crate::ids::{NodeId, Version};
@@ -125,12 +138,73 @@ pub struct EnvelopeV1 {
     pub control: Vec<Control>,
 }
 
+/// One delta or control message encoded on its own (bincode, as in version 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part(pub Vec<u8>);
+
+impl Part {
+    /// `v` (a [`Delta`], a [`Control`]) encoded as a part.
+    pub fn of<T: Serialize>(v: &T) -> Result<Part, WireError> {
+        bincode::serde::encode_to_vec(v, config())
+            .map(Part)
+            .map_err(|x| WireError::Malformed(x.to_string()))
+    }
+}
+
+impl Serialize for Part {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Part {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Bytes;
+        impl<'de> serde::de::Visitor<'de> for Bytes {
+            type Value = Part;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Part, E> {
+                Ok(Part(v.to_vec()))
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Part, E> {
+                Ok(Part(v))
+            }
+        }
+        d.deserialize_byte_buf(Bytes)
+    }
+}
+
+/// Version 2 of the envelope: version 1's header, each delta and control message a
+/// [`Part`] of its own (see the module's notes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvelopeV2 {
+    /// The cluster it belongs to.
+    pub cluster_id: u64,
+    /// The sender.
+    pub from: NodeId,
+    /// What the deltas are.
+    pub kind: EnvelopeKind,
+    /// When it was sent (the sender's cluster time, µs).
+    pub sent_us: u64,
+    /// The deltas, each encoded on its own, in the sender's order.
+    pub deltas: Vec<Part>,
+    /// Requests and announcements, each encoded on its own.
+    pub control: Vec<Part>,
+}
+
 /// What travels between routers; a new version is a new variant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Envelope {
     /// Version 1.
     V1(EnvelopeV1),
+    /// Version 2.
+    V2(EnvelopeV2),
 }
+
+/// The versions this build writes (and reads).
+pub const WIRE_VERSIONS: std::ops::RangeInclusive<u8> = 1..=2;
 
 /// Why bytes were not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -173,8 +247,38 @@ pub fn encode(e: &Envelope) -> Result<Vec<u8>, WireError> {
     bincode::serde::encode_to_vec(e, config()).map_err(|x| WireError::Malformed(x.to_string()))
 }
 
+/// Encodes an envelope's contents as `version` (1 or 2; see the module's notes).
+pub fn encode_as(e: EnvelopeV1, version: u8) -> Result<Vec<u8>, WireError> {
+    if version != 2 {
+        return encode(&Envelope::V1(e));
+    }
+    let v2 = EnvelopeV2 {
+        cluster_id: e.cluster_id,
+        from: e.from,
+        kind: e.kind,
+        sent_us: e.sent_us,
+        deltas: e.deltas.iter().map(Part::of).collect::<Result<_, _>>()?,
+        control: e.control.iter().map(Part::of).collect::<Result<_, _>>()?,
+    };
+    encode(&Envelope::V2(v2))
+}
+
+/// Decodes one part: exactly one value, no byte left over.
+fn decode_part<T: serde::de::DeserializeOwned>(p: &Part) -> Option<T> {
+    match bincode::serde::decode_from_slice::<T, _>(&p.0, config()) {
+        Ok((v, used)) if used == p.0.len() => Some(v),
+        _ => None,
+    }
+}
+
 /// Decodes an envelope of `cluster_id` from hostile bytes: size-bounded, never panics.
 pub fn decode(bytes: &[u8], cluster_id: u64) -> Result<EnvelopeV1, WireError> {
+    decode_counting(bytes, cluster_id).map(|(e, _)| e)
+}
+
+/// [`decode`], and how many parts of a version 2 envelope were skipped because they did not
+/// decode (a kind of delta or control message this build does not know, or garbage).
+pub fn decode_counting(bytes: &[u8], cluster_id: u64) -> Result<(EnvelopeV1, usize), WireError> {
     if bytes.len() > MAX_ENVELOPE_BYTES {
         return Err(WireError::TooLarge(bytes.len()));
     }
@@ -183,12 +287,28 @@ pub fn decode(bytes: &[u8], cluster_id: u64) -> Result<EnvelopeV1, WireError> {
     if used != bytes.len() {
         return Err(WireError::Trailing(bytes.len() - used));
     }
-    let Envelope::V1(v1) = env;
+    let (v1, skipped) = match env {
+        Envelope::V1(v1) => (v1, 0),
+        Envelope::V2(v2) => {
+            let deltas: Vec<Delta> = v2.deltas.iter().filter_map(decode_part).collect();
+            let control: Vec<Control> = v2.control.iter().filter_map(decode_part).collect();
+            let skipped = v2.deltas.len() + v2.control.len() - deltas.len() - control.len();
+            let v1 = EnvelopeV1 {
+                cluster_id: v2.cluster_id,
+                from: v2.from,
+                kind: v2.kind,
+                sent_us: v2.sent_us,
+                deltas,
+                control,
+            };
+            (v1, skipped)
+        }
+    };
     if v1.cluster_id != cluster_id {
         return Err(WireError::OtherCluster {
             got: v1.cluster_id,
             want: cluster_id,
         });
     }
-    Ok(v1)
+    Ok((v1, skipped))
 }

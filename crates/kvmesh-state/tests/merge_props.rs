@@ -205,12 +205,56 @@ proptest! {
         let env = Envelope::V1(EnvelopeV1 { cluster_id: 7, from: node(1), kind: kvmesh_state::EnvelopeKind::Live, sent_us: 5, deltas, control: vec![] });
         let bytes = encode(&env).expect("encode");
         let back = decode(&bytes, 7).expect("decode");
-        prop_assert_eq!(Envelope::V1(back), env);
+        prop_assert_eq!(&Envelope::V1(back), &env);
         let cut = cut % bytes.len();
         prop_assert!(decode(&bytes[..cut], 7).is_err());
         let is_other_cluster = matches!(decode(&bytes, 8), Err(WireError::OtherCluster { got: 7, want: 8 }));
         prop_assert!(is_other_cluster);
+        // Version 2 carries the same, part by part.
+        let Envelope::V1(contents) = env else { unreachable!() };
+        let v2 = kvmesh_state::encode_as(contents.clone(), 2).expect("encode v2");
+        prop_assert_eq!(kvmesh_state::decode_counting(&v2, 7).expect("decode v2"), (contents, 0));
+        let cut = cut % v2.len();
+        prop_assert!(decode(&v2[..cut], 7).is_err());
     }
+}
+
+/// A version 2 envelope whose parts include some this build cannot decode (a kind a later
+/// build added, or garbage): those are skipped and counted, the others applied.
+#[test]
+fn a_part_that_does_not_decode_is_skipped_and_the_rest_kept() {
+    use kvmesh_state::{Control, EnvelopeV2, Part, decode_counting};
+    let load = Delta::Load(LoadDelta {
+        node: node(2),
+        engine: 9,
+        version: Version {
+            incarnation: 1,
+            counter: 4,
+        },
+        in_flight: 3,
+    });
+    let env = Envelope::V2(EnvelopeV2 {
+        cluster_id: 7,
+        from: node(1),
+        kind: kvmesh_state::EnvelopeKind::Live,
+        sent_us: 5,
+        deltas: vec![
+            Part::of(&load).expect("part"),
+            // Variant 200 of `Delta`: a kind this build does not have.
+            Part(vec![200, 1, 2, 3]),
+            Part(vec![0xff; 3]),
+            // A delta and a byte more: not exactly one value.
+            Part([Part::of(&load).expect("part").0, vec![0]].concat()),
+        ],
+        control: vec![
+            Part(vec![250]),
+            Part::of(&Control::WantState).expect("part"),
+        ],
+    });
+    let (got, skipped) = decode_counting(&encode(&env).expect("encode"), 7).expect("decodes");
+    assert_eq!(skipped, 4);
+    assert_eq!(got.deltas, vec![load]);
+    assert_eq!(got.control, vec![Control::WantState]);
 }
 
 #[test]

@@ -105,6 +105,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "engines_seeded": k.engines_seeded,
         "seeds_superseded": k.seeds_superseded,
         "digests_ignored": k.digests_ignored,
+        "parts_skipped": k.parts_skipped,
         "dropped_marks": c.dropped_marks.load(Relaxed),
         "bytes": bytes_by_class(t)
             .map(|(class, dir, v)| (format!("{class}_{dir}"), serde_json::Value::from(v)))
@@ -142,7 +143,7 @@ struct MeshMetrics {
     /// The certificate's end of validity (seconds since the Unix epoch), when readable.
     cert_not_after: Option<i64>,
     age: Arc<Histogram>,
-    counters: [(&'static str, &'static str, u64); 13],
+    counters: [(&'static str, &'static str, u64); 14],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
 }
@@ -211,6 +212,11 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
                 "kvmesh_mesh_digests_ignored",
                 "Anti-entropy digests not answered: more than 8 from one peer within an anti-entropy period",
                 k.digests_ignored,
+            ),
+            (
+                "kvmesh_mesh_parts_skipped",
+                "Parts of version 2 envelopes skipped: a kind of delta or control message this build does not know (a later build's), or bytes that are none",
+                k.parts_skipped,
             ),
             (
                 "kvmesh_mesh_handshake_failures",

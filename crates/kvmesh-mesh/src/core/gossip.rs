@@ -4,7 +4,7 @@
 
 use super::{Apply, MARK_CLOCK_ALLOWANCE_US, MeshCore, Output};
 use bytes::Bytes;
-use kvmesh_state::{Control, Delta, Envelope, EnvelopeKind, EnvelopeV1, NodeId, encode};
+use kvmesh_state::{Control, Delta, EnvelopeKind, EnvelopeV1, NodeId, encode_as};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
@@ -476,7 +476,7 @@ impl MeshCore {
         }
         let mut out = Vec::with_capacity(chunks.len());
         for (i, chunk) in chunks.into_iter().enumerate() {
-            let env = Envelope::V1(EnvelopeV1 {
+            let env = EnvelopeV1 {
                 cluster_id: self.cfg.cluster_id,
                 from: self.me,
                 kind,
@@ -487,8 +487,8 @@ impl MeshCore {
                 } else {
                     Vec::new()
                 },
-            });
-            if let Ok(bytes) = encode(&env) {
+            };
+            if let Ok(bytes) = encode_as(env, self.cfg.wire_version) {
                 out.push(Bytes::from(bytes));
             }
         }

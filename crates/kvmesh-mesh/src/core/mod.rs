@@ -71,6 +71,8 @@ pub struct CoreConfig {
     pub warm_bound_us: u64,
     /// The node has no seeds: it is the first, warm from the start.
     pub first: bool,
+    /// The envelope version this node writes (`kvmesh_state::WIRE_VERSIONS`; it reads all).
+    pub wire_version: u8,
 }
 
 /// What the router must apply.
@@ -179,6 +181,9 @@ pub struct CoreCounters {
     /// Digests not answered: more than [`DIGESTS_PER_PEER_PERIOD`] from one address within an
     /// anti-entropy period.
     pub digests_ignored: u64,
+    /// Parts of version 2 envelopes skipped: a kind of delta or control message this build
+    /// does not know (a later build's), or bytes that are none.
+    pub parts_skipped: u64,
     /// Counts and marks dropped because their engine is not the router's (see the `engines`
     /// module): past [`MeshCore::orphan_grace_us`], or past [`ORPHAN_ENGINES_MAX`] engines.
     pub orphan_entries_dropped: u64,
@@ -523,8 +528,11 @@ impl MeshCore {
         now_us: u64,
     ) -> Result<(), kvmesh_state::WireError> {
         self.at(now_us);
-        let env = match kvmesh_state::decode(bytes, self.cfg.cluster_id) {
-            Ok(e) => e,
+        let env = match kvmesh_state::decode_counting(bytes, self.cfg.cluster_id) {
+            Ok((e, skipped)) => {
+                self.counters.parts_skipped += skipped as u64;
+                e
+            }
             Err(e) => {
                 self.counters.envelopes_dropped += 1;
                 return Err(e);

@@ -65,6 +65,7 @@ pub fn sim_config(cluster_id: u64, expected_size: u32) -> CoreConfig {
         mark_ttls_us: vec![10_000_000],
         expected_size,
         warm_bound_us: 5_000_000,
+        wire_version: 1,
         first: false,
     }
 }
