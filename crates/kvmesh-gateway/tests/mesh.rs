@@ -32,6 +32,36 @@ async fn admin(
     .await
 }
 
+/// Sets `url`'s weight through `through`'s admin API and waits (within `within`) until every
+/// router of `on` has it.
+async fn reweigh_everywhere(
+    c: &HttpClient,
+    through: &GatewayServer,
+    url: &str,
+    weight: f64,
+    on: &[&GatewayServer],
+    within: Duration,
+) -> bool {
+    let r = admin(
+        c,
+        through,
+        "PATCH",
+        serde_json::json!({ "url": url, "weight": weight }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let id = kvmesh_prefix::EngineId::from_url(url);
+    until(within, || {
+        on.iter().all(|r| {
+            r.gateway
+                .registry
+                .get(id)
+                .is_some_and(|e| e.base_weight() == weight)
+        })
+    })
+    .await
+}
+
 fn mesh_cfg(dir: &std::path::Path, name: &str, seeds: Vec<String>) -> MeshConfig {
     MeshConfig {
         enabled: true,
@@ -246,24 +276,10 @@ async fn meshed_routers_share_marks_load_and_engines() {
     assert!(known, "C knows the engine A added");
 
     // A weight set through B's admin API reaches every router.
-    let reweigh = admin(
-        &c,
-        &b,
-        "PATCH",
-        serde_json::json!({ "url": engines[1], "weight": 2.5 }),
-    )
-    .await;
-    assert_eq!(reweigh.status, 200, "{}", reweigh.body);
+    let routers = [&a, &b, &c_router];
     let id1 = kvmesh_prefix::EngineId::from_url(&engines[1]);
     assert!(
-        until(Duration::from_secs(2), || [&a, &b, &c_router]
-            .into_iter()
-            .all(|r| r
-                .gateway
-                .registry
-                .get(id1)
-                .is_some_and(|e| e.base_weight() == 2.5)))
-        .await,
+        reweigh_everywhere(&c, &b, &engines[1], 2.5, &routers, Duration::from_secs(2)).await,
         "every router has the weight B was given"
     );
 
@@ -597,22 +613,8 @@ async fn a_ca_rotation_through_the_files_keeps_routers_meshed_without_a_restart(
     reloaded(3).await;
     wait_members(&http, &a, 1).await;
     wait_members(&http, &b, 1).await;
-    let reweigh = admin(
-        &http,
-        &b,
-        "PATCH",
-        serde_json::json!({ "url": engines[0], "weight": 3.5 }),
-    )
-    .await;
-    assert_eq!(reweigh.status, 200, "{}", reweigh.body);
-    let id = kvmesh_prefix::EngineId::from_url(&engines[0]);
     assert!(
-        until(Duration::from_secs(5), || a
-            .gateway
-            .registry
-            .get(id)
-            .is_some_and(|e| e.base_weight() == 3.5))
-        .await,
+        reweigh_everywhere(&http, &b, &engines[0], 3.5, &[&a], Duration::from_secs(5)).await,
         "a change through b reached a after the rotation"
     );
     assert_eq!(counter(&a, "failures"), 1);

@@ -29,6 +29,36 @@ fn cfg() -> CoreConfig {
     }
 }
 
+/// No loss, 0.3–1.3 ms of delay.
+const NET: NetConfig = NetConfig {
+    datagram_loss: 0,
+    envelope_loss: 0,
+    delay_us: 300,
+    jitter_us: 1_000,
+    dup_per_mille: 0,
+};
+
+/// `N` nodes started one at a time, so that each asks a warm member for its state (a cold
+/// node asks again only at the next anti-entropy round), node `i` writing envelopes of
+/// `version(i)`; formed and converged, or the test fails.
+fn formed(seed: u64, version: impl Fn(usize) -> u8) -> Sim {
+    let mut s = Sim::new(N, 8, cfg(), NET, seed);
+    s.cfg.wire_version = version(0);
+    s.start(0, None);
+    for i in 1..N {
+        s.run(500_000, |_| {});
+        s.cfg.wire_version = version(i);
+        s.start(i, Some(0));
+    }
+    s.run(3_000_000, |_| {});
+    assert!(
+        s.until(30_000_000, |s| s.converged()).is_some(),
+        "seed {seed}: the cluster never formed\n{}",
+        s.explain()
+    );
+    s
+}
+
 fn activity(s: &mut Sim) {
     let alive = s.alive();
     let engines: Vec<u64> = s.engines.keys().copied().collect();
@@ -46,27 +76,8 @@ fn activity(s: &mut Sim) {
 
 #[test]
 fn a_healed_partition_is_repaired_when_the_halves_meet_not_by_anti_entropy() {
-    let net = NetConfig {
-        datagram_loss: 0,
-        envelope_loss: 0,
-        delay_us: 300,
-        jitter_us: 1_000,
-        dup_per_mille: 0,
-    };
     for seed in 1..=20 {
-        let mut s = Sim::new(N, 8, cfg(), net, seed);
-        // One at a time, so that each asks a warm member for its state (a cold node asks
-        // again only at the next anti-entropy round).
-        s.start(0, None);
-        for i in 1..N {
-            s.run(500_000, |_| {});
-            s.start(i, Some(0));
-        }
-        s.run(3_000_000, |_| {});
-        assert!(
-            s.until(30_000_000, |s| s.converged()).is_some(),
-            "seed {seed}: the cluster never formed"
-        );
+        let mut s = formed(seed, |_| 1);
         for i in 0..N {
             s.group[i] = u8::from(i >= N / 2);
         }
@@ -104,13 +115,7 @@ fn a_healed_partition_is_repaired_when_the_halves_meet_not_by_anti_entropy() {
 /// silent for 2 s) makes the two sides meet the same way.
 #[test]
 fn a_link_back_after_a_short_partition_is_repaired_by_the_new_connection() {
-    let net = NetConfig {
-        datagram_loss: 0,
-        envelope_loss: 0,
-        delay_us: 300,
-        jitter_us: 1_000,
-        dup_per_mille: 0,
-    };
+    let net = NET;
     let mut cfg = cfg();
     cfg.expected_size = 3;
     for seed in 1..=10 {
@@ -164,28 +169,9 @@ fn a_link_back_after_a_short_partition_is_repaired_by_the_new_connection() {
 /// ownership — as routers of one version do; nothing is skipped.
 #[test]
 fn routers_writing_both_envelope_versions_form_one_cluster_and_heal() {
-    let net = NetConfig {
-        datagram_loss: 0,
-        envelope_loss: 0,
-        delay_us: 300,
-        jitter_us: 1_000,
-        dup_per_mille: 0,
-    };
     for seed in 1..=5 {
-        let mut s = Sim::new(N, 8, cfg(), net, seed);
-        s.start(0, None);
-        for i in 1..N {
-            s.run(500_000, |_| {});
-            // Odd routers write version 2.
-            s.cfg.wire_version = 1 + (i % 2) as u8;
-            s.start(i, Some(0));
-        }
-        s.run(3_000_000, |_| {});
-        assert!(
-            s.until(30_000_000, |s| s.converged()).is_some(),
-            "seed {seed}: the mixed cluster never formed\n{}",
-            s.explain()
-        );
+        // Odd routers write version 2.
+        let mut s = formed(seed, |i| 1 + (i % 2) as u8);
         // Split so that each half holds both versions.
         for i in 0..N {
             s.group[i] = u8::from(i >= N / 2);
