@@ -79,6 +79,8 @@ pub struct Cluster {
     dropped_marks: Arc<AtomicU64>,
     /// The node's thread runs at real-time priority (`mesh.realtime_priority` granted).
     realtime: bool,
+    /// The envelope version this router writes (`mesh.wire_version`).
+    wire_version: u8,
     now: NowFn,
 }
 
@@ -276,6 +278,7 @@ impl Cluster {
             warm: AtomicBool::new(warm),
             dropped_marks: dropped.clone(),
             realtime,
+            wire_version: cfg.wire_version,
             now,
         });
         gw.registry.prefix.set_delta_sink(Some(Box::new(Outbox {

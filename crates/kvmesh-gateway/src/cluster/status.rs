@@ -106,6 +106,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "seeds_superseded": k.seeds_superseded,
         "digests_ignored": k.digests_ignored,
         "parts_skipped": k.parts_skipped,
+        "wire_version": c.wire_version,
         "dropped_marks": c.dropped_marks.load(Relaxed),
         "bytes": bytes_by_class(t)
             .map(|(class, dir, v)| (format!("{class}_{dir}"), serde_json::Value::from(v)))

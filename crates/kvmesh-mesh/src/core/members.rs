@@ -13,7 +13,7 @@ pub const DOWN_MEMBERS_MAX: usize = 256;
 
 impl MeshCore {
     /// Members declared down or gone (not back since), with when (cluster time, µs); at most
-    /// [`DOWN_MEMBERS_MAX`], the newest.
+    /// `DOWN_MEMBERS_MAX`, the newest.
     pub fn down_members(&self) -> impl Iterator<Item = &(MeshId, u64)> {
         self.down.values()
     }

@@ -208,7 +208,7 @@ pub struct Sim {
     order: u64,
     /// Bytes delivered per node (received).
     pub bytes_in: Vec<u64>,
-    /// When set, bytes delivered by kind, all nodes together (see [`Sim::tally`]).
+    /// When set, bytes delivered by kind, all nodes together (decoded by `tally`).
     pub by_kind: Option<BTreeMap<&'static str, u64>>,
     seed: u64,
 }
