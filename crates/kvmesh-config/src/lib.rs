@@ -185,6 +185,29 @@ mod tests {
             err.to_string().contains("serve.mesh.realtime_priority"),
             "{err}"
         );
+        for (text, key) in [
+            (
+                "[serve.mesh]\nwire_version = 3\n",
+                "serve.mesh.wire_version",
+            ),
+            (
+                "[serve.mesh]\nwire_version = 0\n",
+                "serve.mesh.wire_version",
+            ),
+            (
+                "[serve.mesh]\ntls_reload_ms = 50\n",
+                "serve.mesh.tls_reload_ms",
+            ),
+        ] {
+            let err = KvmeshConfig::from_toml_str(text, "t.toml").expect_err(text);
+            assert!(err.to_string().contains(key), "{text}: {err}");
+        }
+        for ok in [
+            "[serve.mesh]\nwire_version = 2\n",
+            "[serve.mesh]\ntls_reload_ms = 0\n",
+        ] {
+            KvmeshConfig::from_toml_str(ok, "t.toml").expect(ok);
+        }
     }
 
     #[test]
