@@ -287,6 +287,17 @@ pub fn decode_counting(bytes: &[u8], cluster_id: u64) -> Result<(EnvelopeV1, usi
     if used != bytes.len() {
         return Err(WireError::Trailing(bytes.len() - used));
     }
+    let got = match &env {
+        Envelope::V1(e) => e.cluster_id,
+        Envelope::V2(e) => e.cluster_id,
+    };
+    if got != cluster_id {
+        return Err(WireError::OtherCluster {
+            got,
+            want: cluster_id,
+        });
+    }
+    // Parts are decoded only for this cluster's envelopes.
     let (v1, skipped) = match env {
         Envelope::V1(v1) => (v1, 0),
         Envelope::V2(v2) => {
@@ -304,11 +315,5 @@ pub fn decode_counting(bytes: &[u8], cluster_id: u64) -> Result<(EnvelopeV1, usi
             (v1, skipped)
         }
     };
-    if v1.cluster_id != cluster_id {
-        return Err(WireError::OtherCluster {
-            got: v1.cluster_id,
-            want: cluster_id,
-        });
-    }
     Ok((v1, skipped))
 }

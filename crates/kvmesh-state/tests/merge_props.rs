@@ -216,6 +216,8 @@ proptest! {
         prop_assert_eq!(kvmesh_state::decode_counting(&v2, 7).expect("decode v2"), (contents, 0));
         let cut = cut % v2.len();
         prop_assert!(decode(&v2[..cut], 7).is_err());
+        let is_other_cluster = matches!(decode(&v2, 8), Err(WireError::OtherCluster { got: 7, want: 8 }));
+        prop_assert!(is_other_cluster);
     }
 }
 
