@@ -62,6 +62,15 @@ async fn reweigh_everywhere(
     .await
 }
 
+/// A router's mesh address, as its peers give it as a seed.
+fn mesh_addr(r: &GatewayServer) -> String {
+    r.cluster
+        .as_ref()
+        .and_then(|c| c.addr())
+        .expect("a mesh address")
+        .to_string()
+}
+
 fn mesh_cfg(dir: &std::path::Path, name: &str, seeds: Vec<String>) -> MeshConfig {
     MeshConfig {
         enabled: true,
@@ -149,12 +158,7 @@ async fn mesh_of_three(
         c
     };
     let a = start_router_with(with_mesh("a", vec![]), "m", engines).await;
-    let seed = a
-        .cluster
-        .as_ref()
-        .and_then(|c| c.addr())
-        .expect("a's mesh address")
-        .to_string();
+    let seed = mesh_addr(&a);
     let b = start_router_with(with_mesh("b", vec![seed.clone()]), "m", engines).await;
     let c = start_router_with(with_mesh("c", vec![seed]), "m", engines).await;
     let http = client();
@@ -482,12 +486,7 @@ async fn replicas_share_one_certificate_pair_through_cert_name() {
         c
     };
     let a = start_router_with(cfg("kvmesh-7d9f-x1", vec![]), "m", 1).await;
-    let seed = a
-        .cluster
-        .as_ref()
-        .and_then(|c| c.addr())
-        .expect("a's mesh address")
-        .to_string();
+    let seed = mesh_addr(&a);
     let b = start_router_with(cfg("kvmesh-7d9f-y2", vec![seed]), "m", 1).await;
     let http = client();
     wait_members(&http, &a, 1).await;
@@ -556,12 +555,7 @@ async fn a_ca_rotation_through_the_files_keeps_routers_meshed_without_a_restart(
         c
     };
     let a = start_router_with(cfg("a", vec![]), "m", 1).await;
-    let seed = a
-        .cluster
-        .as_ref()
-        .and_then(|c| c.addr())
-        .expect("a's mesh address")
-        .to_string();
+    let seed = mesh_addr(&a);
     let b = start_router_with(cfg("b", vec![seed.clone()]), "m", 1).await;
     let http = client();
     wait_members(&http, &a, 1).await;

@@ -152,9 +152,8 @@ pub struct Transport {
     cluster_id: u64,
     /// What new connections to peers are made with (replaced by [`Transport::reload_tls`]).
     client: Mutex<quinn::ClientConfig>,
-    /// The CAs trusted now.
-    trusted: Mutex<Vec<rustls::pki_types::CertificateDer<'static>>>,
-    /// What the node presents and trusts now.
+    /// What the node presents and trusts now (the trusted CAs' fingerprints among it: what
+    /// a reload compares).
     summary: Mutex<TlsSummary>,
     conns: Mutex<HashMap<SocketAddr, Connection>>,
     tx: mpsc::Sender<Inbound>,
@@ -237,7 +236,6 @@ impl Transport {
             endpoint,
             cluster_id,
             client: Mutex::new(cc),
-            trusted: Mutex::new(tls.cas.clone()),
             summary: Mutex::new(tls.summary()),
             conns: Mutex::new(HashMap::new()),
             tx,
@@ -276,13 +274,13 @@ impl Transport {
         let (sc, cc) = configs(tls, self.cluster_id)?;
         self.endpoint.set_server_config(Some(sc));
         *self.client.lock().unwrap_or_else(|p| p.into_inner()) = cc;
+        let summary = tls.summary();
         let changed = {
-            let mut trusted = self.trusted.lock().unwrap_or_else(|p| p.into_inner());
-            let changed = *trusted != tls.cas;
-            trusted.clone_from(&tls.cas);
+            let mut now = self.summary.lock().unwrap_or_else(|p| p.into_inner());
+            let changed = now.cas_sha256 != summary.cas_sha256;
+            *now = summary;
             changed
         };
-        *self.summary.lock().unwrap_or_else(|p| p.into_inner()) = tls.summary();
         self.counters.tls_reloads.fetch_add(1, Relaxed);
         if changed {
             let conns: Vec<Connection> = self.lock().drain().map(|(_, c)| c).collect();
