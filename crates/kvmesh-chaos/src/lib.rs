@@ -8,13 +8,15 @@
 //! Shell: [`lab`] (one network namespace per router on a bridge, nftables rules for partitions
 //! and loss, iptables NFQUEUE rules and [`delay`] agents for delay, the `kvmesh serve` / `kvmesh sim` processes, cleanup on every path), [`client`]
 //! (a bounded workload that retries on another router, as a DNS client would), [`flood`]
-//! (garbage datagrams and half-open QUIC handshakes at a mesh port) and [`run`] (drives a
+//! (garbage datagrams and half-open QUIC handshakes at a mesh port), [`rotate`] (the
+//! certificate files of a CA rotation, swapped per router) and [`run`] (drives a
 //! scenario: lab up, workload, steps on schedule, measurements, verdict).
 
 pub mod client;
 pub mod delay;
 pub mod flood;
 pub mod lab;
+pub mod rotate;
 pub mod run;
 pub mod scenario;
 pub mod verdict;

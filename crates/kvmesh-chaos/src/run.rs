@@ -5,6 +5,7 @@
 
 use crate::client::{self, Live};
 use crate::lab::{Lab, Proc};
+use crate::rotate::Rotation;
 use crate::scenario::{Action, Plan, Scenario, blocked_pairs, delayed_pairs};
 use crate::verdict::{self, Observations, Row};
 use std::net::SocketAddr;
@@ -61,6 +62,10 @@ struct Cluster {
     /// The delay in force.
     delay: Option<Delay>,
     live: Arc<Live>,
+    /// The certificates every router reads (`kvmesh cert`'s directory).
+    tls: PathBuf,
+    /// Per-router certificate links, when the scenario rotates its CA.
+    rotation: Option<Rotation>,
 }
 
 /// A delay in force: `ms` ± `jitter_ms` on the packets between each pair.
@@ -89,7 +94,13 @@ impl Cluster {
 
     fn start_router(&mut self, i: usize, skew_ms: i64) -> Result<(), String> {
         let mut args = self.router_args.clone();
-        args.extend(["--node-id".into(), format!("r{i}")]);
+        let node = format!("r{i}");
+        let tls = self
+            .rotation
+            .as_ref()
+            .map_or(self.tls.clone(), |r| r.link(&node));
+        args.extend(["--tls-dir".into(), tls.display().to_string()]);
+        args.extend(["--node-id".into(), node]);
         for j in (0..self.n()).filter(|&j| j != i) {
             args.extend(["--seed".into(), self.lab.router_mesh(j).to_string()]);
         }
@@ -101,6 +112,11 @@ impl Cluster {
             .ok_or(format!("router r{i} never became ready"))?;
         self.live.routers[i].store(true, Relaxed);
         Ok(())
+    }
+
+    /// Every router's name, running or not.
+    fn names(&self) -> Vec<String> {
+        (0..self.n()).map(|i| format!("r{i}")).collect()
     }
 
     fn running_routers(&mut self) -> Vec<usize> {
@@ -189,6 +205,15 @@ impl Cluster {
         } = a
         {
             return self.flood(*router, *datagrams, *handshakes);
+        }
+        if let Action::RotateCa = a {
+            let running: Vec<(usize, SocketAddr)> = self
+                .running_routers()
+                .into_iter()
+                .map(|i| (i, self.lab.router_http(i)))
+                .collect();
+            let rot = self.rotation.as_ref().ok_or("no rotation material")?;
+            return crate::rotate::rotate(rot, &self.names(), &running);
         }
         // Delay: the one-way lag of the last envelope each router received from each member
         // (cluster time, one host: the network delay shows in it), before and under it.
@@ -339,7 +364,9 @@ impl Cluster {
             Action::EngineRestart { engine } => {
                 self.engine_admin(*engine, "POST", "/admin/restart", "")
             }
-            Action::Flood { .. } => Err("a flood is run by `act`".into()),
+            Action::Flood { .. } | Action::RotateCa => {
+                Err(format!("{} is run by `act`", a.label()))
+            }
         }
     }
 
@@ -454,18 +481,14 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
     let n = t.routers + t.late_routers;
     let tls = dir.join("tls");
     let nodes: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
-    let out = std::process::Command::new(&lab.exe)
-        .args(["cert", "--out"])
-        .arg(&tls)
-        .args(["--nodes", &nodes.join(",")])
-        .output()
-        .map_err(|e| format!("kvmesh cert: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "kvmesh cert: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+    cert(&lab.exe, &tls, &nodes)?;
+    let rotation = if plan.steps.iter().any(|s| s.action == Action::RotateCa) {
+        let next = dir.join("tls-next");
+        cert(&lab.exe, &next, &nodes)?;
+        Some(Rotation::prepare(dir, &tls, &next, &nodes)?)
+    } else {
+        None
+    };
     let host = lab.engine_ip();
     let mut engine_args = Vec::new();
     let mut engine_addrs = Vec::new();
@@ -497,8 +520,6 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
     let mut router_args = vec![
         "--policy".to_string(),
         t.policy.clone(),
-        "--tls-dir".into(),
-        tls.display().to_string(),
         "--cluster-id".into(),
         CLUSTER.into(),
         "--ingest-replicas".into(),
@@ -506,6 +527,16 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
     ];
     for e in &entries {
         router_args.extend(["--engine".into(), e.clone()]);
+    }
+    if rotation.is_some() {
+        // The routers read their certificate files again while they run (10 s by default).
+        let file = dir.join("router.toml");
+        let text = format!(
+            "[serve.mesh]\ntls_reload_ms = {}\n",
+            crate::rotate::RELOAD_MS
+        );
+        std::fs::write(&file, text).map_err(|e| format!("{}: {e}", file.display()))?;
+        router_args.extend(["--config".into(), file.display().to_string()]);
     }
     let live = Arc::new(Live {
         routers: (0..n).map(|_| Default::default()).collect(),
@@ -524,6 +555,8 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
         live: live.clone(),
         lab,
         plan: plan.clone(),
+        tls,
+        rotation,
     };
     for e in 0..t.engines {
         c.start_engine(e)?;
@@ -634,6 +667,23 @@ fn run_in(lab: Lab, plan: Plan, dir: &Path) -> Result<Row, String> {
     print!("{report}");
     drop(c);
     Ok(row)
+}
+
+/// `kvmesh cert --out dir --nodes …`: a CA and a pair per node.
+fn cert(exe: &Path, dir: &Path, nodes: &[String]) -> Result<(), String> {
+    let out = std::process::Command::new(exe)
+        .args(["cert", "--out"])
+        .arg(dir)
+        .args(["--nodes", &nodes.join(",")])
+        .output()
+        .map_err(|e| format!("kvmesh cert: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "kvmesh cert: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
 }
 
 struct Timeline {

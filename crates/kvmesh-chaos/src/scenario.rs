@@ -220,6 +220,11 @@ pub enum Action {
     },
     /// The simulator's `/admin/restart`: new engine, empty cache, event seq back to 0.
     EngineRestart { engine: usize },
+    /// The cluster CA rotated through the routers' certificate files while they run
+    /// (`crate::rotate`): both CAs trusted, then pairs of the new CA, then the old CA dropped,
+    /// each phase router by router, each router's reload awaited (10 s at most) before the
+    /// next. Once, and with every running router awake.
+    RotateCa,
     /// Garbage datagrams (random bytes, and QUIC Initial-shaped packets) and half-open QUIC
     /// handshakes (answers never returned) at a router's mesh port.
     Flood {
@@ -295,6 +300,7 @@ impl Action {
                 (None, false) => format!("e{engine} faults (none)"),
             },
             Action::EngineRestart { engine } => format!("e{engine} cache reset"),
+            Action::RotateCa => "rotate the CA (3 phases, router by router)".into(),
             Action::Flood {
                 router,
                 datagrams,
@@ -413,6 +419,7 @@ impl Scenario {
         // ones until they are resumed.
         let mut up: Vec<bool> = (0..all_routers).map(|i| i < t.routers).collect();
         let mut paused = vec![false; all_routers];
+        let mut rotated = false;
         for s in &steps {
             let not = |what: &str, router: usize| {
                 e(format!("{what} r{router} at {} s: not running", s.at_s))
@@ -435,6 +442,18 @@ impl Scenario {
                     return e(format!("resume r{router} at {} s: not paused", s.at_s));
                 }
                 Action::ResumeRouter { router } => paused[*router] = false,
+                Action::RotateCa if rotated => {
+                    return e(format!("rotate_ca at {} s: the CA is rotated once", s.at_s));
+                }
+                Action::RotateCa => {
+                    if let Some(i) = paused.iter().position(|&p| p) {
+                        return e(format!(
+                            "rotate_ca at {} s: r{i} is paused and cannot take it",
+                            s.at_s
+                        ));
+                    }
+                    rotated = true;
+                }
                 _ => {}
             }
             if !up.iter().zip(&paused).any(|(&u, &p)| u && !p) {
@@ -553,7 +572,7 @@ fn check_indices(a: &Action, routers: usize, engines: usize) -> Result<(), Strin
             }
             Ok(())
         }
-        Action::Loss { .. } | Action::Heal => Ok(()),
+        Action::Loss { .. } | Action::Heal | Action::RotateCa => Ok(()),
     }
 }
 

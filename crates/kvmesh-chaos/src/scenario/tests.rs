@@ -259,3 +259,29 @@ fn blocked_pairs_of_partitions_and_isolation() {
     }
     assert!(blocked_pairs(&Action::Heal, 3).is_empty());
 }
+
+#[test]
+fn the_ca_is_rotated_once_and_never_past_a_paused_router() {
+    let rotate = |at: u32| format!("[[step]]\nat_s = {at}\ndo = \"rotate_ca\"\n");
+    let ok = plan(&rotate(3), false).unwrap();
+    assert_eq!(ok.steps[0].action, Action::RotateCa);
+    let twice = plan(&format!("{}{}", rotate(3), rotate(6)), false).unwrap_err();
+    assert!(twice.contains("rotated once"), "{twice}");
+    let paused = format!(
+        "[[step]]\nat_s = 2\ndo = \"pause_router\"\nrouter = 1\n{}",
+        rotate(3)
+    );
+    let e = plan(&paused, false).unwrap_err();
+    assert!(e.contains("r1 is paused"), "{e}");
+    let resumed = format!("{paused}[[step]]\nat_s = 1\ndo = \"resume_router\"\nrouter = 1\n");
+    assert!(
+        plan(&resumed, false).is_err(),
+        "resumed before it was paused"
+    );
+    let after = format!(
+        "[[step]]\nat_s = 2\ndo = \"pause_router\"\nrouter = 1\n\
+         [[step]]\nat_s = 3\ndo = \"resume_router\"\nrouter = 1\n{}",
+        rotate(4)
+    );
+    assert!(plan(&after, false).is_ok());
+}
