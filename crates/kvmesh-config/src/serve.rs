@@ -321,9 +321,12 @@ pub enum UpstreamProtocol {
 pub struct TimeoutConfig {
     /// TCP connect.
     pub connect_ms: u64,
-    /// From sending the request to the first byte of the answer: the response head, and for
-    /// a success its body's first data (an engine queues and prefills before answering). Until
-    /// then nothing has reached the client: a failure is retried on another engine.
+    /// From sending a streamed request (`"stream": true`) to the first byte of its answer:
+    /// the response head, and for a success its body's first data (an engine queues and
+    /// prefills before answering). Until then nothing has reached the client: a failure is
+    /// retried on another engine. A request without `stream` is answered only once its whole
+    /// generation is done, so `total_ms` bounds its wait instead, and it is not tried again
+    /// once that has passed.
     pub first_byte_ms: u64,
     /// Whole request, including the streamed body (SGLang's gateway default: 1800 s).
     pub total_ms: u64,

@@ -472,6 +472,14 @@ impl ParsedRequest {
             ParsedRequest::Completion(r) => r.user.as_deref(),
         }
     }
+
+    /// Whether the answer is streamed (`"stream": true`).
+    pub fn stream(&self) -> bool {
+        match self {
+            ParsedRequest::Chat(r) => r.stream,
+            ParsedRequest::Completion(r) => r.stream,
+        }
+    }
 }
 
 /// Per-thread buffers of the request path (no allocation per request once warm).

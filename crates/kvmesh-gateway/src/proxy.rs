@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 struct Peek {
     model: Option<String>,
     user: Option<String>,
+    stream: Option<bool>,
 }
 
 /// `POST /v1/chat/completions` and `POST /v1/completions`.
@@ -78,7 +79,8 @@ pub async fn handle(
     } else {
         Endpoint::Completions
     };
-    let (route, key, parsed) = match prepare(gw, endpoint, &parts.headers, &body) {
+    let started = tokio::time::Instant::now();
+    let (route, key, parsed, stream) = match prepare(gw, endpoint, &parts.headers, &body) {
         Ok(v) => v,
         Err(e) => {
             gw.metrics.error_response(e.status);
@@ -117,6 +119,14 @@ pub async fn handle(
         gw.metrics.error_response(e.status);
         return error(&e);
     }
+    // A streamed answer starts once the prompt is prefilled: the first-byte timeout bounds
+    // the wait for it. A whole answer comes once the generation ends, however long it is: the
+    // request's total timeout bounds it, and none is tried again once that has passed.
+    let wait = if stream {
+        Wait::FirstByte
+    } else {
+        Wait::Until(started + Duration::from_millis(gw.cfg.timeouts.total_ms))
+    };
     let resp = attempt_step(
         gw,
         parts,
@@ -126,6 +136,7 @@ pub async fn handle(
         reservation,
         lookup,
         request_id,
+        wait,
     )
     .await;
     if !resp.status().is_success() {
@@ -134,8 +145,9 @@ pub async fn handle(
     resp
 }
 
-/// What `prepare` gives: the route, the consistent-hash key, the parsed body.
-type Prepared = (Arc<ModelRoute>, Option<u64>, Option<ParsedRequest>);
+/// What `prepare` gives: the route, the consistent-hash key, the parsed body, whether the
+/// answer is streamed.
+type Prepared = (Arc<ModelRoute>, Option<u64>, Option<ParsedRequest>, bool);
 
 /// Step 2: the route and the consistent-hash key; the parsed body when a route is
 /// cache-aware (parsed once for model, user and prompt).
@@ -153,14 +165,15 @@ fn prepare(
         .any_prefix_route
         .then(|| ParsedRequest::parse(endpoint, body).ok())
         .flatten();
-    let (model, user) = match &parsed {
+    let (model, user, stream) = match &parsed {
         Some(p) => {
             p.check_openai()?;
-            (p.model().map(str::to_string), p.user().map(str::to_string))
+            let (m, u) = (p.model().map(str::to_string), p.user().map(str::to_string));
+            (m, u, p.stream())
         }
         None => {
             let peek: Peek = parse_body(body)?;
-            (peek.model, peek.user)
+            (peek.model, peek.user, peek.stream.unwrap_or(false))
         }
     };
     let route = match model.as_deref() {
@@ -183,7 +196,7 @@ fn prepare(
         }
     };
     let key = hash_key(&route, headers, user.as_deref());
-    Ok((route, key, parsed))
+    Ok((route, key, parsed, stream))
 }
 
 /// The consistent-hash key: the configured header, else the OpenAI `user` field.
@@ -379,6 +392,15 @@ impl Fleet for RouteFleet<'_> {
     }
 }
 
+/// How long an attempt waits for the answer's head and first data.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// `timeouts.first_byte_ms` from the attempt's start (a streamed answer).
+    FirstByte,
+    /// Until the request's total deadline (a whole answer: it comes after the generation).
+    Until(tokio::time::Instant),
+}
+
 /// Steps 4 and 5: attempts until one is delivered or the machine gives up.
 #[allow(clippy::too_many_arguments)]
 async fn attempt_step(
@@ -390,12 +412,22 @@ async fn attempt_step(
     mut reservation: Option<Reservation>,
     lookup: Option<Lookup>,
     request_id: &HeaderValue,
+    wait: Wait,
 ) -> Response<Body> {
     let mut attempts = Attempts::new(decision, &gw.cfg.retry);
     let mut budget = &gw.retry_budget;
     budget.on_request(gw.clock.now_us());
     let mut last: Option<Failed> = None;
     loop {
+        if let (Wait::Until(end), Some(f)) = (wait, &last)
+            && tokio::time::Instant::now() >= end
+        {
+            // The whole answer's time is spent: another engine would start the generation
+            // over with none of it left.
+            tracing::warn!(request_id = ?request_id, model = %route.model, last_failure = %f.detail, "request given up: its total timeout passed");
+            let g = GiveUp::Exhausted { last: f.kind };
+            return give_up(g, last, &route.model);
+        }
         let u = unit_f64(gw.next_seed());
         let next = attempts.next(
             &decision.candidates,
@@ -440,6 +472,7 @@ async fn attempt_step(
             request_id,
             attempt,
             retry_429,
+            wait,
         )
         .await
         {
@@ -580,7 +613,8 @@ fn failed(kind: FailKind, detail: String, attempt: Attempt) -> Sent {
 }
 
 /// One attempt: forward, wait for the response head and, for a success, its body's first
-/// data (both bounded by the first-byte timeout), classify it.
+/// data (both bounded by `wait`), classify it.
+#[allow(clippy::too_many_arguments)]
 async fn send(
     gw: &Gateway,
     engine: &Engine,
@@ -589,6 +623,7 @@ async fn send(
     request_id: &HeaderValue,
     mut attempt: Attempt,
     retry_429: bool,
+    wait: Wait,
 ) -> Sent {
     let mut headers = parts.headers.clone();
     strip_hop_by_hop(&mut headers);
@@ -615,7 +650,10 @@ async fn send(
     *up.method_mut() = parts.method.clone();
     *up.uri_mut() = uri;
     *up.headers_mut() = headers;
-    let first_byte = Duration::from_millis(gw.cfg.timeouts.first_byte_ms);
+    let first_byte = match wait {
+        Wait::FirstByte => Duration::from_millis(gw.cfg.timeouts.first_byte_ms),
+        Wait::Until(end) => end.saturating_duration_since(tokio::time::Instant::now()),
+    };
     let resp = match tokio::time::timeout(first_byte, gw.upstream.send(up)).await {
         Err(_) => {
             let detail = format!("{}: no response within {first_byte:?}", engine.url);

@@ -56,9 +56,18 @@ async fn send_chat(gw: &Arc<Gateway>, body: Bytes) -> Response<Body> {
     handle(gw, &parts, body, &HeaderValue::from_static("rid")).await
 }
 
+/// The same request with its answer streamed.
+const STREAM_BODY: &str =
+    r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true}"#;
+
 /// Sends one chat request and reads the whole answer.
 async fn call(gw: &Arc<Gateway>) -> (u16, HeaderMap, String) {
-    let r = send_chat(gw, Bytes::from_static(BODY.as_bytes())).await;
+    call_with(gw, BODY).await
+}
+
+/// Sends one chat request with `body` and reads the whole answer.
+async fn call_with(gw: &Arc<Gateway>, body: &'static str) -> (u16, HeaderMap, String) {
+    let r = send_chat(gw, Bytes::from_static(body.as_bytes())).await;
     let (p, b) = r.into_parts();
     let bytes = b.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     (
@@ -191,7 +200,7 @@ async fn a_hung_engine_times_out_and_the_retry_succeeds_after_a_backoff() {
     mock.set_default(B, MockReply::ok(200, "{}"));
     let gw = gateway(c, &mock, &[A, B]);
     let t0 = tokio::time::Instant::now();
-    let (status, ..) = a_first(&gw, call(&gw)).await;
+    let (status, ..) = a_first(&gw, call_with(&gw, STREAM_BODY)).await;
     assert_eq!(status, 200);
     assert_eq!(errors(&gw, A, FailKind::Timeout), 1);
     // Virtual time: the first-byte timeout, then the first backoff (10 ms ± 20%).
@@ -209,7 +218,7 @@ async fn every_engine_timing_out_is_a_504_and_refusing_is_a_502() {
     mock.set_default(A, MockReply::Hang);
     mock.set_default(B, MockReply::Hang);
     let gw = gateway(c.clone(), &mock, &[A, B]);
-    let (status, _, body) = call(&gw).await;
+    let (status, _, body) = call_with(&gw, STREAM_BODY).await;
     assert_eq!(status, 504, "{body}");
     assert!(body.contains("upstream timeout"), "{body}");
     let mock = MockUpstream::new();
@@ -217,6 +226,66 @@ async fn every_engine_timing_out_is_a_504_and_refusing_is_a_502() {
     let (status, _, body) = call(&gw).await;
     assert_eq!(status, 502, "{body}");
     assert!(body.contains("\"error\""), "OpenAI-shaped: {body}");
+    assert_eq!(in_flight(&gw), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_is_waited_for_past_the_first_byte_timeout() {
+    // Without `stream`, the engine answers once the generation ends: a long generation is
+    // not a hung engine.
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = 2_000;
+    let mock = MockUpstream::new();
+    let late = MockReply::Respond {
+        head_after: Duration::from_secs(30),
+        status: 200,
+        chunks: vec![(Duration::ZERO, Ok(Bytes::from_static(b"{}")))],
+    };
+    mock.set_default(A, late.clone());
+    mock.set_default(B, late);
+    let gw = gateway(c, &mock, &[A, B]);
+    let t0 = tokio::time::Instant::now();
+    let (status, _, body) = call(&gw).await;
+    assert_eq!((status, body.as_str()), (200, "{}"));
+    assert_eq!(t0.elapsed(), Duration::from_secs(30));
+    assert_eq!(mock.calls().len(), 1, "not started over on another engine");
+    assert_eq!(
+        errors(&gw, A, FailKind::Timeout) + errors(&gw, B, FailKind::Timeout),
+        0
+    );
+    // Streamed, the same engine is given the first-byte timeout.
+    let (status, ..) = call_with(&gw, STREAM_BODY).await;
+    assert_eq!(status, 504);
+    assert_eq!(
+        errors(&gw, A, FailKind::Timeout) + errors(&gw, B, FailKind::Timeout),
+        2
+    );
+    assert_eq!(in_flight(&gw), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_is_bounded_by_the_total_timeout_and_not_tried_again() {
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = 1_000;
+    c.timeouts.total_ms = 10_000;
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::Hang);
+    mock.set_default(B, MockReply::Hang);
+    let gw = gateway(c, &mock, &[A, B]);
+    let t0 = tokio::time::Instant::now();
+    let (status, _, body) = call(&gw).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("upstream timeout"), "{body}");
+    assert_eq!(t0.elapsed(), Duration::from_secs(10));
+    assert_eq!(
+        mock.calls().len(),
+        1,
+        "the total timeout is the request's, not an attempt's"
+    );
+    assert_eq!(
+        errors(&gw, A, FailKind::Timeout) + errors(&gw, B, FailKind::Timeout),
+        1
+    );
     assert_eq!(in_flight(&gw), 0);
 }
 

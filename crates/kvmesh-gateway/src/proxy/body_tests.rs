@@ -46,7 +46,7 @@ async fn a_client_that_leaves_mid_stream_cancels_upstream_and_releases_the_engin
         scripted(5, &[(1, "data: 1\n\n"), (1_000, "data: 2\n\n")], None),
     );
     let gw = gateway(cfg(), &mock, &[A]);
-    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
+    let r = send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes())).await;
     assert_eq!(r.status(), 200);
     let mut body = r.into_body();
     let first = body.frame().await.expect("a frame").expect("data");
@@ -80,7 +80,7 @@ async fn a_body_that_breaks_mid_stream_is_a_failure_not_a_retry() {
     mock.set_default(B, MockReply::ok(200, "{}"));
     let gw = gateway(cfg(), &mock, &[A, B]);
     let broke = a_first(&gw, async {
-        let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
+        let r = send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes())).await;
         assert_eq!(r.status(), 200);
         r.into_body().collect().await.is_err()
     })
@@ -108,7 +108,7 @@ async fn coalescing_never_holds_back_a_lone_frame() {
         ]),
     );
     let gw = gateway(cfg(), &mock, &[A]);
-    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+    let mut body = send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes()))
         .await
         .into_body();
     // Polled once, without waiting for anything (no timer runs, the clock does not move):
@@ -152,7 +152,7 @@ async fn the_stream_s_terminator_ends_the_count_before_the_body_ends() {
     // A frame that only contains the marker's text is not the end.
     mock.set_default(B, stream_reply(&[(0, "xdata: [DONE]\n\n"), (1_000, "")]));
     let gw = gateway(cfg(), &mock, &[A]);
-    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+    let mut body = send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes()))
         .await
         .into_body();
     assert_eq!(data(body.frame().await), "data: 1\n\ndata: [DONE]\n\n");
@@ -170,7 +170,7 @@ async fn the_stream_s_terminator_ends_the_count_before_the_body_ends() {
     assert_eq!(in_flight(&gw), 0);
 
     let gw = gateway(cfg(), &mock, &[B]);
-    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+    let mut body = send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes()))
         .await
         .into_body();
     assert_eq!(data(body.frame().await), "xdata: [DONE]\n\n");
@@ -191,7 +191,7 @@ async fn frames_already_available_are_merged_into_one_up_to_the_bound() {
     let big = "x".repeat(40 * 1024);
     mock.set_default(B, stream_reply(&[(0, &big), (0, &big), (0, &big)]));
     let gw = gateway(cfg(), &mock, &[A]);
-    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+    let mut body = send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes()))
         .await
         .into_body();
     assert_eq!(
@@ -205,7 +205,7 @@ async fn frames_already_available_are_merged_into_one_up_to_the_bound() {
 
     // Past the bound (64 KiB), the rest goes in the next write.
     let gw = gateway(cfg(), &mock, &[B]);
-    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+    let mut body = send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes()))
         .await
         .into_body();
     assert_eq!(data(body.frame().await).len(), 80 * 1024);
@@ -226,7 +226,7 @@ async fn an_error_met_while_coalescing_follows_the_data_and_is_a_failure() {
         ),
     );
     let gw = gateway(cfg(), &mock, &[A]);
-    let mut body = send_chat(&gw, Bytes::from_static(BODY.as_bytes()))
+    let mut body = send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes()))
         .await
         .into_body();
     assert_eq!(data(body.frame().await), "data: 1\n\ndata: 2\n\n");
@@ -254,7 +254,11 @@ async fn an_answer_that_breaks_before_its_first_byte_is_retried_on_another_engin
         stream_reply(&[(2, "data: 1\n\n"), (0, "data: [DONE]\n\n")]),
     );
     let gw = gateway(cfg(), &mock, &[A, B]);
-    let r = a_first(&gw, send_chat(&gw, Bytes::from_static(BODY.as_bytes()))).await;
+    let r = a_first(
+        &gw,
+        send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes())),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-kvmesh-engine"], engine(&gw, B).header_value);
     let body = r.into_body().collect().await.expect("whole").to_bytes();
@@ -282,7 +286,11 @@ async fn a_head_without_a_first_byte_times_out_and_is_retried() {
     mock.set_default(A, stream_reply(&[(5_000, "data: late\n\n")]));
     mock.set_default(B, MockReply::ok(200, "{}"));
     let gw = gateway(c, &mock, &[A, B]);
-    let r = a_first(&gw, send_chat(&gw, Bytes::from_static(BODY.as_bytes()))).await;
+    let r = a_first(
+        &gw,
+        send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes())),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.into_body().collect().await.expect("whole").to_bytes(),
@@ -311,7 +319,7 @@ async fn an_empty_answer_passes_through_as_a_success() {
         },
     );
     let gw = gateway(cfg(), &mock, &[A]);
-    let r = send_chat(&gw, Bytes::from_static(BODY.as_bytes())).await;
+    let r = send_chat(&gw, Bytes::from_static(STREAM_BODY.as_bytes())).await;
     assert_eq!(r.status(), 200);
     assert_eq!(in_flight(&gw), 0, "whole before the client reads it");
     assert!(
