@@ -55,8 +55,10 @@ pub struct ServeConfig {
     /// Time a client has to send a request's whole body, else 408 (a 32 MiB body at 1 MB/s
     /// fits in the default, 60 s).
     pub body_read_timeout_ms: u64,
-    /// The `x-kvmesh-engine` response header names the engine by its cluster-stable id (16
-    /// hex digits) instead of its URL, so clients do not learn the engines' addresses.
+    /// The `x-kvmesh-engine` response header and the router's error answers name the engine
+    /// by its cluster-stable id (16 hex digits) instead of its URL, so clients do not learn
+    /// the engines' addresses. The operator's pages on the same port (`/`, `/status.json`,
+    /// `/metrics`) still list engines by URL: keep them from clients at the ingress.
     pub hide_engine_urls: bool,
     /// Seed of the routing randomness (0 = from the clock).
     pub seed: u64,

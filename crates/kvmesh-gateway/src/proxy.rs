@@ -495,7 +495,17 @@ async fn attempt_step(
                 }
                 return r;
             }
-            Sent::Failed(f, attempt) => {
+            Sent::Failed(mut f, attempt) => {
+                if gw.cfg.hide_engine_urls {
+                    let what = match f.kind {
+                        FailKind::Connect => "could not connect",
+                        FailKind::Timeout => "no answer in time",
+                        FailKind::Transport | FailKind::Stream => "the connection broke",
+                        FailKind::Status5xx | FailKind::Status429 => "an error status",
+                    };
+                    let id = String::from_utf8_lossy(engine.header_value.as_bytes());
+                    f.public = Some(format!("engine {id}: {what}"));
+                }
                 tracing::debug!(request_id = ?request_id, engine = %engine.url, kind = f.kind.as_str(), detail = %f.detail, "attempt failed");
                 match attempts.on_head(Verdict::Failed(f.kind)) {
                     Action::TryNext { account } => attempt.account(account, Some(f.kind)),
@@ -531,7 +541,7 @@ fn give_up(g: GiveUp, last: Option<Failed>, model: &str) -> Response<Body> {
             "every engine chosen for model `{model}` is refusing traffic (circuit breakers open or unhealthy)"
         ))),
         (g, f) => {
-            let detail = f.map(|f| f.detail).unwrap_or_default();
+            let detail = f.map(|f| f.public.unwrap_or(f.detail)).unwrap_or_default();
             let what = if g.status() == 504 {
                 "upstream timeout"
             } else {
@@ -589,7 +599,11 @@ impl Drop for Reservation {
 struct Failed {
     kind: FailKind,
     answer: Option<(StatusCode, HeaderMap, Bytes)>,
+    /// For the log: the engine's URL and the error.
     detail: String,
+    /// For the client instead of `detail` under `hide_engine_urls`: the engine's id and the
+    /// kind of failure (an error's text may hold addresses).
+    public: Option<String>,
 }
 
 /// What one attempt produced.
@@ -607,6 +621,7 @@ fn failed(kind: FailKind, detail: String, attempt: Attempt) -> Sent {
             kind,
             answer: None,
             detail,
+            public: None,
         },
         attempt,
     )
@@ -688,6 +703,7 @@ async fn send(
                 kind,
                 answer: Some((status, p.headers, bytes)),
                 detail: format!("{}: status {status}", engine.url),
+                public: None,
             },
             attempt,
         );

@@ -320,6 +320,18 @@ async fn hidden_engine_urls_name_the_engine_by_its_id() {
     let id = kvmesh_prefix::EngineId::from_url("http://127.0.0.1:9").to_string();
     assert_eq!(h["x-kvmesh-engine"], id.as_str());
     assert_eq!(mock.calls()[0].headers["x-request-id"], "rid");
+    // Nor do error answers name it by its address (found by QA: they did).
+    let mut c = cfg();
+    c.hide_engine_urls = true;
+    let mock = MockUpstream::new();
+    let gw = gateway(c, &mock, &[A]);
+    let (status, _, body) = call(&gw).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(!body.contains("127.0.0.1"), "{body}");
+    assert!(
+        body.contains(&format!("engine {id}: could not connect")),
+        "{body}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
