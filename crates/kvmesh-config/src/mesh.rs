@@ -202,7 +202,7 @@ impl MeshConfig {
 }
 
 /// Whether `s` is `HOST:PORT` (a name or an address; `[v6]:port` for IPv6) with a port 1–65535.
-fn host_port(s: &str) -> bool {
+pub(crate) fn host_port(s: &str) -> bool {
     s.rsplit_once(':').is_some_and(|(host, port)| {
         !host.is_empty()
             && !host.contains(char::is_whitespace)

@@ -210,12 +210,12 @@ impl EngineEntry {
 
     /// Checks the entry; `at` is the key prefix.
     pub fn validate(&self, at: &str) -> Result<(), ConfigError> {
-        if !valid_base_url(&self.url) {
+        if !valid_base_url(&canonical_base_url(&self.url)) {
             return Err(ConfigError::invalid(
                 &format!("{at}.url"),
                 format!(
                     "{:?} is not an http:// base URL such as http://127.0.0.1:8000 (a host, a port \
-                     1-65535, no path)",
+                     1-65535 (80 when omitted), no path)",
                     self.url
                 ),
             ));
@@ -225,21 +225,59 @@ impl EngineEntry {
             &format!("{at}.weight"),
             WEIGHT_RULE,
         )?;
+        let tcp = |s: &str| s.strip_prefix("tcp://").is_some_and(crate::mesh::host_port);
         check(
-            self.kv_events.is_empty() || self.kv_events.starts_with("tcp://"),
+            self.kv_events.is_empty() || tcp(&self.kv_events),
             &format!("{at}.kv_events"),
-            "must be empty or a tcp:// endpoint",
+            "must be empty or a tcp://HOST:PORT endpoint (port 1-65535)",
         )?;
         check(
-            self.kv_replay.is_empty()
-                || (self.kv_replay.starts_with("tcp://") && !self.kv_events.is_empty()),
+            self.kv_replay.is_empty() || (tcp(&self.kv_replay) && !self.kv_events.is_empty()),
             &format!("{at}.kv_replay"),
-            "must be empty or a tcp:// endpoint (and needs kv_events)",
-        )
+            "must be empty or a tcp://HOST:PORT endpoint (port 1-65535), and needs kv_events",
+        )?;
+        let mut seen = std::collections::BTreeSet::new();
+        for m in &self.models {
+            check(
+                !m.trim().is_empty() && seen.insert(m.as_str()),
+                &format!("{at}.models"),
+                "lists each model once, none empty",
+            )?;
+        }
+        Ok(())
     }
 }
 
-/// Whether `u` is an `http://host:port` base URL (no path beyond `/`).
+/// The one spelling of an engine's base URL: trimmed, no trailing `/`, scheme and host in
+/// lower case, the port as a plain number (`HTTP://LOCALHOST:09101/` →
+/// `http://localhost:9101`). Every URL that names an engine goes through it before its id is
+/// made from it, so that two spellings of one engine are one engine.
+pub fn canonical_base_url(u: &str) -> String {
+    let u = u.trim().trim_end_matches('/');
+    let Some((scheme, rest)) = u.split_once("://") else {
+        return u.to_string();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (host, port) = match authority.rfind(':') {
+        // `[v6]` alone has its colons inside the brackets.
+        Some(i) if !authority[i..].contains(']') => (&authority[..i], Some(&authority[i + 1..])),
+        _ => (authority, None),
+    };
+    let port = match port {
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if p.bytes().all(|b| b.is_ascii_digit()) => format!(":{n}"),
+            _ => format!(":{p}"),
+        },
+        None => String::new(),
+    };
+    format!(
+        "{}://{}{port}{path}",
+        scheme.to_ascii_lowercase(),
+        host.to_ascii_lowercase()
+    )
+}
+
+/// Whether `u` is an `http://host[:port]` base URL (no path beyond `/`).
 pub fn valid_base_url(u: &str) -> bool {
     let Some(rest) = u.strip_prefix("http://") else {
         return false;
@@ -451,14 +489,14 @@ impl ServeConfig {
         for (i, e) in self.engines.iter().enumerate() {
             let at = format!("{at}.engines[{i}]");
             e.validate(&at)?;
-            let url = e.url.trim_end_matches('/');
+            let url = canonical_base_url(&e.url);
             check(
-                seen.insert(url),
+                seen.insert(url.clone()),
                 &format!("{at}.url"),
                 "names an engine listed before it",
             )?;
             check(
-                !self.is_own_address(url),
+                !self.is_own_address(&url),
                 &format!("{at}.url"),
                 "is this router's own listen address (requests would loop)",
             )?;
@@ -595,6 +633,32 @@ mod tests {
         ] {
             assert!(!valid_base_url(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn one_engine_has_one_spelling() {
+        for (given, want) in [
+            ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+            (" HTTP://LOCALHOST:09101/ ", "http://localhost:9101"),
+            ("http://Vllm-0.Svc:8000//", "http://vllm-0.svc:8000"),
+            ("http://[FE80::1]:0080", "http://[fe80::1]:80"),
+            ("http://[::1]", "http://[::1]"),
+            ("http://engine", "http://engine"),
+            // Not a port: left for validation to refuse.
+            ("http://h:99999", "http://h:99999"),
+            ("http://h:+1", "http://h:+1"),
+            ("engine-a", "engine-a"),
+        ] {
+            assert_eq!(canonical_base_url(given), want, "{given}");
+            assert_eq!(canonical_base_url(want), want, "{want} stays");
+        }
+        // A file listing one engine under two spellings is refused.
+        let c = crate::KvmeshConfig::from_toml_str(
+            "[serve]\nengines = [\"http://localhost:9101\", \"http://LOCALHOST:09101\"]\n",
+            "t",
+        );
+        let e = c.expect_err("one engine twice").to_string();
+        assert!(e.contains("engines[1].url"), "{e}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::gateway::Gateway;
 use crate::probe;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
-use kvmesh_config::{EngineEntry, WEIGHT_RULE, valid_weight};
+use kvmesh_config::{ConfigError, EngineEntry, WEIGHT_RULE, canonical_base_url, valid_weight};
 use kvmesh_http::{Body, bearer_ok, error, json, not_allowed, read_body};
 use kvmesh_openai::{ApiError, parse_body};
 use kvmesh_policy::BreakerState;
@@ -87,9 +87,7 @@ fn list(gw: &Gateway) -> Response<Body> {
 async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let body = admin_body(gw, req).await?;
     let entry: EngineEntry = parse_body(&body)?;
-    entry
-        .validate("engine")
-        .map_err(|e| ApiError::bad_request("invalid_value", e.to_string()))?;
+    entry.validate("engine").map_err(entry_error)?;
     let e = probe::add_engine(gw, &entry, Source::Admin, true)
         .map_err(|m| ApiError::with_status(409, m))?;
     if let Some(m) = gw.mesh.get() {
@@ -101,6 +99,20 @@ async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>
         201,
         serde_json::json!({ "url": e.url, "models": e.models() }).to_string(),
     ))
+}
+
+/// An engine entry's refusal, with the field it names as `param`.
+fn entry_error(e: ConfigError) -> ApiError {
+    let param = match &e {
+        ConfigError::Invalid { key, .. } => ["url", "weight", "kv_events", "kv_replay", "models"]
+            .into_iter()
+            .find(|p| key.strip_suffix(p).is_some_and(|k| k.ends_with('.'))),
+        _ => None,
+    };
+    match param {
+        Some(p) => ApiError::invalid_param(p, e.to_string()),
+        None => ApiError::bad_request("invalid_value", e.to_string()),
+    }
 }
 
 /// `PATCH {"url": …, "weight": N}`: the engine's configured weight, here and (meshed) on
@@ -115,15 +127,15 @@ async fn reweigh(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<B
     let body = admin_body(gw, req).await?;
     let p: Patch = parse_body(&body)?;
     if !valid_weight(p.weight) {
-        return Err(ApiError::bad_request(
-            "invalid_value",
+        return Err(ApiError::invalid_param(
+            "weight",
             format!("weight {WEIGHT_RULE}"),
         ));
     }
-    let url = p.url.trim_end_matches('/');
+    let url = canonical_base_url(&p.url);
     let e = gw
         .registry
-        .set_weight(EngineId::from_url(url), p.weight)
+        .set_weight(EngineId::from_url(&url), p.weight)
         .ok_or_else(|| ApiError::with_status(404, format!("no engine {url}")))?;
     if let Some(m) = gw.mesh.get() {
         m.engine_added(&e.entry());
@@ -153,8 +165,8 @@ async fn remove(
         Some(u) => u,
         None => parse_body::<Del>(&admin_body(gw, req).await?)?.url,
     };
-    let url = url.trim_end_matches('/');
-    if let Some(e) = gw.registry.get(EngineId::from_url(url))
+    let url = canonical_base_url(&url);
+    if let Some(e) = gw.registry.get(EngineId::from_url(&url))
         && let Source::Dns(name) = &e.source
     {
         return Err(ApiError::with_status(
@@ -165,7 +177,7 @@ async fn remove(
             ),
         ));
     }
-    match gw.registry.remove(url) {
+    match gw.registry.remove(&url) {
         Some(e) => {
             if let Some(m) = gw.mesh.get() {
                 m.engine_removed(&e.url);

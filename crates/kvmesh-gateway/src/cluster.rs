@@ -137,6 +137,14 @@ fn peer_entry(engine: u64, record: &EngineRecord) -> Result<EngineEntry, String>
     entry
         .validate("engine from a peer")
         .map_err(|e| e.to_string())?;
+    // Builds before URLs had one spelling could send another (`http://LOCALHOST:09101`):
+    // this router would keep it under the id of its own spelling, which no peer knows.
+    if kvmesh_config::canonical_base_url(&entry.url) != entry.url {
+        return Err(format!(
+            "engine from a peer: {} is not spelt as this build spells it (lower case, the port as a number)",
+            entry.url
+        ));
+    }
     if EngineId::from_url(&entry.url).0 != engine {
         return Err(format!(
             "engine from a peer: id {engine:016x} is not that of {}",
@@ -183,7 +191,7 @@ fn upsert(gw: &Arc<Gateway>, engine: u64, record: &EngineRecord) {
 
 fn record(entry: &EngineEntry) -> EngineRecord {
     EngineRecord {
-        url: entry.url.trim_end_matches('/').to_string(),
+        url: kvmesh_config::canonical_base_url(&entry.url),
         weight_milli: kvmesh_config::weight_milli(entry.weight),
         kv_events: entry.kv_events.clone(),
         kv_replay: entry.kv_replay.clone(),

@@ -153,7 +153,7 @@ impl Engine {
         lease: SlotLease,
         load_signal: Arc<LoadSignal>,
     ) -> Result<Engine, String> {
-        let url = entry.url.trim_end_matches('/').to_string();
+        let url = kvmesh_config::canonical_base_url(&entry.url);
         let authority: http::uri::Authority = url
             .strip_prefix("http://")
             .unwrap_or(&url)

@@ -134,11 +134,28 @@ async fn admin_api_lists_adds_and_removes_engines() {
         json!({"url": "http://127.0.0.1:1", "weight": -1}).to_string(),
         json!({"url": "http://127.0.0.1:1", "wieght": 2}).to_string(),
         json!({"url": "http://127.0.0.1:1", "kv_events": "udp://x"}).to_string(),
+        // Found by QA, each accepted before: endpoints that can never connect, models that
+        // are no model.
+        json!({"url": "http://127.0.0.1:1", "kv_events": "tcp://"}).to_string(),
+        json!({"url": "http://127.0.0.1:1", "kv_events": "tcp://127.0.0.1:99999"}).to_string(),
+        json!({"url": "http://127.0.0.1:1", "kv_events": "tcp://@@@ ###"}).to_string(),
+        json!({"url": "http://127.0.0.1:1", "models": [""]}).to_string(),
+        json!({"url": "http://127.0.0.1:1", "models": ["a", "a"]}).to_string(),
     ] {
         let r = admin(&c, &base, "POST", body.clone()).await;
         assert_openai_error(&r, 400);
     }
+    // A refused field is named.
+    let r = admin(&c, &base, "POST", json!({"url": "ftp://x:1"}).to_string()).await;
+    assert_eq!(r.json()["error"]["param"], "url", "{}", r.body);
+    let body = json!({"url": "http://127.0.0.1:1", "models": [""]}).to_string();
+    let r = admin(&c, &base, "POST", body).await;
+    assert_eq!(r.json()["error"]["param"], "models", "{}", r.body);
     let r = admin(&c, &base, "POST", json!({"url": engines[0]}).to_string()).await;
+    assert_openai_error(&r, 409);
+    // Another spelling of the same engine is the same engine (found by QA: it was added).
+    let shouted = engines[0].replace("http://127.0.0.1:", "HTTP://127.0.0.1:0");
+    let r = admin(&c, &base, "POST", json!({ "url": shouted }).to_string()).await;
     assert_openai_error(&r, 409);
     for body in ["not json", "{\"uri\": \"x\"}"] {
         let r = admin(&c, &base, "DELETE", body).await;
