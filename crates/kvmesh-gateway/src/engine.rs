@@ -49,14 +49,20 @@ const UNKNOWN: u32 = u32::MAX;
 /// queued at most once until the listener has read it (its `load_dirty` flag), so the queue
 /// holds at most one entry per engine. Without a mesh nobody listens and a change costs one
 /// atomic load.
+/// It also keeps the router's total in flight, removed engines' requests included.
 #[derive(Default)]
-pub struct LoadSignal(OnceLock<UnboundedSender<u64>>);
+pub struct LoadSignal(OnceLock<UnboundedSender<u64>>, AtomicU64);
 
 impl LoadSignal {
     /// The receiver of changed engines, by their `EngineId` value (`None`: already connected).
     pub fn connect(&self) -> Option<UnboundedReceiver<u64>> {
         let (tx, rx) = unbounded_channel();
         self.0.set(tx).ok().map(|()| rx)
+    }
+
+    /// This router's requests in flight to any engine, one that was removed meanwhile too.
+    pub fn total(&self) -> u64 {
+        self.1.load(Ordering::Relaxed)
     }
 }
 
@@ -84,12 +90,14 @@ pub struct Engine {
     pub source: Source,
     /// Models given in its config (empty = discovered).
     pub static_models: Vec<String>,
-    /// Requests this router has in flight to it, until the end of each stream.
-    pub in_flight: AtomicU32,
+    /// Requests this router has in flight to it, until the end of each stream. Shared with
+    /// the engine of the same id that was removed while these ran, if it is added again
+    /// ([`Engine::carry_counts_of`]).
+    pub in_flight: Arc<AtomicU32>,
     /// Requests the other routers of the mesh have in flight to it (their gossiped counts).
     pub peer_in_flight: AtomicU32,
     /// Queued on `load_signal` since the listener last read `in_flight`.
-    load_dirty: AtomicBool,
+    load_dirty: Arc<AtomicBool>,
     /// The registry's: where in-flight changes are told.
     load_signal: Arc<LoadSignal>,
     /// Breaker, health, latency, slow start.
@@ -176,9 +184,9 @@ impl Engine {
             kv_replay: entry.kv_replay.clone(),
             source,
             static_models: entry.models.clone(),
-            in_flight: AtomicU32::new(0),
+            in_flight: Arc::default(),
             peer_in_flight: AtomicU32::new(0),
-            load_dirty: AtomicBool::new(false),
+            load_dirty: Arc::default(),
             load_signal,
             tracker: Mutex::new(tracker),
             reported_load: AtomicU32::new(UNKNOWN),
@@ -325,16 +333,26 @@ impl Engine {
     pub fn begin_request(&self) {
         // SeqCst with `read_load_change`: a change after the listener's read is queued again.
         self.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.load_signal.1.fetch_add(1, Ordering::Relaxed);
         self.load_changed();
     }
 
     /// One request of this router less in flight to it (told to the mesh).
     pub fn end_request(&self) {
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.load_signal.1.fetch_sub(1, Ordering::Relaxed);
         self.load_changed();
     }
 
-    fn load_changed(&self) {
+    /// Takes over the count of `old`, the engine of the same id removed while requests to it
+    /// ran: they end on the count this engine's decisions read, and the mesh hears of it.
+    pub fn carry_counts_of(&mut self, old: &Engine) {
+        self.in_flight = old.in_flight.clone();
+        self.load_dirty = old.load_dirty.clone();
+    }
+
+    /// Queues this engine for the mesh's listener (once until it reads the count).
+    pub fn load_changed(&self) {
         if let Some(tx) = self.load_signal.0.get()
             && !self.load_dirty.load(Ordering::SeqCst)
             && !self.load_dirty.swap(true, Ordering::SeqCst)

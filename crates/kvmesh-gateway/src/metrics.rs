@@ -172,6 +172,7 @@ impl GatewayMetrics {
             prefix: reg.prefix.clone(),
             decision_time: self.decision_time.clone(),
             ttft_p99: self.ttft.p99(),
+            in_flight_total: reg.load_signal.total(),
             now_us,
             fleet_latency_us: reg.fleet_latency_us(),
             slow_start: reg.health_cfg().slow_start,
@@ -189,6 +190,7 @@ struct Snapshot {
     prefix: Arc<PrefixState>,
     decision_time: Arc<Histogram>,
     ttft_p99: f64,
+    in_flight_total: u64,
     now_us: u64,
     fleet_latency_us: f64,
     slow_start: SlowStartConfig,
@@ -299,10 +301,7 @@ impl Collector for Snapshot {
             "Requests waiting in the engines' queues (sum of vllm:num_requests_waiting); a scale-out signal",
             Value::Gauge(queue as i64),
         )?;
-        let in_flight: u64 = engines
-            .iter()
-            .map(|e| u64::from(e.in_flight.load(Relaxed)))
-            .sum();
+        let in_flight = self.in_flight_total;
         single(
             &mut enc,
             "kvmesh_in_flight",

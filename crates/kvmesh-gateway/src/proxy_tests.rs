@@ -515,6 +515,61 @@ async fn in_flight_changes_are_signalled_once_until_read() {
     assert!(rx.try_recv().is_err());
 }
 
+/// An engine removed while requests to it run, then added again (found by QA: the router's
+/// total forgot them, and the engine came back counted at 0 while they still ran).
+#[tokio::test(start_paused = true)]
+async fn an_engine_removed_and_added_again_keeps_the_count_of_its_running_requests() {
+    let mock = MockUpstream::new();
+    let slow = MockReply::Respond {
+        head_after: Duration::ZERO,
+        status: 200,
+        chunks: vec![
+            (Duration::ZERO, Ok(Bytes::from_static(b"data: 1\n\n"))),
+            (
+                Duration::from_secs(10),
+                Ok(Bytes::from_static(b"data: [DONE]\n\n")),
+            ),
+        ],
+    };
+    mock.set_default(A, slow);
+    let gw = gateway(cfg(), &mock, &[A]);
+    let mut rx = gw.registry.load_signal.connect().expect("listener");
+    let body = Bytes::from_static(STREAM_BODY.as_bytes());
+    let (r1, r2) = tokio::join!(send_chat(&gw, body.clone()), send_chat(&gw, body));
+    assert_eq!((r1.status(), r2.status()), (StatusCode::OK, StatusCode::OK));
+    assert_eq!(gw.registry.load_signal.total(), 2);
+    let old = engine(&gw, A);
+    assert_eq!(old.read_load_change(), 2);
+    while rx.try_recv().is_ok() {}
+    gw.registry.remove(&format!("http://{A}")).expect("removed");
+    assert_eq!(gw.registry.load_signal.total(), 2, "still running");
+    let e = EngineEntry {
+        url: format!("http://{A}"),
+        models: vec!["m".into()],
+        ..EngineEntry::default()
+    };
+    let again = gw
+        .registry
+        .add(&e, Source::Admin, false)
+        .expect("added again");
+    assert!(!Arc::ptr_eq(&old, &again));
+    assert_eq!(
+        again.in_flight.load(Ordering::SeqCst),
+        2,
+        "its requests still run"
+    );
+    assert_eq!(rx.try_recv().ok(), Some(again.id.0), "the mesh hears of it");
+    assert_eq!(again.read_load_change(), 2);
+    // The requests end on the removed engine; the count they end is the one decisions read.
+    drop(old);
+    let (b1, b2) = tokio::join!(r1.into_body().collect(), r2.into_body().collect());
+    assert!(b1.is_ok() && b2.is_ok());
+    assert_eq!(again.in_flight.load(Ordering::SeqCst), 0);
+    assert_eq!(gw.registry.load_signal.total(), 0);
+    assert_eq!(rx.try_recv().ok(), Some(again.id.0), "and of their end");
+    assert_eq!(again.read_load_change(), 0);
+}
+
 /// A reservation hands its count to the first attempt on its engine: the count does not
 /// move (one change for the mesh per request start, no moment counted twice); an attempt on
 /// another engine ends it.

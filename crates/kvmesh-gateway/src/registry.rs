@@ -174,6 +174,9 @@ impl TotalsCache {
 struct Members {
     list: Vec<Arc<Engine>>,
     by_id: HashMap<EngineId, Arc<Engine>>,
+    /// Removed engines, alive while requests to them run: one added again under the same id
+    /// takes their count over.
+    removed: HashMap<EngineId, std::sync::Weak<Engine>>,
 }
 
 /// The membership, the current snapshot, and what it is built from.
@@ -273,24 +276,32 @@ impl Registry {
         let tracker = EngineTracker::new(&self.cfg.routing.health, self.clock.now_us(), ramp);
         // A refused engine drops its lease: the slot is retired and freed by the next sweep.
         let lease = PrefixState::lease(&self.prefix);
-        let engine = Arc::new(Engine::new(
+        let mut engine = Engine::new(
             entry,
             self.cfg.hide_engine_urls,
             source,
             tracker,
             lease,
             self.load_signal.clone(),
-        )?);
-        {
+        )?;
+        let engine = {
             let mut m = lock(&self.members);
             if m.by_id.contains_key(&engine.id) {
                 // Dropping `engine` retires its slot.
                 return Err(format!("engine {} is already registered", engine.url));
             }
+            if let Some(old) = m.removed.remove(&engine.id).and_then(|w| w.upgrade()) {
+                engine.carry_counts_of(&old);
+            }
+            let engine = Arc::new(engine);
             m.by_id.insert(engine.id, engine.clone());
             m.list.push(engine.clone());
-        }
+            engine
+        };
         self.rebuild();
+        if engine.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            engine.load_changed();
+        }
         Ok(engine)
     }
 
@@ -301,6 +312,8 @@ impl Registry {
             let mut m = lock(&self.members);
             let removed = m.by_id.remove(&id)?;
             m.list.retain(|e| e.id != id);
+            m.removed.retain(|_, w| w.strong_count() > 0);
+            m.removed.insert(id, Arc::downgrade(&removed));
             removed
         };
         removed.stop.cancel();
