@@ -177,11 +177,10 @@ fn prepare(
         }
     };
     let route = match model.as_deref() {
-        Some(m) => snap
-            .routes
-            .get(m)
-            .cloned()
-            .ok_or_else(|| ApiError::model_not_found(m))?,
+        Some(m) => match snap.routes.get(m) {
+            Some(r) => r.clone(),
+            None => return Err(unknown_model(&snap.engines, m)),
+        },
         None if snap.routes.len() == 1 => snap
             .routes
             .values()
@@ -197,6 +196,20 @@ fn prepare(
     };
     let key = hash_key(&route, headers, user.as_deref());
     Ok((route, key, parsed, stream))
+}
+
+/// No route serves `model`. While some engine has not yet told its models (unreachable since
+/// the router started, models not configured), the model may be one of them: 503, to be
+/// retried, rather than a 404 that clients take as final.
+fn unknown_model(engines: &[Arc<Engine>], model: &str) -> ApiError {
+    let untold = engines.iter().filter(|e| e.models().is_empty()).count();
+    if untold == 0 {
+        return ApiError::model_not_found(model);
+    }
+    ApiError::unavailable(format!(
+        "no engine is known to serve model `{}` yet: {untold} engine(s) have not told their models (unreachable?)",
+        kvmesh_openai::clip(model)
+    ))
 }
 
 /// The consistent-hash key: the configured header, else the OpenAI `user` field.

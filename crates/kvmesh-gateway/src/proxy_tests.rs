@@ -515,6 +515,29 @@ async fn in_flight_changes_are_signalled_once_until_read() {
     assert!(rx.try_recv().is_err());
 }
 
+/// A model no engine is known to serve is a 404 only once every engine has told its models;
+/// before (an engine unreachable since the start, found by QA as a 404), a 503.
+#[tokio::test(start_paused = true)]
+async fn an_unknown_model_is_a_503_while_an_engine_has_not_told_its_models() {
+    let mock = MockUpstream::new();
+    let gw = gateway(cfg(), &mock, &[A]);
+    let other = r#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#;
+    let (status, _, body) = call_with(&gw, other).await;
+    assert_eq!(status, 404, "{body}");
+    let silent = EngineEntry {
+        url: format!("http://{B}"),
+        ..EngineEntry::default()
+    };
+    gw.registry.add(&silent, Source::Admin, false).expect("add");
+    let (status, _, body) = call_with(&gw, other).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("1 engine(s) have not told their models"),
+        "{body}"
+    );
+    assert!(mock.calls().is_empty(), "nothing was sent");
+}
+
 /// An engine removed while requests to it run, then added again (found by QA: the router's
 /// total forgot them, and the engine came back counted at 0 while they still ran).
 #[tokio::test(start_paused = true)]

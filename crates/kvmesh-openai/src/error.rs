@@ -99,7 +99,7 @@ impl ApiError {
     pub fn model_not_found(model: &str) -> Self {
         ApiError {
             status: 404,
-            message: format!("The model `{model}` does not exist."),
+            message: format!("The model `{}` does not exist.", clip(model)),
             kind: "invalid_request_error",
             code: "model_not_found",
             param: Some("model"),
@@ -220,6 +220,20 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
+/// A name the client sent, as an error message repeats it: at most 256 bytes (cut at a
+/// character boundary, `…` after), so that a huge name is not sent back whole.
+pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+    const MAX: usize = 256;
+    if s.len() <= MAX {
+        return s.into();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end]).into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +247,14 @@ mod tests {
         assert_eq!(v["error"]["code"], "model_not_found");
         assert_eq!(v["error"]["param"], "model");
         assert_eq!(e.status, 404);
+    }
+
+    #[test]
+    fn a_huge_model_name_is_not_sent_back_whole() {
+        let e = ApiError::model_not_found(&"é".repeat(100_000));
+        assert!(e.message.len() < 300, "{}", e.message.len());
+        assert!(e.message.contains("éé…`"), "{}", e.message);
+        assert_eq!(clip("short"), "short");
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod error;
 mod request;
 mod response;
 
-pub use error::ApiError;
+pub use error::{ApiError, clip};
 pub use request::{
     ChatCompletionRequest, CompletionRequest, Prompt, PromptInput, StreamOptions, check_max_tokens,
     check_n, check_n_positive, parse_body, peek_model,
