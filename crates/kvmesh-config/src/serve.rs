@@ -37,7 +37,8 @@ pub struct ServeConfig {
     /// Bearer token protecting `/admin/*`; empty = the admin API is disabled. The
     /// `KVMESH_ADMIN_TOKEN` environment variable sets it too.
     pub admin_token: String,
-    /// How long a shutdown waits for in-flight requests to finish, ms.
+    /// How long a shutdown waits for in-flight requests to finish, ms. A meshed router leaves
+    /// the mesh after, so its peers count its requests until they end.
     pub drain_timeout_ms: u64,
     /// How often each engine's `/v1/models` and `/metrics` are read, ms. This bounds how
     /// stale engine-reported load is and how long a restarted engine that receives no traffic

@@ -83,16 +83,18 @@ impl GatewayServer {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting, drains in-flight requests (bounded by the config's drain timeout).
+    /// Stops accepting, drains in-flight requests (bounded by the config's drain timeout),
+    /// then leaves the mesh: while it drains, its peers still count its requests, and the
+    /// engines it reads the events of are still read.
     pub async fn shutdown(mut self) {
-        if let Some(c) = &self.cluster {
-            c.leave().await;
-        }
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
         let drain = Duration::from_millis(self.gateway.cfg.drain_timeout_ms + 1000);
         let _ = tokio::time::timeout(drain, &mut self.task).await;
+        if let Some(c) = &self.cluster {
+            c.leave().await;
+        }
         // Requests drained: stop and join the background tasks.
         self.gateway.tasks.shutdown(Duration::from_secs(5)).await;
     }

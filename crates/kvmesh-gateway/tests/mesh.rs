@@ -673,3 +673,64 @@ async fn a_ca_rotation_through_the_files_keeps_routers_meshed_without_a_restart(
     stop_sims(sims).await;
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// A router told to stop drains its requests before it leaves the mesh: meanwhile its peers
+/// still list it and count its requests (found by QA: it left first, and its peers routed as
+/// if its engines were idle while its streams ran on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_router_stays_in_the_mesh_until_its_requests_end() {
+    let sims = start_sims(1, |_| {
+        let mut c = sim_cfg("m");
+        c.time_scale = 1.0;
+        c
+    })
+    .await;
+    let engines = urls(&sims);
+    let dir = std::env::temp_dir().join(format!("kvmesh-drain-{}", std::process::id()));
+    let certs = kvmesh_mesh::certs::generate(&["a".into(), "b".into()]).expect("certs");
+    kvmesh_mesh::certs::write_dir(&dir, &certs).expect("write");
+    let cfg = |name: &str, seeds: Vec<String>| {
+        let mut c = serve_cfg(&engines);
+        c.mesh = mesh_cfg(&dir, name, seeds);
+        c
+    };
+    let a = start_router_with(cfg("a", vec![]), "m", 1).await;
+    let b = start_router_with(cfg("b", vec![mesh_addr(&a)]), "m", 1).await;
+    let http = client();
+    wait_members(&http, &a, 1).await;
+    wait_members(&http, &b, 1).await;
+    let long = serde_json::json!({
+        "model": "m", "messages": [{"role": "user", "content": "tell a long story"}],
+        "max_tokens": 600, "stream": true,
+    });
+    let (c2, b_url) = (http.clone(), b.base_url());
+    let held = tokio::spawn(async move {
+        post_json(&c2, &format!("{b_url}/v1/chat/completions"), &long).await
+    });
+    let peer_load = || -> u32 {
+        a.gateway
+            .registry
+            .members()
+            .iter()
+            .map(|e| e.peer_in_flight.load(Relaxed))
+            .sum()
+    };
+    assert!(
+        until(Duration::from_secs(5), || peer_load() == 1).await,
+        "A sees B's request"
+    );
+    let draining = tokio::spawn(b.shutdown());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!held.is_finished(), "the stream outlasts the check");
+    assert_eq!(peer_load(), 1, "B's request still counted while B drains");
+    let members = cluster_json(&http, &a).await["members"].clone();
+    assert_eq!(members.as_array().map(Vec::len), Some(1), "{members}");
+    assert_eq!(held.await.expect("task").status, 200, "drained, not cut");
+    draining.await.expect("shut down");
+    assert!(
+        until(Duration::from_secs(3), || peer_load() == 0).await,
+        "B's count gone with B"
+    );
+    wait_members(&http, &a, 0).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
