@@ -91,5 +91,13 @@ fn two_routers_of_one_name_are_listed_as_a_conflict() {
             "seed {seed}: the conflict outlived the impostor: {:?}",
             (0..3).map(|i| conflicts(&s, i)).collect::<Vec<_>>()
         );
+        // The impostor is declared down in time; r1 itself never lists its own name down,
+        // nor does anyone while r1 lives (found by QA: r1 kept `down: [r1]` for good).
+        s.run(20_000_000, |_| {});
+        assert!(
+            (0..3).all(|i| !down(&s, i).contains(&"r1".to_string())),
+            "seed {seed}: r1 listed down: {:?}",
+            (0..3).map(|i| down(&s, i)).collect::<Vec<_>>()
+        );
     }
 }

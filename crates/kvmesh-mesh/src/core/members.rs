@@ -107,10 +107,16 @@ impl MeshCore {
                 self.lag.remove(n);
             }
         }
-        for m in gone {
+        // This router's own name is never a member down: an earlier life of it (a restart on
+        // another address) that was seen, then declared down, is this router now.
+        let me = self.me;
+        for m in gone
+            .into_iter()
+            .filter(|m| NodeId::from_name(&m.name) != me)
+        {
             self.note_down(m, now);
         }
-        self.down.retain(|n, _| !live.contains_key(n));
+        self.down.retain(|n, _| !live.contains_key(n) && *n != me);
         let mut joined_ids = BTreeSet::new();
         for (n, m) in &live {
             if self.peers.get(n).is_none_or(|x| x.bump != m.bump) {
