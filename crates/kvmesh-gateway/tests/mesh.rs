@@ -407,6 +407,8 @@ async fn meshed_routers_share_marks_load_and_engines() {
         value("kvmesh_mesh_envelopes_total{direction=\"dropped\"}"),
         0.0
     );
+    assert_eq!(value("kvmesh_mesh_dropped_streams_total "), 0.0);
+    assert_eq!(cluster_json(&c, &a).await["dropped_streams"], 0);
 
     for r in [a, b, c_router] {
         r.shutdown().await;

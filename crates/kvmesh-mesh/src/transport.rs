@@ -113,7 +113,8 @@ pub struct Counters {
     pub sent: [AtomicU64; CLASSES.len()],
     /// Messages received.
     pub received: [AtomicU64; CLASSES.len()],
-    /// Datagrams dropped: empty, or of no known class.
+    /// Datagrams dropped on an authenticated connection: empty, or of no known class. (UDP
+    /// packets that are not QUIC, or do not decrypt, never get this far: quinn drops them.)
     pub dropped_datagrams: AtomicU64,
     /// Handshakes refused by TLS (a certificate from another CA, another cluster id).
     pub handshake_failures: AtomicU64,

@@ -112,6 +112,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
             .map(|(class, dir, v)| (format!("{class}_{dir}"), serde_json::Value::from(v)))
             .collect::<serde_json::Map<_, _>>(),
         "dropped_datagrams": t.dropped_datagrams.load(Relaxed),
+        "dropped_streams": t.dropped_streams.load(Relaxed),
         "handshake_failures": t.handshake_failures.load(Relaxed),
         "tls": {
             "cert_sha256": tls.cert_sha256,
@@ -144,7 +145,7 @@ struct MeshMetrics {
     /// The certificate's end of validity (seconds since the Unix epoch), when readable.
     cert_not_after: Option<i64>,
     age: Arc<Histogram>,
-    counters: [(&'static str, &'static str, u64); 14],
+    counters: [(&'static str, &'static str, u64); 15],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
 }
@@ -226,8 +227,13 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
             ),
             (
                 "kvmesh_mesh_dropped_datagrams",
-                "Mesh datagrams dropped: empty or of no known traffic class",
+                "Mesh datagrams dropped on an authenticated connection: empty or of no known traffic class (UDP packets that are not QUIC, or that fail to decrypt, are dropped by quinn before any count)",
                 t.dropped_datagrams.load(Relaxed),
+            ),
+            (
+                "kvmesh_mesh_dropped_streams",
+                "Delta streams dropped on an authenticated connection: over the size bound, or broken before their end",
+                t.dropped_streams.load(Relaxed),
             ),
             (
                 "kvmesh_mesh_tls_reloads",
