@@ -38,7 +38,12 @@ pub struct MeshConfig {
     pub cert_name: String,
     /// Routers reading each engine's KV events, chosen by rendezvous hashing over the live
     /// routers; they send the engine's index changes to the others (0 = every router reads
-    /// every engine: small clusters).
+    /// every engine: small clusters). A new owner takes an engine over from a live owner
+    /// (hand-over); when every owner of an engine is lost within one failure-detection time
+    /// (about 5 s), the engine's map of its own block hashes is lost with them, and the new
+    /// owner reads the engine afresh: with more than `prefix.replay_max_batches` batches of
+    /// history it is routed approximately until its next cache reset. Raise it to survive
+    /// more routers lost at once (each owner holds the engine's blocks).
     pub ingest_replicas: u32,
     /// Local changes (marks, in-flight counts, registry, feed batches) are batched and sent at
     /// most this often, ms — up to 16 routers; beyond, the period grows with the cluster
