@@ -273,7 +273,13 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    match (&method, path.as_str()) {
+    // HEAD is GET without the body (hyper sends the head only).
+    let as_method = if method == Method::HEAD {
+        Method::GET
+    } else {
+        method.clone()
+    };
+    match (&as_method, path.as_str()) {
         (&Method::GET, "/v1/models") => models(&gw),
         (&Method::GET, "/") => status::page(),
         (&Method::GET, "/status.json") => status::status_json(&gw),
@@ -303,7 +309,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         },
         (_, "/v1/chat/completions" | "/v1/completions") => not_allowed(&method, &path, "POST"),
         (_, "/v1/models" | "/health" | "/metrics" | "/admin/cluster" | "/" | "/status.json") => {
-            not_allowed(&method, &path, "GET")
+            not_allowed(&method, &path, "GET, HEAD")
         }
         _ => error(&ApiError::not_found(method.as_str(), &path)),
     }

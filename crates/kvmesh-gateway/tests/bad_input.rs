@@ -101,6 +101,35 @@ async fn bad_requests_get_openai_errors_and_change_nothing() {
     // Wrong method and unknown path.
     let r = send(&c, "GET", &chat, &[], Bytes::new(), Duration::from_secs(10)).await;
     assert_openai_error(&r, 405);
+    // A compressed body: 415, not a misleading UTF-8 error (found by QA).
+    let gz = [("content-encoding", "gzip")];
+    let r = send(
+        &c,
+        "POST",
+        &chat,
+        &gz,
+        good("model-a").to_string(),
+        Duration::from_secs(10),
+    )
+    .await;
+    let v = assert_openai_error(&r, 415);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("gzip")),
+        "{}",
+        r.body
+    );
+    // HEAD is answered wherever GET is, head only (found by QA: 405).
+    for path in ["/health", "/v1/models", "/"] {
+        let url = format!("{base}{path}");
+        let r = send(&c, "HEAD", &url, &[], Bytes::new(), Duration::from_secs(10)).await;
+        assert_eq!((r.status, r.body.as_str()), (200, ""), "HEAD {path}");
+    }
+    let url = format!("{base}/health");
+    let r = send(&c, "PUT", &url, &[], Bytes::new(), Duration::from_secs(10)).await;
+    assert_openai_error(&r, 405);
+    assert_eq!(r.headers["allow"], "GET, HEAD");
     let r = send(
         &c,
         "POST",

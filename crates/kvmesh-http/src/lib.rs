@@ -99,6 +99,19 @@ async fn read_body_unbounded(
     body: Incoming,
     limit: usize,
 ) -> Result<Bytes, ApiError> {
+    // A compressed body would reach the engine as bytes it cannot read either (vLLM and
+    // SGLang do not decompress requests): refused here, before it is read.
+    if let Some(enc) = headers.get(header::CONTENT_ENCODING)
+        && !enc.as_bytes().eq_ignore_ascii_case(b"identity")
+    {
+        return Err(ApiError::with_status(
+            415,
+            format!(
+                "content-encoding {:?} is not supported: send the body uncompressed",
+                String::from_utf8_lossy(enc.as_bytes())
+            ),
+        ));
+    }
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
