@@ -116,6 +116,9 @@ pub struct Engine {
     discovered: Mutex<Vec<String>>,
     /// Those of them that are LoRA adapters (listed with a `parent`).
     adapters: Mutex<Vec<String>>,
+    /// The engine's `/v1/models` cards as it last listed them (its context length, an
+    /// adapter's base model and path): the router's own list repeats them.
+    cards: Mutex<Vec<kvmesh_openai::ModelCard>>,
     /// Cancelled when removed: its probe and ingestion tasks stop.
     pub stop: CancellationToken,
     /// Counters and histograms.
@@ -196,6 +199,7 @@ impl Engine {
             kv_usage_ppm: AtomicU32::new(UNKNOWN),
             discovered: Mutex::new(Vec::new()),
             adapters: Mutex::new(Vec::new()),
+            cards: Mutex::new(Vec::new()),
             stop: CancellationToken::new(),
             metrics: EngineMetrics::default(),
             slot: lease.slot(),
@@ -263,6 +267,16 @@ impl Engine {
         } else {
             false
         }
+    }
+
+    /// Keeps the engine's `/v1/models` cards.
+    pub fn set_cards(&self, cards: Vec<kvmesh_openai::ModelCard>) {
+        *lock(&self.cards) = cards;
+    }
+
+    /// The engine's card of `model`, as it last listed it.
+    pub fn card(&self, model: &str) -> Option<kvmesh_openai::ModelCard> {
+        lock(&self.cards).iter().find(|c| c.id == model).cloned()
     }
 
     /// Whether `model` is one of its LoRA adapters (as discovered).

@@ -315,21 +315,30 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
+/// `/v1/models`: every model routed, with what its engines' own cards say of it (context
+/// length; for a LoRA adapter its base model and path), from the first engine that listed it.
 fn models(gw: &Gateway) -> Response<Body> {
+    let snap = gw.registry.snapshot();
     let list = ModelList {
         object: "list".into(),
-        data: gw
-            .registry
-            .models()
-            .into_iter()
-            .map(|id| ModelCard {
-                root: Some(id.clone()),
-                id,
-                object: "model".into(),
-                created: gw.started_unix,
-                owned_by: "kvmesh".into(),
-                max_model_len: None,
-                parent: None,
+        data: snap
+            .routes
+            .iter()
+            .map(|(id, route)| {
+                let card = route.engines.iter().find_map(|e| e.card(id));
+                ModelCard {
+                    root: Some(
+                        card.as_ref()
+                            .and_then(|c| c.root.clone())
+                            .unwrap_or(id.clone()),
+                    ),
+                    id: id.clone(),
+                    object: "model".into(),
+                    created: gw.started_unix,
+                    owned_by: "kvmesh".into(),
+                    max_model_len: card.as_ref().and_then(|c| c.max_model_len),
+                    parent: card.and_then(|c| c.parent),
+                }
             })
             .collect(),
     };

@@ -67,11 +67,9 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
             .filter(|m| m.parent.is_some())
             .map(|m| m.id.clone())
             .collect();
-        gw.registry.set_discovered_models(
-            e,
-            list.data.into_iter().map(|m| m.id).collect(),
-            adapters,
-        );
+        let ids = list.data.iter().map(|m| m.id.clone()).collect();
+        e.set_cards(list.data);
+        gw.registry.set_discovered_models(e, ids, adapters);
     }
     // The page counts our requests running when it was rendered: at most those in flight
     // now plus those started before the answer came back.

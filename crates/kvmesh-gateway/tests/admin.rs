@@ -389,7 +389,7 @@ async fn admin_api_sets_an_engines_weight() {
     )
     .await;
     assert_eq!(r.status, 405, "{}", r.body);
-    assert_eq!(allow(&r), Some("GET"));
+    assert_eq!(allow(&r), Some("GET, HEAD"));
     router.shutdown().await;
     stop_sims(sims).await;
 }

@@ -36,6 +36,12 @@ async fn bad_requests_get_openai_errors_and_change_nothing() {
         .filter_map(|m| m["id"].as_str())
         .collect();
     assert_eq!(ids, ["model-a", "model-b"]);
+    // Each card repeats what its engine lists (found by QA: the context length was dropped).
+    let (_, direct) = get(&c, &format!("{}/v1/models", engines[0])).await;
+    let direct: serde_json::Value = serde_json::from_str(&direct).expect("json");
+    let len = &direct["data"][0]["max_model_len"];
+    assert!(len.as_u64().is_some_and(|n| n > 0), "{direct}");
+    assert_eq!(&models["data"][0]["max_model_len"], len, "{models}");
 
     let good = |model: &str| chat_body(model, "hello", 3, false);
     let check_serving = |c: HttpClient, url: String| async move {
