@@ -41,6 +41,10 @@ pub struct ChatCompletionRequest {
     pub stream_options: Option<StreamOptions>,
     /// Number of choices.
     pub n: Option<i64>,
+    /// Sampling temperature (≥ 0).
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass, in (0, 1].
+    pub top_p: Option<f64>,
     /// End-user id (also a consistent-hash key for the router).
     pub user: Option<String>,
     /// Tool definitions passed to the chat template.
@@ -121,6 +125,10 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     /// Number of choices.
     pub n: Option<i64>,
+    /// Sampling temperature (≥ 0).
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass, in (0, 1].
+    pub top_p: Option<f64>,
     /// Echo the prompt in the answer.
     #[serde(default, deserialize_with = "null_is_false")]
     pub echo: bool,
@@ -192,6 +200,28 @@ pub fn check_n_positive(n: Option<i64>) -> Result<(), ApiError> {
     }
 }
 
+/// What vLLM refuses of the sampling parameters: a negative temperature, a `top_p` outside
+/// (0, 1].
+pub fn check_sampling(temperature: Option<f64>, top_p: Option<f64>) -> Result<(), ApiError> {
+    if let Some(t) = temperature
+        && !(t >= 0.0)
+    {
+        return Err(ApiError::invalid_param(
+            "temperature",
+            format!("temperature must be non-negative, got {t}."),
+        ));
+    }
+    if let Some(p) = top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        return Err(ApiError::invalid_param(
+            "top_p",
+            format!("top_p must be in (0, 1], got {p}."),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks `n` for a server that makes one choice per request (the simulator).
 pub fn check_n(n: Option<i64>) -> Result<(), ApiError> {
     check_n_positive(n)?;
@@ -241,6 +271,7 @@ impl ChatCompletionRequest {
             }
         }
         check_n_positive(self.n)?;
+        check_sampling(self.temperature, self.top_p)?;
         self.max_tokens()?;
         Ok(())
     }
@@ -264,6 +295,7 @@ impl CompletionRequest {
     /// [`ChatCompletionRequest::check_openai`]).
     pub fn check_openai(&self) -> Result<(), ApiError> {
         check_n_positive(self.n)?;
+        check_sampling(self.temperature, self.top_p)?;
         check_max_tokens("max_tokens", self.max_tokens)?;
         let inputs = self.prompt.inputs();
         if inputs.is_empty() {
@@ -317,6 +349,36 @@ mod tests {
         .expect("parse");
         r.validate().expect("valid");
         assert_eq!(r.max_tokens().expect("ok"), Some(5));
+    }
+
+    #[test]
+    fn sampling_parameters_vllm_refuses_are_refused() {
+        let chat = |extra: &str| {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
+            parse_body::<ChatCompletionRequest>(body.as_bytes()).and_then(|r| r.check_openai())
+        };
+        let completion = |extra: &str| {
+            let body = format!(r#"{{"prompt":"hi"{extra}}}"#);
+            parse_body::<CompletionRequest>(body.as_bytes()).and_then(|r| r.check_openai())
+        };
+        for ok in [
+            "",
+            r#","temperature":0"#,
+            r#","temperature":1.7,"top_p":1"#,
+            r#","temperature":null"#,
+        ] {
+            assert!(chat(ok).is_ok() && completion(ok).is_ok(), "{ok}");
+        }
+        for (bad, param) in [
+            (r#","temperature":-1"#, Some("temperature")),
+            (r#","top_p":0"#, Some("top_p")),
+            (r#","top_p":1.5"#, Some("top_p")),
+            (r#","temperature":"hot""#, None),
+        ] {
+            for e in [chat(bad).unwrap_err(), completion(bad).unwrap_err()] {
+                assert_eq!((e.status, e.param), (400, param), "{bad}: {}", e.message);
+            }
+        }
     }
 
     #[test]
