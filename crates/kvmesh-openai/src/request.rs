@@ -204,7 +204,7 @@ pub fn check_n_positive(n: Option<i64>) -> Result<(), ApiError> {
 /// (0, 1].
 pub fn check_sampling(temperature: Option<f64>, top_p: Option<f64>) -> Result<(), ApiError> {
     if let Some(t) = temperature
-        && !(t >= 0.0)
+        && (t.is_nan() || t < 0.0)
     {
         return Err(ApiError::invalid_param(
             "temperature",
