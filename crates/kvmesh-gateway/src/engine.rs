@@ -66,6 +66,18 @@ impl LoadSignal {
     }
 }
 
+/// An engine's in-flight count and its unread-change flag, shared across a removal and a new
+/// addition of the same engine ([`Engine::counts`]).
+#[derive(Clone)]
+pub struct Counts(Arc<AtomicU32>, Arc<AtomicBool>);
+
+impl Counts {
+    /// Requests still counted.
+    pub fn in_flight(&self) -> u32 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 /// One engine and its live state. Shared (`Arc`) by the snapshot, in-flight requests and its
 /// probe task; a removed engine lives on until its last request ends.
 pub struct Engine {
@@ -92,7 +104,7 @@ pub struct Engine {
     pub static_models: Vec<String>,
     /// Requests this router has in flight to it, until the end of each stream. Shared with
     /// the engine of the same id that was removed while these ran, if it is added again
-    /// ([`Engine::carry_counts_of`]).
+    /// ([`Engine::carry_counts`]).
     pub in_flight: Arc<AtomicU32>,
     /// Requests the other routers of the mesh have in flight to it (their gossiped counts).
     pub peer_in_flight: AtomicU32,
@@ -358,11 +370,17 @@ impl Engine {
         self.load_changed();
     }
 
-    /// Takes over the count of `old`, the engine of the same id removed while requests to it
-    /// ran: they end on the count this engine's decisions read, and the mesh hears of it.
-    pub fn carry_counts_of(&mut self, old: &Engine) {
-        self.in_flight = old.in_flight.clone();
-        self.load_dirty = old.load_dirty.clone();
+    /// Its in-flight count and the flag of a change the mesh has not read, to be carried to
+    /// the engine of the same id if it is added again while these requests run.
+    pub fn counts(&self) -> Counts {
+        Counts(self.in_flight.clone(), self.load_dirty.clone())
+    }
+
+    /// Takes over the counts of the engine of the same id removed while requests to it ran:
+    /// they end on the count this engine's decisions read, and the mesh hears of it.
+    pub fn carry_counts(&mut self, c: Counts) {
+        self.in_flight = c.0;
+        self.load_dirty = c.1;
     }
 
     /// Queues this engine for the mesh's listener (once until it reads the count).

@@ -583,6 +583,18 @@ async fn an_engine_removed_and_added_again_keeps_the_count_of_its_running_reques
     );
     assert_eq!(rx.try_recv().ok(), Some(again.id.0), "the mesh hears of it");
     assert_eq!(again.read_load_change(), 2);
+    // Once more (found by QA: the second time the count was lost).
+    gw.registry
+        .remove(&format!("http://{A}"))
+        .expect("removed again");
+    drop(again);
+    let again = gw
+        .registry
+        .add(&e, Source::Admin, false)
+        .expect("added a third time");
+    assert_eq!(again.in_flight.load(Ordering::SeqCst), 2, "still running");
+    assert_eq!(rx.try_recv().ok(), Some(again.id.0));
+    assert_eq!(again.read_load_change(), 2);
     // The requests end on the removed engine; the count they end is the one decisions read.
     drop(old);
     let (b1, b2) = tokio::join!(r1.into_body().collect(), r2.into_body().collect());

@@ -174,9 +174,9 @@ impl TotalsCache {
 struct Members {
     list: Vec<Arc<Engine>>,
     by_id: HashMap<EngineId, Arc<Engine>>,
-    /// Removed engines, alive while requests to them run: one added again under the same id
-    /// takes their count over.
-    removed: HashMap<EngineId, std::sync::Weak<Engine>>,
+    /// The counts of removed engines while requests to them run: one added again under the
+    /// same id takes them over (and gives them back if removed once more).
+    removed: HashMap<EngineId, crate::engine::Counts>,
 }
 
 /// The membership, the current snapshot, and what it is built from.
@@ -290,8 +290,8 @@ impl Registry {
                 // Dropping `engine` retires its slot.
                 return Err(format!("engine {} is already registered", engine.url));
             }
-            if let Some(old) = m.removed.remove(&engine.id).and_then(|w| w.upgrade()) {
-                engine.carry_counts_of(&old);
+            if let Some(counts) = m.removed.remove(&engine.id) {
+                engine.carry_counts(counts);
             }
             let engine = Arc::new(engine);
             m.by_id.insert(engine.id, engine.clone());
@@ -312,8 +312,8 @@ impl Registry {
             let mut m = lock(&self.members);
             let removed = m.by_id.remove(&id)?;
             m.list.retain(|e| e.id != id);
-            m.removed.retain(|_, w| w.strong_count() > 0);
-            m.removed.insert(id, Arc::downgrade(&removed));
+            m.removed.retain(|_, c| c.in_flight() > 0);
+            m.removed.insert(id, removed.counts());
             removed
         };
         removed.stop.cancel();
