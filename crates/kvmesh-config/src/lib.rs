@@ -198,6 +198,18 @@ mod tests {
                 "[serve.mesh]\ntls_reload_ms = 50\n",
                 "serve.mesh.tls_reload_ms",
             ),
+            // Found by QA, each accepted before.
+            (
+                "[serve.routing.policy.consistent_hash]\nheader = \"bad header\"\n",
+                "consistent_hash.header",
+            ),
+            ("[serve.models.\"\"]\n", "serve.models"),
+            ("[serve]\nadmin_token = \" \"\n", "serve.admin_token"),
+            // Found by QA: it overflowed, and the drain ended after a second.
+            (
+                "[serve]\ndrain_timeout_ms = 18446744073709551615\n",
+                "serve.drain_timeout_ms",
+            ),
         ] {
             let err = KvmeshConfig::from_toml_str(text, "t.toml").expect_err(text);
             assert!(err.to_string().contains(key), "{text}: {err}");

@@ -240,9 +240,9 @@ impl EngineEntry {
         let mut seen = std::collections::BTreeSet::new();
         for m in &self.models {
             check(
-                !m.trim().is_empty() && seen.insert(m.as_str()),
+                !m.trim().is_empty() && !m.chars().any(char::is_control) && seen.insert(m.as_str()),
                 &format!("{at}.models"),
-                "lists each model once, none empty",
+                "lists each model once, none empty or with control characters",
             )?;
         }
         Ok(())
@@ -527,8 +527,21 @@ impl ServeConfig {
         self.prefix.validate(&format!("{at}.prefix"))?;
         self.mesh.validate(&format!("{at}.mesh"))?;
         for (m, c) in &self.models {
+            check(
+                !m.trim().is_empty(),
+                &format!("{at}.models"),
+                "a model's section needs its name ([serve.models.\"NAME\"])",
+            )?;
             c.validate(&format!("{at}.models.{m}"))?;
         }
+        check(
+            !self
+                .admin_token
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control()),
+            &format!("{at}.admin_token"),
+            "must not contain spaces or control characters (clients send it as `Authorization: Bearer TOKEN`)",
+        )?;
         let t = &self.timeouts;
         check(
             t.connect_ms >= 1,
@@ -580,6 +593,11 @@ impl ServeConfig {
             self.header_read_timeout_ms >= 100,
             &format!("{at}.header_read_timeout_ms"),
             "must be at least 100",
+        )?;
+        check(
+            self.drain_timeout_ms <= 86_400_000,
+            &format!("{at}.drain_timeout_ms"),
+            "must be at most 86400000 (a day)",
         )?;
         check(
             self.body_read_timeout_ms >= 100,

@@ -90,7 +90,7 @@ impl GatewayServer {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        let drain = Duration::from_millis(self.gateway.cfg.drain_timeout_ms + 1000);
+        let drain = Duration::from_millis(self.gateway.cfg.drain_timeout_ms.saturating_add(1000));
         let _ = tokio::time::timeout(drain, &mut self.task).await;
         if let Some(c) = &self.cluster {
             c.leave().await;

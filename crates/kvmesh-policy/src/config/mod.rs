@@ -213,6 +213,14 @@ impl PolicyConfig {
             "consistent_hash.header",
             "a key source is needed: set a header name or use_user_field = true",
         )?;
+        check(
+            ch.header
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_!#$%&'*+.^`|~".contains(&b)),
+            at,
+            "consistent_hash.header",
+            "must be a header name (letters, digits and -_!#$%&'*+.^`|~; no spaces)",
+        )?;
         let px = &self.prefix;
         check(
             finite_in(px.balance_rel_threshold, 1.0, 100.0),
