@@ -219,6 +219,29 @@ pub async fn start_routers_at(
             eprintln!("mesh formed: {} routers", n);
         }
     }
+    // Every engine that publishes KV events is read before the fleet is used (meshed: its
+    // owners chosen, which takes a few seconds at a cold start, and their feeds followed):
+    // a run started earlier would route its first seconds approximately.
+    let read = || {
+        routers.iter().all(|r| {
+            r.gateway
+                .registry
+                .members()
+                .iter()
+                .all(|e| e.kv_events.is_empty() || e.events_live())
+        })
+    };
+    let waited = tokio::time::timeout(Duration::from_secs(15), async {
+        while !read() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    if waited.is_err() {
+        eprintln!(
+            "warning: some engine's KV events are not read by every router after 15 s: starting anyway"
+        );
+    }
     Ok(routers)
 }
 

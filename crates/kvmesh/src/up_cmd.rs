@@ -202,7 +202,7 @@ impl Cluster {
         let ports = move |i: usize| layout.engine(i);
         let sims = fleet::start_engines_at(&spec, (layout.base != 0).then_some(&ports as _))
             .await
-            .map_err(|e| format!("{e} (another port range: --base-port P)"))?;
+            .map_err(port_hint)?;
         let routers = match fleet::start_routers_at(
             &sims.entries,
             a.routers,
@@ -217,7 +217,7 @@ impl Cluster {
             Ok(r) => r,
             Err(e) => {
                 sims.shutdown(Duration::from_secs(5)).await;
-                return Err(format!("{e} (another port range: --base-port P)"));
+                return Err(port_hint(e));
             }
         };
         Ok(Cluster {
@@ -235,6 +235,17 @@ impl Cluster {
     async fn shutdown(self) {
         fleet::shutdown_routers(self.routers).await;
         self.sims.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+/// A start-up error, with a hint at `--base-port` when a port was taken (found by QA: the
+/// hint came with every error, a bad `--kv-blocks` too).
+fn port_hint(e: String) -> String {
+    let l = e.to_ascii_lowercase();
+    if l.contains("in use") || l.contains("bind") {
+        format!("{e} (another port range: --base-port P)")
+    } else {
+        e
     }
 }
 
