@@ -119,6 +119,30 @@ async fn digests_agree(c: &HttpClient, routers: [&GatewayServer; 3]) -> bool {
     false
 }
 
+/// The requests the other routers have in flight, as `r` counts them.
+fn peer_load(r: &GatewayServer) -> u32 {
+    r.gateway
+        .registry
+        .members()
+        .iter()
+        .map(|e| e.peer_in_flight.load(Relaxed))
+        .sum()
+}
+
+/// A long streamed chat request through `r`, held in a task of its own.
+fn hold_stream(
+    c: &HttpClient,
+    r: &GatewayServer,
+    max_tokens: u32,
+) -> tokio::task::JoinHandle<Reply> {
+    let long = serde_json::json!({
+        "model": "m", "messages": [{"role": "user", "content": "tell a long story"}],
+        "max_tokens": max_tokens, "stream": true,
+    });
+    let (c, url) = (c.clone(), r.base_url());
+    tokio::spawn(async move { post_json(&c, &format!("{url}/v1/chat/completions"), &long).await })
+}
+
 /// Whether the router's mesh node is warm.
 fn cluster_warm(r: &GatewayServer) -> bool {
     r.cluster.as_ref().is_some_and(|c| c.is_warm())
@@ -238,29 +262,14 @@ async fn meshed_routers_share_marks_load_and_engines() {
     );
 
     // A's in-flight load shows on B: hold a long stream through A.
-    let long = serde_json::json!({
-        "model": "m", "messages": [{"role": "user", "content": "tell a long story"}],
-        "max_tokens": 400, "stream": true,
-    });
-    let (c2, a_url) = (c.clone(), a.base_url());
-    let held = tokio::spawn(async move {
-        post_json(&c2, &format!("{a_url}/v1/chat/completions"), &long).await
-    });
-    let peer_load = || -> u32 {
-        b.gateway
-            .registry
-            .members()
-            .iter()
-            .map(|e| e.peer_in_flight.load(Relaxed))
-            .sum()
-    };
+    let held = hold_stream(&c, &a, 400);
     assert!(
-        until(Duration::from_secs(2), || peer_load() >= 1).await,
+        until(Duration::from_secs(2), || peer_load(&b) >= 1).await,
         "B sees A's request in flight"
     );
     assert_eq!(held.await.expect("task").status, 200);
     assert!(
-        until(Duration::from_secs(2), || peer_load() == 0).await,
+        until(Duration::from_secs(2), || peer_load(&b) == 0).await,
         "and the count returns to zero"
     );
 
@@ -701,36 +710,21 @@ async fn a_draining_router_stays_in_the_mesh_until_its_requests_end() {
     let http = client();
     wait_members(&http, &a, 1).await;
     wait_members(&http, &b, 1).await;
-    let long = serde_json::json!({
-        "model": "m", "messages": [{"role": "user", "content": "tell a long story"}],
-        "max_tokens": 600, "stream": true,
-    });
-    let (c2, b_url) = (http.clone(), b.base_url());
-    let held = tokio::spawn(async move {
-        post_json(&c2, &format!("{b_url}/v1/chat/completions"), &long).await
-    });
-    let peer_load = || -> u32 {
-        a.gateway
-            .registry
-            .members()
-            .iter()
-            .map(|e| e.peer_in_flight.load(Relaxed))
-            .sum()
-    };
+    let held = hold_stream(&http, &b, 600);
     assert!(
-        until(Duration::from_secs(5), || peer_load() == 1).await,
+        until(Duration::from_secs(5), || peer_load(&a) == 1).await,
         "A sees B's request"
     );
     let draining = tokio::spawn(b.shutdown());
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!held.is_finished(), "the stream outlasts the check");
-    assert_eq!(peer_load(), 1, "B's request still counted while B drains");
+    assert_eq!(peer_load(&a), 1, "B's request still counted while B drains");
     let members = cluster_json(&http, &a).await["members"].clone();
     assert_eq!(members.as_array().map(Vec::len), Some(1), "{members}");
     assert_eq!(held.await.expect("task").status, 200, "drained, not cut");
     draining.await.expect("shut down");
     assert!(
-        until(Duration::from_secs(3), || peer_load() == 0).await,
+        until(Duration::from_secs(3), || peer_load(&a) == 0).await,
         "B's count gone with B"
     );
     wait_members(&http, &a, 0).await;
