@@ -267,14 +267,24 @@ impl Cluster {
 
     fn flood(&self, router: usize, datagrams: u32, handshakes: u32) -> Result<String, String> {
         let (to, from) = (self.lab.router_mesh(router), self.lab.host().into());
+        let http = self.lab.router_http(router);
+        let udp = || client::get_json(http, "/admin/cluster")["udp_received"]["datagrams"].as_u64();
+        let before = udp();
         let sent = crate::flood::flood(to, from, datagrams, 0xC4A05)?;
         let (opened, answers) = if handshakes > 0 {
             crate::flood::half_open(to, from, CLUSTER, handshakes, Duration::from_secs(2))?
         } else {
             (0, 0)
         };
+        let counted = match (before, udp()) {
+            (Some(b), Some(a)) => format!(
+                "; r{router}'s mesh socket counted {} datagrams meanwhile",
+                a - b
+            ),
+            _ => String::new(),
+        };
         Ok(format!(
-            "{sent} datagrams sent; {opened} half-open handshakes, {answers} answers of the router dropped"
+            "{sent} datagrams sent; {opened} half-open handshakes, {answers} answers of the router dropped{counted}"
         ))
     }
 

@@ -418,6 +418,7 @@ async fn meshed_routers_share_marks_load_and_engines() {
     );
     assert_eq!(value("kvmesh_mesh_dropped_streams_total "), 0.0);
     assert_eq!(cluster_json(&c, &a).await["dropped_streams"], 0);
+    assert!(value("kvmesh_mesh_udp_datagrams_received_total ") > 0.0);
 
     for r in [a, b, c_router] {
         r.shutdown().await;

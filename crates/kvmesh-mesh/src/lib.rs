@@ -16,4 +16,5 @@ pub mod node;
 pub mod realtime;
 pub mod tls_watch;
 pub mod transport;
+pub mod udp_count;
 mod warn_every;

@@ -15,6 +15,7 @@
 //! sends reaches the program; bytes that are not QUIC are dropped by quinn.
 
 use crate::certs::{NodeTls, SERVER_NAME, TlsSummary};
+use crate::udp_count::{CountingSocket, UdpCounts};
 use crate::warn_every::WarnEvery;
 use bytes::Bytes;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
@@ -114,12 +115,15 @@ pub struct Counters {
     /// Messages received.
     pub received: [AtomicU64; CLASSES.len()],
     /// Datagrams dropped on an authenticated connection: empty, or of no known class. (UDP
-    /// packets that are not QUIC, or do not decrypt, never get this far: quinn drops them.)
+    /// packets that are not QUIC, or do not decrypt, never get this far: quinn drops them;
+    /// `udp` counts them among all.)
     pub dropped_datagrams: AtomicU64,
     /// Handshakes refused by TLS (a certificate from another CA, another cluster id).
     pub handshake_failures: AtomicU64,
     /// Delta streams dropped (over the size limit or broken).
     pub dropped_streams: AtomicU64,
+    /// Every UDP datagram the mesh port received, garbage included.
+    pub udp: Arc<UdpCounts>,
     /// Certificates taken while running ([`Transport::reload_tls`]).
     pub tls_reloads: AtomicU64,
     /// Certificate files that changed but did not load (kept the ones before), counted by
@@ -231,7 +235,18 @@ impl Transport {
         queue: usize,
     ) -> Result<(Arc<Transport>, mpsc::Receiver<Inbound>), TransportError> {
         let (sc, cc) = configs(tls, cluster_id)?;
-        let endpoint = Endpoint::server(sc, listen)?;
+        let counters = Arc::new(Counters::default());
+        // quinn's own server endpoint, on a socket that counts what it receives.
+        let runtime = quinn::default_runtime()
+            .ok_or_else(|| std::io::Error::other("no async runtime found"))?;
+        let socket = runtime.wrap_udp_socket(std::net::UdpSocket::bind(listen)?)?;
+        let socket = Arc::new(CountingSocket::new(socket, counters.udp.clone()));
+        let endpoint = Endpoint::new_with_abstract_socket(
+            quinn::EndpointConfig::default(),
+            Some(sc),
+            socket,
+            runtime,
+        )?;
         let (tx, rx) = mpsc::channel(queue.max(1));
         let t = Arc::new(Transport {
             endpoint,
@@ -240,7 +255,7 @@ impl Transport {
             summary: Mutex::new(tls.summary()),
             conns: Mutex::new(HashMap::new()),
             tx,
-            counters: Arc::default(),
+            counters,
             warned: Mutex::new(WarnEvery::default()),
         });
         let acceptor = t.clone();

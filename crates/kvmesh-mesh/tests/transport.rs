@@ -125,6 +125,14 @@ async fn a_node_of_another_ca_cannot_connect_and_garbage_changes_nothing() {
         }
         let _ = sock.send_to(&buf, aa).await;
     }
+    // Every one of them reached the socket and is counted there (quinn drops them after).
+    let counted = || a.counters().udp.datagrams.load(Relaxed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while counted() < 200 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(counted() >= 200, "{} datagrams counted", counted());
+    assert!(a.counters().udp.bytes.load(Relaxed) >= 200);
     // The cluster keeps working, and the intruder delivered nothing.
     b.send_delta(aa, b"still here").await.expect("delta");
     let m = next(&mut ra).await;

@@ -113,6 +113,10 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
             .collect::<serde_json::Map<_, _>>(),
         "dropped_datagrams": t.dropped_datagrams.load(Relaxed),
         "dropped_streams": t.dropped_streams.load(Relaxed),
+        "udp_received": {
+            "datagrams": t.udp.datagrams.load(Relaxed),
+            "bytes": t.udp.bytes.load(Relaxed),
+        },
         "handshake_failures": t.handshake_failures.load(Relaxed),
         "tls": {
             "cert_sha256": tls.cert_sha256,
@@ -145,7 +149,7 @@ struct MeshMetrics {
     /// The certificate's end of validity (seconds since the Unix epoch), when readable.
     cert_not_after: Option<i64>,
     age: Arc<Histogram>,
-    counters: [(&'static str, &'static str, u64); 15],
+    counters: [(&'static str, &'static str, u64); 16],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
 }
@@ -227,8 +231,13 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
             ),
             (
                 "kvmesh_mesh_dropped_datagrams",
-                "Mesh datagrams dropped on an authenticated connection: empty or of no known traffic class (UDP packets that are not QUIC, or that fail to decrypt, are dropped by quinn before any count)",
+                "Mesh datagrams dropped on an authenticated connection: empty or of no known traffic class (UDP packets that are not QUIC, or that fail to decrypt, are dropped by quinn: see kvmesh_mesh_udp_datagrams_received_total)",
                 t.dropped_datagrams.load(Relaxed),
+            ),
+            (
+                "kvmesh_mesh_udp_datagrams_received",
+                "Every UDP datagram the mesh port received, QUIC's own packets, garbage and floods included (a flood shows here, not in the traffic classes' bytes)",
+                t.udp.datagrams.load(Relaxed),
             ),
             (
                 "kvmesh_mesh_dropped_streams",
