@@ -40,6 +40,11 @@ pub struct ServeConfig {
     /// How long a shutdown waits for in-flight requests to finish, ms. A meshed router leaves
     /// the mesh after, so its peers count its requests until they end.
     pub drain_timeout_ms: u64,
+    /// On SIGTERM (or Ctrl-C), how long the router keeps accepting and serving while
+    /// `/health` answers 503, before it stops accepting and drains, ms: the time load
+    /// balancers and Kubernetes need to take it out of rotation, so that no client meets a
+    /// refused connection. A second signal cuts it short. 0 = stop accepting at once.
+    pub shutdown_delay_ms: u64,
     /// How often each engine's `/v1/models` and `/metrics` are read, ms. This bounds how
     /// stale engine-reported load is and how long a restarted engine that receives no traffic
     /// (so publishes no KV event with a reset seq) keeps its old blocks in the index: its new
@@ -81,6 +86,7 @@ impl Default for ServeConfig {
             max_body_bytes: 32 * 1024 * 1024,
             admin_token: String::new(),
             drain_timeout_ms: 30_000,
+            shutdown_delay_ms: 0,
             discovery_interval_ms: 1_000,
             request_id_header: "x-request-id".to_string(),
             max_connections: 10_000,
@@ -598,6 +604,11 @@ impl ServeConfig {
             self.drain_timeout_ms <= 86_400_000,
             &format!("{at}.drain_timeout_ms"),
             "must be at most 86400000 (a day)",
+        )?;
+        check(
+            self.shutdown_delay_ms <= 600_000,
+            &format!("{at}.shutdown_delay_ms"),
+            "must be at most 600000 (10 minutes)",
         )?;
         check(
             self.body_read_timeout_ms >= 100,

@@ -81,6 +81,9 @@ pub struct Gateway {
     pub request_id_name: Option<http::HeaderName>,
     seed: AtomicU64,
     pub(crate) started_unix: u64,
+    /// Told to stop: `/health` answers 503 so that load balancers take the router out while
+    /// it still serves (`shutdown_delay_ms`), then it stops accepting and drains.
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Gateway {
@@ -131,6 +134,7 @@ impl Gateway {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+            stopping: std::sync::atomic::AtomicBool::new(false),
             cfg,
         }
     }

@@ -83,6 +83,29 @@ impl GatewayServer {
         format!("http://{}", self.addr)
     }
 
+    /// Answers `/health` with 503 from now on while serving as before: load balancers and
+    /// readiness probes take the router out before it stops accepting
+    /// ([`GatewayServer::stop`] waits `shutdown_delay_ms` after this).
+    pub fn announce_stop(&self) {
+        self.gateway
+            .stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A stop as a signal asks for it: [`GatewayServer::announce_stop`], `shutdown_delay_ms`
+    /// of serving on (cut short by `early`, a second signal), then [`GatewayServer::shutdown`].
+    pub async fn stop(self, early: impl std::future::Future<Output = ()>) {
+        self.announce_stop();
+        let delay = Duration::from_millis(self.gateway.cfg.shutdown_delay_ms);
+        if !delay.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = early => {}
+            }
+        }
+        self.shutdown().await;
+    }
+
     /// Stops accepting, drains in-flight requests (bounded by the config's drain timeout),
     /// then leaves the mesh: while it drains, its peers still count its requests, and the
     /// engines it reads the events of are still read.
@@ -284,7 +307,11 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         (&Method::GET, "/") => status::page(),
         (&Method::GET, "/status.json") => status::status_json(&gw),
         (&Method::GET, "/health") => {
-            if gw.registry.models().is_empty() {
+            if gw.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                error(&ApiError::unavailable(
+                    "shutting down: still serving, no longer ready",
+                ))
+            } else if gw.registry.models().is_empty() {
                 error(&ApiError::unavailable("no engine serves any model yet"))
             } else if gw.mesh.get().is_some_and(|m| !m.is_warm()) {
                 error(&ApiError::unavailable(

@@ -80,3 +80,43 @@ async fn shutdown_drains_the_stream_in_flight_and_refuses_new_connections() {
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     stop_sims(sims).await;
 }
+
+/// With `shutdown_delay_ms`, a stop first turns `/health` to 503 while the router keeps
+/// serving (load balancers take it out), then it stops accepting; a second signal cuts the
+/// wait short (found by QA: clients met refused connections from the first instant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_is_announced_on_health_while_the_router_still_serves() {
+    let sims = start_sims(1, |_| instant_sim_cfg("test-model")).await;
+    let mut cfg = serve_cfg(&urls(&sims));
+    cfg.shutdown_delay_ms = 60_000;
+    let router = start_router_with(cfg, "test-model", 1).await;
+    let (addr, base) = (router.addr, router.base_url());
+    let c = client();
+    assert_eq!(get(&c, &format!("{base}/health")).await.0, 200);
+    let (second, signal) = tokio::sync::oneshot::channel::<()>();
+    let stop = tokio::spawn(router.stop(async {
+        let _ = signal.await;
+    }));
+    wait_until("/health to answer 503", Duration::from_secs(5), || {
+        let (c, url) = (c.clone(), format!("{base}/health"));
+        async move { get(&c, &url).await.0 == 503 }
+    })
+    .await;
+    let chat = format!("{base}/v1/chat/completions");
+    let r = post_json(
+        &c,
+        &chat,
+        &chat_body("test-model", "still there?", 2, false),
+    )
+    .await;
+    assert_eq!(r.status, 200, "served during the delay: {}", r.body);
+    assert!(!stop.is_finished(), "the delay holds");
+    // The second signal: the router stops accepting and shuts down now, not a minute later.
+    let _ = second.send(());
+    tokio::time::timeout(Duration::from_secs(15), stop)
+        .await
+        .expect("stopped without the rest of the delay")
+        .expect("task");
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    stop_sims(sims).await;
+}

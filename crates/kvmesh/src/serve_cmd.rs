@@ -208,7 +208,14 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
         server.gateway.registry.models()
     );
     crate::wait_for_signal().await;
-    eprintln!("kvmesh serve: shutting down, draining in-flight requests");
-    server.shutdown().await;
+    if cfg.shutdown_delay_ms > 0 {
+        eprintln!(
+            "kvmesh serve: stopping: /health answers 503, serving {} ms more (a second signal stops now), then draining",
+            cfg.shutdown_delay_ms
+        );
+    } else {
+        eprintln!("kvmesh serve: shutting down, draining in-flight requests");
+    }
+    server.stop(crate::wait_for_signal()).await;
     Ok(())
 }

@@ -274,12 +274,16 @@ fn check_kubernetes() -> Routers {
         keys,
         want.iter().map(String::as_str).collect::<BTreeSet<_>>()
     );
-    let drain_s = s.drain_timeout_ms / 1000;
+    let drain_s = (s.shutdown_delay_ms + s.drain_timeout_ms) / 1000;
+    assert!(
+        s.shutdown_delay_ms >= 2 * 2_000,
+        "readiness fails (2 probes, 2 s apart) before the router stops accepting"
+    );
     assert!(
         pod["spec"]["terminationGracePeriodSeconds"]
             .as_u64()
             .is_some_and(|g| g > drain_s),
-        "the grace period must outlast the drain ({drain_s} s)"
+        "the grace period must outlast the delay and the drain ({drain_s} s)"
     );
     assert_eq!(c["readinessProbe"]["httpGet"]["port"], "http");
     let readiness = c["readinessProbe"]["httpGet"]["path"]
