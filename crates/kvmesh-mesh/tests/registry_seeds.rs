@@ -170,3 +170,68 @@ fn config_engines_seed_the_registry_and_admin_changes_reach_every_router() {
         }
     }
 }
+
+/// A router that restarts cut off from every peer warms up by the warm-up time without the
+/// cluster's state. Its config's engines are its to route to meanwhile, but they enter the
+/// registry only once it holds the cluster's: when the partition heals, the run-time changes
+/// (an engine removed, a weight set) hold, and its config plants nothing they superseded.
+/// (Found by QA across builds: planted at the warm-up time, they were new writes that undid
+/// the admin's weights on every router.)
+#[test]
+fn a_router_restarted_alone_does_not_undo_run_time_changes_when_it_meets_the_cluster() {
+    for seed in 1..=8 {
+        let mut s = Sim::new(3, 0, cfg(), NetConfig::default(), seed);
+        start(&mut s, 0, None, config());
+        start(&mut s, 1, Some(0), config());
+        start(&mut s, 2, Some(0), config());
+        let both: BTreeMap<u64, EngineRecord> = config().into_iter().collect();
+        assert!(
+            s.until(30_000_000, |s| settled(s, &both, &[])).is_some(),
+            "seed {seed}: formed\n{}",
+            s.explain()
+        );
+        // At run time: X removed through router 0, Y's weight set through router 1.
+        node(&mut s, 0).core.local_engine_remove(X);
+        let now = s.now;
+        node(&mut s, 1)
+            .core
+            .local_engine_add(Y, record(Y, 2_500), now);
+        let changed: BTreeMap<u64, EngineRecord> = [(Y, record(Y, 2_500))].into();
+        assert!(
+            s.until(30_000_000, |s| settled(s, &changed, &[0, 1]))
+                .is_some(),
+            "seed {seed}: the changes did not spread\n{}",
+            s.explain()
+        );
+        // Router 2 restarts behind a partition: no peer answers within its warm-up time.
+        s.kill(2);
+        s.run(200_000, |_| {});
+        s.group[2] = 1;
+        start(&mut s, 2, Some(0), config());
+        assert!(
+            s.until(30_000_000, |s| node(s, 2).core.is_warm()).is_some(),
+            "seed {seed}: router 2 never served alone"
+        );
+        s.run(2_000_000, |_| {});
+        assert_eq!(
+            node(&mut s, 2).core.counters().engines_seeded,
+            0,
+            "seed {seed}: nothing planted without the cluster's registry"
+        );
+        // The partition heals: the cluster keeps its run-time changes, router 2 takes them.
+        s.group[2] = 0;
+        assert!(
+            s.until(60_000_000, |s| settled(s, &changed, &[0, 1]))
+                .is_some(),
+            "seed {seed}: the run-time changes did not hold\n{}",
+            s.explain()
+        );
+        s.run(3_000_000, |_| {});
+        assert!(settled(&mut s, &changed, &[0, 1]), "seed {seed}: 3 s later");
+        assert_eq!(
+            node(&mut s, 2).core.counters().engines_seeded,
+            0,
+            "seed {seed}"
+        );
+    }
+}

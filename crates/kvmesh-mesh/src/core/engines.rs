@@ -12,7 +12,10 @@
 //! The engines of the router's own config seed the replicated registry: once the node holds
 //! the cluster's registry (warm), each config record that no router's config seeded before is
 //! added where the registry lacks it or holds another record, and noted
-//! ([`MeshCore::seed_engines`]). A record seeded before is left as the cluster has it since:
+//! ([`MeshCore::seed_engines`]). A node warm by the warm-up time, without a peer's state (every
+//! peer unreachable, or of a build whose envelopes it cannot read), holds its seeds until a
+//! peer's repair of the registry arrives or their registry digests agree: planted before, they
+//! would be new writes over whatever the cluster changed at run time. A record seeded before is left as the cluster has it since:
 //! a router that restarts with its config does not undo what the admin API changed at run
 //! time (an engine removed, a weight set); one whose config changed an engine's record puts
 //! the new record in. Routers of one config add nothing.
@@ -70,7 +73,16 @@ impl MeshCore {
     pub fn seed_engines(&mut self, engines: Vec<(u64, EngineRecord)>, now_us: u64) {
         self.at(now_us);
         self.seeds = engines;
-        if self.warm {
+        if self.warm && !self.seeds_wait {
+            self.plant_seeds(now_us);
+        }
+    }
+
+    /// The seeds that waited for the cluster's registry ([`MeshCore::tick`]: warm by the
+    /// warm-up time), now that the node holds it.
+    pub(super) fn plant_waiting_seeds(&mut self, now_us: u64) {
+        if self.seeds_wait {
+            self.seeds_wait = false;
             self.plant_seeds(now_us);
         }
     }

@@ -174,6 +174,9 @@ impl MeshCore {
                     differs = true;
                     self.counters.repairs += 1;
                     parts.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
+                } else {
+                    // This node holds the peer's registry: seeds waiting for the cluster's go in.
+                    self.plant_waiting_seeds(now_us);
                 }
                 self.own_engines_only(&mut parts);
                 let ctl = if reply && differs {

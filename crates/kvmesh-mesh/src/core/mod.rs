@@ -247,6 +247,10 @@ pub struct MeshCore {
     orphans: BTreeMap<u64, u64>,
     /// The router's config engines, added to the registry once warm (`seed_engines`).
     seeds: Vec<(u64, EngineRecord)>,
+    /// Warm by the warm-up time, without a peer's state: the seeds wait until the node holds
+    /// the cluster's registry (a peer's repair of it, or digests that agree), or they would be
+    /// new writes over the cluster's run-time changes once it meets the cluster.
+    seeds_wait: bool,
     warm: bool,
     warm_at: u64,
     /// `warm_at` has passed: a node that knows no member is the cluster and reads every
@@ -311,6 +315,7 @@ impl MeshCore {
             engines: None,
             orphans: BTreeMap::new(),
             seeds: Vec::new(),
+            seeds_wait: false,
             warm,
             now: now_us,
             welcome: BTreeMap::new(),
@@ -560,8 +565,14 @@ impl MeshCore {
             );
         }
         let live = !env.kind.is_transfer();
+        let registry_repair = env.kind == kvmesh_state::EnvelopeKind::Repair
+            && env.deltas.iter().any(|d| matches!(d, Delta::Registry(_)));
         for d in env.deltas {
             self.merge(env.from, d, live, now_us);
+        }
+        if registry_repair {
+            // A peer sent its registry (its digest differed): the cluster's is here now.
+            self.plant_waiting_seeds(now_us);
         }
         if env.kind == kvmesh_state::EnvelopeKind::Snapshot && !self.warm {
             let w = self.welcome.entry(env.from).or_insert((0, None));
@@ -593,7 +604,9 @@ impl MeshCore {
         self.drain_membership();
         if !self.warm && now_us >= self.warm_at {
             self.warm = true;
-            self.plant_seeds(now_us);
+            // It serves with its config's engines meanwhile (the router has them from its
+            // start); they enter the registry once it holds the cluster's.
+            self.seeds_wait = true;
             self.out
                 .push(Output::Apply(Apply::Warm { received: false }));
         }
