@@ -62,21 +62,26 @@ fn settled(s: &mut Sim, want: &BTreeMap<u64, EngineRecord>, except: &[usize]) ->
             .all(|(i, n)| n.core.is_warm() && (except.contains(&i) || &n.index.registry == want))
 }
 
+/// Three routers of [`config`], settled. Router 0 is the first: its config is the registry,
+/// which routers 1 and 2 get whole at their warm-up and find as their configs have it.
+fn three_of_one_config(seed: u64) -> Sim {
+    let mut s = Sim::new(3, 0, cfg(), NetConfig::default(), seed);
+    start(&mut s, 0, None, config());
+    start(&mut s, 1, Some(0), config());
+    start(&mut s, 2, Some(0), config());
+    let both: BTreeMap<u64, EngineRecord> = config().into_iter().collect();
+    assert!(
+        s.until(30_000_000, |s| settled(s, &both, &[])).is_some(),
+        "seed {seed}: the cluster did not settle\n{}",
+        s.explain()
+    );
+    s
+}
+
 #[test]
 fn config_engines_seed_the_registry_and_admin_changes_reach_every_router() {
     for seed in 1..=8 {
-        let mut s = Sim::new(3, 0, cfg(), NetConfig::default(), seed);
-        start(&mut s, 0, None, config());
-        start(&mut s, 1, Some(0), config());
-        start(&mut s, 2, Some(0), config());
-        let both: BTreeMap<u64, EngineRecord> = config().into_iter().collect();
-        // Router 0 is the first: its config is the registry, which routers 1 and 2 get
-        // whole at their warm-up and find as their configs have it.
-        assert!(
-            s.until(30_000_000, |s| settled(s, &both, &[])).is_some(),
-            "seed {seed}: the cluster did not settle\n{}",
-            s.explain()
-        );
+        let mut s = three_of_one_config(seed);
         let seeded = |s: &mut Sim, i| node(s, i).core.counters().engines_seeded;
         assert_eq!(seeded(&mut s, 0), 2, "seed {seed}: the first router seeds");
         assert_eq!(
@@ -180,16 +185,7 @@ fn config_engines_seed_the_registry_and_admin_changes_reach_every_router() {
 #[test]
 fn a_router_restarted_alone_does_not_undo_run_time_changes_when_it_meets_the_cluster() {
     for seed in 1..=8 {
-        let mut s = Sim::new(3, 0, cfg(), NetConfig::default(), seed);
-        start(&mut s, 0, None, config());
-        start(&mut s, 1, Some(0), config());
-        start(&mut s, 2, Some(0), config());
-        let both: BTreeMap<u64, EngineRecord> = config().into_iter().collect();
-        assert!(
-            s.until(30_000_000, |s| settled(s, &both, &[])).is_some(),
-            "seed {seed}: formed\n{}",
-            s.explain()
-        );
+        let mut s = three_of_one_config(seed);
         // At run time: X removed through router 0, Y's weight set through router 1.
         node(&mut s, 0).core.local_engine_remove(X);
         let now = s.now;
