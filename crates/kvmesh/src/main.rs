@@ -132,15 +132,17 @@ fn main() -> ExitCode {
             }
         }
         Cmd::Serve(args) => match args.resolve() {
-            Ok(cfg) if args.check_config => {
-                cfg.check_files().map_err(|e| e.to_string()).map(|()| {
+            Ok(cfg) if args.check_config => cfg
+                .check_files()
+                .map_err(|e| e.to_string())
+                .and_then(|()| serve_cmd::check_mesh_certificates(&cfg))
+                .map(|()| {
                     let whole = kvmesh_config::KvmeshConfig {
                         serve: cfg,
                         ..Default::default()
                     };
                     print!("{}", toml_of(&whole));
-                })
-            }
+                }),
             Ok(cfg) => runtime().and_then(|rt| rt.block_on(serve_cmd::run(cfg))),
             Err(e) => Err(e),
         },

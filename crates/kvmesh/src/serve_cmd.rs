@@ -95,8 +95,9 @@ pub struct ServeArgs {
     pub no_mesh: bool,
     #[arg(long, value_name = "N", help = format!("Routers reading each engine's KV events, 0 = all [default: {}]", d().mesh.ingest_replicas))]
     pub ingest_replicas: Option<u32>,
-    /// Check the configuration these flags and the file make, print it (TOML) and exit
-    /// without serving (what a pod's args and its ConfigMap would run).
+    /// Check the configuration these flags and the file make, and the files it names (the
+    /// tokenizers; meshed, the certificates, as the router checks them at start), print it
+    /// (TOML) and exit without serving (what a pod's args and its ConfigMap would run).
     #[arg(long)]
     pub check_config: bool,
 }
@@ -218,4 +219,23 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     }
     server.stop(crate::wait_for_signal()).await;
     Ok(())
+}
+
+/// A meshed router's certificate pair and trusted CAs, loaded and checked as the router
+/// checks them at start (the key is the certificate's, which the router's own CAs sign).
+pub fn check_mesh_certificates(cfg: &ServeConfig) -> Result<(), String> {
+    let m = &cfg.mesh;
+    if !m.enabled {
+        return Ok(());
+    }
+    let pair = if m.cert_name.is_empty() {
+        &m.node_id
+    } else {
+        &m.cert_name
+    };
+    let dir = std::path::Path::new(&m.tls_dir);
+    kvmesh_mesh::tls_watch::TlsWatch::new(dir, pair, &m.node_id)
+        .1
+        .map(|_| ())
+        .map_err(|e| format!("serve.mesh.tls_dir {}: {e}", m.tls_dir))
 }

@@ -158,6 +158,27 @@ fn check_kubernetes() -> Routers {
         "kvmesh-configmap-{}-{call}.toml",
         std::process::id()
     ));
+    // The Secret's pair as `kvmesh cert` writes it, where the pod mounts it: here, a temporary
+    // directory in place of its mount path (--check-config loads the certificates).
+    let tls = std::env::temp_dir().join(format!("kvmesh-secret-{}-{call}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tls);
+    let cert = std::process::Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args(["cert", "--out"])
+        .arg(&tls)
+        .args(["--nodes", &cfg.serve.mesh.cert_name])
+        .output()
+        .expect("kvmesh cert");
+    assert!(
+        cert.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cert.stderr)
+    );
+    let mounted = format!("tls_dir = {:?}", cfg.serve.mesh.tls_dir);
+    assert!(toml.contains(&mounted), "the ConfigMap names its tls_dir");
+    let toml = toml.replace(
+        &mounted,
+        &format!("tls_dir = {:?}", tls.display().to_string()),
+    );
     std::fs::write(&file, toml).expect("write the ConfigMap's file");
     let substituted: Vec<String> = args
         .iter()
@@ -176,13 +197,16 @@ fn check_kubernetes() -> Routers {
         .output()
         .expect("kvmesh serve --check-config");
     let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_dir_all(&tls);
     assert!(
         out.status.success(),
         "the Deployment's args with its ConfigMap: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let effective = KvmeshConfig::from_toml_str(&String::from_utf8_lossy(&out.stdout), "printed")
-        .expect("the printed configuration is valid");
+    let mut effective =
+        KvmeshConfig::from_toml_str(&String::from_utf8_lossy(&out.stdout), "printed")
+            .expect("the printed configuration is valid");
+    effective.serve.mesh.tls_dir = cfg.serve.mesh.tls_dir.clone();
     assert_eq!(
         effective.serve, cfg.serve,
         "the args complete the file as the test does"
@@ -573,6 +597,21 @@ fn mesh_flags_on_a_router_without_a_mesh_are_refused() {
         assert!(err.contains(flag[0]) && err.contains("--node-id"), "{err}");
     }
     assert!(serve(&[]).status.success(), "no mesh flag: a router alone");
+    // Meshed, the certificates are loaded and checked as at start (found by QA: a directory
+    // that does not exist passed the check).
+    let missing = std::env::temp_dir().join(format!("kvmesh-no-certs-{}", std::process::id()));
+    let out = serve(&[
+        "--node-id",
+        "a",
+        "--tls-dir",
+        &missing.display().to_string(),
+    ]);
+    assert!(!out.status.success(), "no certificates");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("serve.mesh.tls_dir") && err.contains("ca.pem"),
+        "{err}"
+    );
     assert!(
         serve(&["--no-mesh", "--seed", "127.0.0.1:7946"])
             .status
