@@ -11,12 +11,16 @@
 //! them one by one, in any order within a phase.
 
 use crate::client;
+use crate::run::wait_every;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How long a router may take to read a phase (it reads its files every `RELOAD_MS`).
 const TAKE_WITHIN: Duration = Duration::from_secs(10);
+
+/// How often a router is asked whether it took a phase.
+const POLL: Duration = Duration::from_millis(20);
 
 /// The routers' `serve.mesh.tls_reload_ms` in a lab that rotates its CA.
 pub const RELOAD_MS: u64 = 200;
@@ -127,35 +131,28 @@ pub fn rotate(
             let reloads = |v: &serde_json::Value| v["reloads"].as_u64();
             let was = reloads(&tls_of(addr)).ok_or(format!("{node}: no tls in /admin/cluster"))?;
             rot.publish(node, phase)?;
-            let end = Instant::now() + TAKE_WITHIN;
-            loop {
-                let now = tls_of(addr);
-                if reloads(&now).is_some_and(|r| r > was) {
-                    break;
-                }
-                if Instant::now() > end || crate::aborted() {
-                    return Err(format!(
-                        "{node} did not take phase {phase} ({what}) within {} s: reload failures {}",
-                        TAKE_WITHIN.as_secs(),
-                        now["reload_failures"]
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            let mut now = serde_json::Value::Null;
+            let taken = wait_every(TAKE_WITHIN, POLL, || {
+                now = tls_of(addr);
+                reloads(&now).is_some_and(|r| r > was)
+            });
+            if taken.is_none() {
+                return Err(format!(
+                    "{node} did not take phase {phase} ({what}) within {} s: reload failures {}",
+                    TAKE_WITHIN.as_secs(),
+                    now["reload_failures"]
+                ));
             }
         }
         // The mesh held through the phase: each running router still lists every other.
         for &(i, addr) in running {
-            let members = |addr| {
+            let members = || {
                 client::get_json(addr, "/admin/cluster")["members"]
                     .as_array()
                     .map_or(0, Vec::len)
             };
-            let end = Instant::now() + TAKE_WITHIN;
-            while members(addr) + 1 < running.len() {
-                if Instant::now() > end || crate::aborted() {
-                    return Err(format!("r{i} lost members in phase {phase} ({what})"));
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            if wait_every(TAKE_WITHIN, POLL, || members() + 1 >= running.len()).is_none() {
+                return Err(format!("r{i} lost members in phase {phase} ({what})"));
             }
         }
         took.push(format!("{what} {} ms", t.elapsed().as_millis()));

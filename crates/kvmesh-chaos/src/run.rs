@@ -27,7 +27,17 @@ pub struct Options {
     pub exe: PathBuf,
 }
 
-fn wait(within: Duration, mut ok: impl FnMut() -> bool) -> Option<Duration> {
+fn wait(within: Duration, ok: impl FnMut() -> bool) -> Option<Duration> {
+    wait_every(within, Duration::from_millis(50), ok)
+}
+
+/// Polls `ok` every `every` until it holds (how long that took), `within` passes or the run
+/// is interrupted (`None`).
+pub(crate) fn wait_every(
+    within: Duration,
+    every: Duration,
+    mut ok: impl FnMut() -> bool,
+) -> Option<Duration> {
     let t = Instant::now();
     loop {
         if ok() {
@@ -36,7 +46,7 @@ fn wait(within: Duration, mut ok: impl FnMut() -> bool) -> Option<Duration> {
         if t.elapsed() >= within || crate::aborted() {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(every);
     }
 }
 

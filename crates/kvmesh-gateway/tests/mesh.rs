@@ -716,12 +716,23 @@ async fn a_draining_router_stays_in_the_mesh_until_its_requests_end() {
         until(Duration::from_secs(5), || peer_load(&a) == 1).await,
         "A sees B's request"
     );
+    let b_addr = b.addr;
     let draining = tokio::spawn(b.shutdown());
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // B is draining once it accepts no connection.
+    wait_until(
+        "B to stop accepting",
+        Duration::from_secs(5),
+        || async move { tokio::net::TcpStream::connect(b_addr).await.is_err() },
+    )
+    .await;
     assert!(!held.is_finished(), "the stream outlasts the check");
     assert_eq!(peer_load(&a), 1, "B's request still counted while B drains");
-    let members = cluster_json(&http, &a).await["members"].clone();
-    assert_eq!(members.as_array().map(Vec::len), Some(1), "{members}");
+    // And B stays A's member for the whole drain.
+    while !held.is_finished() {
+        let members = cluster_json(&http, &a).await["members"].clone();
+        assert_eq!(members.as_array().map(Vec::len), Some(1), "{members}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(held.await.expect("task").status, 200, "drained, not cut");
     draining.await.expect("shut down");
     assert!(
