@@ -66,17 +66,13 @@ impl LoadSignal {
     }
 }
 
-/// An engine's in-flight count and its unread-change flag, shared across a removal and a new
-/// addition of the same engine ([`Engine::counts`]).
-#[derive(Clone)]
-pub struct Counts(Arc<AtomicU32>, Arc<AtomicBool>);
+/// Set in the in-flight count of an engine removed and added again: its count went to its
+/// successor ([`Engine::hand_count_to`]), where its requests begin and end from then on.
+const HANDED_ON: u32 = 1 << 31;
 
-impl Counts {
-    /// Requests still counted.
-    pub fn in_flight(&self) -> u32 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
+/// What the count is set to when handed on: the flag, and half the range below it, so that the
+/// decrements of the requests still ending there never clear the flag.
+const HANDED_ON_AT: u32 = HANDED_ON | (1 << 30);
 
 /// One engine and its live state. Shared (`Arc`) by the snapshot, in-flight requests and its
 /// probe task; a removed engine lives on until its last request ends.
@@ -102,14 +98,17 @@ pub struct Engine {
     pub source: Source,
     /// Models given in its config (empty = discovered).
     pub static_models: Vec<String>,
-    /// Requests this router has in flight to it, until the end of each stream. Shared with
-    /// the engine of the same id that was removed while these ran, if it is added again
-    /// ([`Engine::carry_counts`]).
-    pub in_flight: Arc<AtomicU32>,
+    /// Requests this router has in flight to it, until the end of each stream (read inline
+    /// by every decision). Removed while requests ran and added again, the engine hands it to
+    /// its successor ([`Engine::hand_count_to`]).
+    pub in_flight: AtomicU32,
     /// Requests the other routers of the mesh have in flight to it (their gossiped counts).
     pub peer_in_flight: AtomicU32,
     /// Queued on `load_signal` since the listener last read `in_flight`.
-    load_dirty: Arc<AtomicBool>,
+    load_dirty: AtomicBool,
+    /// The engine of the same id added again after this one was removed, which holds the
+    /// count of this one's requests.
+    successor: std::sync::OnceLock<Arc<Engine>>,
     /// The registry's: where in-flight changes are told.
     load_signal: Arc<LoadSignal>,
     /// Breaker, health, latency, slow start.
@@ -199,9 +198,10 @@ impl Engine {
             kv_replay: entry.kv_replay.clone(),
             source,
             static_models: entry.models.clone(),
-            in_flight: Arc::default(),
+            in_flight: AtomicU32::new(0),
             peer_in_flight: AtomicU32::new(0),
-            load_dirty: Arc::default(),
+            load_dirty: AtomicBool::new(false),
+            successor: std::sync::OnceLock::new(),
             load_signal,
             tracker: Mutex::new(tracker),
             reported_load: AtomicU32::new(UNKNOWN),
@@ -358,29 +358,42 @@ impl Engine {
     /// One more request of this router in flight to it (told to the mesh).
     pub fn begin_request(&self) {
         // SeqCst with `read_load_change`: a change after the listener's read is queued again.
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if self.in_flight.fetch_add(1, Ordering::SeqCst) & HANDED_ON != 0 {
+            return self.handed_on().begin_request();
+        }
         self.load_signal.1.fetch_add(1, Ordering::Relaxed);
         self.load_changed();
     }
 
     /// One request of this router less in flight to it (told to the mesh).
     pub fn end_request(&self) {
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        // A change made before the hand-over was handed over with the count; one after it
+        // (the flag seen) is the successor's.
+        if self.in_flight.fetch_sub(1, Ordering::SeqCst) & HANDED_ON != 0 {
+            return self.handed_on().end_request();
+        }
         self.load_signal.1.fetch_sub(1, Ordering::Relaxed);
         self.load_changed();
     }
 
-    /// Its in-flight count and the flag of a change the mesh has not read, to be carried to
-    /// the engine of the same id if it is added again while these requests run.
-    pub fn counts(&self) -> Counts {
-        Counts(self.in_flight.clone(), self.load_dirty.clone())
+    fn handed_on(&self) -> &Engine {
+        self.successor
+            .get()
+            .expect("the successor is set before the count is handed on")
     }
 
-    /// Takes over the counts of the engine of the same id removed while requests to it ran:
-    /// they end on the count this engine's decisions read, and the mesh hears of it.
-    pub fn carry_counts(&mut self, c: Counts) {
-        self.in_flight = c.0;
-        self.load_dirty = c.1;
+    /// This engine was removed while requests to it ran, and `next` is the same engine added
+    /// again: `next` takes the count over, and those requests begin and end on `next` from now
+    /// on, so its decisions and the mesh count them.
+    pub fn hand_count_to(&self, next: &Arc<Engine>) {
+        if self.successor.set(next.clone()).is_err() {
+            return;
+        }
+        let n = self.in_flight.swap(HANDED_ON_AT, Ordering::SeqCst);
+        if n > 0 {
+            next.in_flight.fetch_add(n, Ordering::SeqCst);
+            next.load_changed();
+        }
     }
 
     /// Queues this engine for the mesh's listener (once until it reads the count).

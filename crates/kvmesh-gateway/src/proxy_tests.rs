@@ -595,6 +595,13 @@ async fn an_engine_removed_and_added_again_keeps_the_count_of_its_running_reques
     assert_eq!(again.in_flight.load(Ordering::SeqCst), 2, "still running");
     assert_eq!(rx.try_recv().ok(), Some(again.id.0));
     assert_eq!(again.read_load_change(), 2);
+    // An attempt decided before the removal may still begin (and end) on the first engine:
+    // it is counted where decisions read.
+    old.begin_request();
+    assert_eq!(again.in_flight.load(Ordering::SeqCst), 3);
+    old.end_request();
+    assert_eq!(again.in_flight.load(Ordering::SeqCst), 2);
+    assert_eq!(gw.registry.load_signal.total(), 2);
     // The requests end on the removed engine; the count they end is the one decisions read.
     drop(old);
     let (b1, b2) = tokio::join!(r1.into_body().collect(), r2.into_body().collect());

@@ -174,9 +174,9 @@ impl TotalsCache {
 struct Members {
     list: Vec<Arc<Engine>>,
     by_id: HashMap<EngineId, Arc<Engine>>,
-    /// The counts of removed engines while requests to them run: one added again under the
-    /// same id takes them over (and gives them back if removed once more).
-    removed: HashMap<EngineId, crate::engine::Counts>,
+    /// Removed engines, alive while requests to them run: one added again under the same id
+    /// takes their count over ([`Engine::hand_count_to`]; it keeps the successor alive in turn).
+    removed: HashMap<EngineId, std::sync::Weak<Engine>>,
 }
 
 /// The membership, the current snapshot, and what it is built from.
@@ -276,7 +276,7 @@ impl Registry {
         let tracker = EngineTracker::new(&self.cfg.routing.health, self.clock.now_us(), ramp);
         // A refused engine drops its lease: the slot is retired and freed by the next sweep.
         let lease = PrefixState::lease(&self.prefix);
-        let mut engine = Engine::new(
+        let engine = Engine::new(
             entry,
             self.cfg.hide_engine_urls,
             source,
@@ -290,18 +290,15 @@ impl Registry {
                 // Dropping `engine` retires its slot.
                 return Err(format!("engine {} is already registered", engine.url));
             }
-            if let Some(counts) = m.removed.remove(&engine.id) {
-                engine.carry_counts(counts);
-            }
             let engine = Arc::new(engine);
+            if let Some(old) = m.removed.remove(&engine.id).and_then(|w| w.upgrade()) {
+                old.hand_count_to(&engine);
+            }
             m.by_id.insert(engine.id, engine.clone());
             m.list.push(engine.clone());
             engine
         };
         self.rebuild();
-        if engine.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-            engine.load_changed();
-        }
         Ok(engine)
     }
 
@@ -312,8 +309,8 @@ impl Registry {
             let mut m = lock(&self.members);
             let removed = m.by_id.remove(&id)?;
             m.list.retain(|e| e.id != id);
-            m.removed.retain(|_, c| c.in_flight() > 0);
-            m.removed.insert(id, removed.counts());
+            m.removed.retain(|_, w| w.strong_count() > 0);
+            m.removed.insert(id, Arc::downgrade(&removed));
             removed
         };
         removed.stop.cancel();
