@@ -281,9 +281,28 @@ impl Engine {
         }
     }
 
-    /// Keeps the engine's `/v1/models` cards.
-    pub fn set_cards(&self, cards: Vec<kvmesh_openai::ModelCard>) {
-        *lock(&self.cards) = cards;
+    /// Keeps the engine's `/v1/models` cards; true when a model's context length
+    /// (`max_model_len`) changed, which the routes read at their rebuild.
+    pub fn set_cards(&self, cards: Vec<kvmesh_openai::ModelCard>) -> bool {
+        let mut kept = lock(&self.cards);
+        let lengths = |c: &[kvmesh_openai::ModelCard]| {
+            let mut v: Vec<(String, Option<u32>)> =
+                c.iter().map(|m| (m.id.clone(), m.max_model_len)).collect();
+            v.sort();
+            v
+        };
+        let changed = lengths(&kept) != lengths(&cards);
+        *kept = cards;
+        changed
+    }
+
+    /// The context length (`max_model_len`) the engine lists for `model`; 0 when unknown.
+    pub fn context_len(&self, model: &str) -> u32 {
+        lock(&self.cards)
+            .iter()
+            .find(|c| c.id == model)
+            .and_then(|c| c.max_model_len)
+            .unwrap_or(0)
     }
 
     /// The engine's card of `model`, as it last listed it.

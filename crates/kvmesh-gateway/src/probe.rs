@@ -68,8 +68,10 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
             .map(|m| m.id.clone())
             .collect();
         let ids = list.data.iter().map(|m| m.id.clone()).collect();
-        e.set_cards(list.data);
-        gw.registry.set_discovered_models(e, ids, adapters);
+        let lengths_changed = e.set_cards(list.data);
+        if !gw.registry.set_discovered_models(e, ids, adapters) && lengths_changed {
+            gw.registry.rebuild();
+        }
     }
     // The page counts our requests running when it was rendered: at most those in flight
     // now plus those started before the answer came back.

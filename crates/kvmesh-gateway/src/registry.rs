@@ -40,6 +40,12 @@ pub struct ModelRoute {
     pub prefix: Option<Arc<RoutePrefix>>,
     /// Its fleet totals, kept between decisions.
     pub totals: TotalsCache,
+    /// Per engine, the context length (`max_model_len`) it lists for this model; 0 when
+    /// unknown.
+    pub context: Vec<u32>,
+    /// Whether the known context lengths differ: only then does a decision need the
+    /// request's length (see [`RouteView::need_tokens`]).
+    pub context_differs: bool,
     /// Its `kvmesh_routing_decisions_total` series, one per [`Reason`] (atomic handles taken
     /// at rebuild: counting a decision touches no lock).
     pub decisions: Vec<Counter>,
@@ -88,6 +94,25 @@ pub struct RouteView<'a> {
     pub fleet_latency_us: f64,
     /// The route's fleet totals, kept between decisions.
     pub totals: &'a TotalsCache,
+    /// Per engine, its context length for the route's model (0: unknown).
+    pub context: &'a [u32],
+    /// The request's prompt plus completion tokens, as the engine counts them against its
+    /// context length (0: not known). An engine whose known context is shorter is not
+    /// eligible: it would refuse the request (vLLM's 400), where another engine of the model
+    /// serves it. When none is long enough, the policy's rule for an all-ineligible fleet
+    /// applies and an engine gives the real error.
+    pub need_tokens: u32,
+}
+
+impl RouteView<'_> {
+    /// Whether engine `i` is known too short for the request.
+    fn too_short(&self, i: usize) -> bool {
+        self.need_tokens > 0
+            && self
+                .context
+                .get(i)
+                .is_some_and(|&len| len != 0 && len < self.need_tokens)
+    }
 }
 
 impl EngineSet for RouteView<'_> {
@@ -96,7 +121,11 @@ impl EngineSet for RouteView<'_> {
     }
 
     fn view(&self, i: usize) -> EngineView {
-        self.engines[i].view(self.now_us, self.fleet_latency_us)
+        let mut v = self.engines[i].view(self.now_us, self.fleet_latency_us);
+        if self.too_short(i) {
+            v.eligible = false;
+        }
+        v
     }
 
     /// Exact for a small route (a scan of up to [`EXACT_TOTALS_UP_TO`] engines costs less than
@@ -356,7 +385,7 @@ impl Registry {
         engine: &Engine,
         mut models: Vec<String>,
         mut adapters: Vec<String>,
-    ) {
+    ) -> bool {
         models.sort();
         models.dedup();
         adapters.sort();
@@ -365,6 +394,7 @@ impl Registry {
         if changed {
             self.rebuild();
         }
+        changed
     }
 
     /// Rebuilds the snapshot from the members and swaps it in.
@@ -425,6 +455,9 @@ impl Registry {
                         })
                     })
                     .collect();
+                let context: Vec<u32> = engines.iter().map(|e| e.context_len(&model)).collect();
+                let known = context.iter().filter(|&&l| l != 0);
+                let context_differs = known.clone().min() != known.max();
                 let route = ModelRoute {
                     model: model.clone(),
                     engines,
@@ -432,6 +465,8 @@ impl Registry {
                     policy_cfg,
                     prefix,
                     totals: TotalsCache::default(),
+                    context,
+                    context_differs,
                     decisions,
                 };
                 (model, Arc::new(route))

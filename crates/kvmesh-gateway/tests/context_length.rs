@@ -1,0 +1,74 @@
+//! Engines of one model with different context lengths (`--max-model-len`): a request that
+//! only the longer engines can hold is routed to one of them, where a shorter engine would
+//! refuse it with vLLM's 400; requests that fit everywhere still reach the shorter engine;
+//! a request too long for every engine gets an engine's own 400.
+
+mod common;
+
+use common::*;
+use kvmesh_policy::PolicyKind;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_too_long_for_some_engines_goes_to_one_that_holds_it() {
+    // Engine 0 holds 512 tokens, engine 1 4,096.
+    let sims = start_sims(2, |i| {
+        let mut c = instant_sim_cfg("m");
+        c.max_model_len = if i == 0 { 512 } else { 4096 };
+        c
+    })
+    .await;
+    let engines = urls(&sims);
+    let mut cfg = serve_cfg(&engines);
+    cfg.routing.policy.policy = PolicyKind::CacheAware;
+    let router = start_router_with(cfg, "m", 2).await;
+    let base = router.base_url();
+    let chat = format!("{base}/v1/chat/completions");
+    let completions = format!("{base}/v1/completions");
+    let c = client();
+    let served_by = |r: &Reply| r.engine.clone().unwrap_or_default();
+
+    // About 1,000 prompt tokens each, every prompt new (no cached prefix draws it anywhere).
+    for i in 0..12 {
+        let text = format!("conversation {i}: {}", "a long question ".repeat(300));
+        let r = post_json(&c, &chat, &chat_body("m", &text, 8, false)).await;
+        assert!(r.ok(), "request {i}: {r:?}");
+        assert_eq!(served_by(&r), engines[1], "request {i}");
+        let r = post_json(&c, &completions, &completion_body("m", &text, 8, false)).await;
+        assert!(r.ok(), "completion {i}: {r:?}");
+        assert_eq!(served_by(&r), engines[1], "completion {i}");
+    }
+    // A short prompt whose completion would pass 512 tokens: counted with its `max_tokens`.
+    for i in 0..8 {
+        let text = format!("short {i}");
+        let r = post_json(&c, &chat, &chat_body("m", &text, 600, false)).await;
+        assert!(r.ok(), "request {i}: {r:?}");
+        assert_eq!(served_by(&r), engines[1], "request {i} with max_tokens 600");
+    }
+    // Requests that fit both engines still go to the shorter one as well.
+    let mut on_short = 0;
+    for i in 0..24 {
+        let r = post_json(&c, &chat, &chat_body("m", &format!("hello {i}"), 4, false)).await;
+        assert!(r.ok(), "short request {i}: {r:?}");
+        on_short += usize::from(served_by(&r) == engines[0]);
+    }
+    assert!(on_short > 0, "no short request reached the shorter engine");
+    // Too long for every engine: an engine's own refusal, passed through.
+    let text = "far too long for any engine ".repeat(1000);
+    let r = post_json(
+        &c,
+        &chat,
+        &json!({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 4}),
+    )
+    .await;
+    let v = assert_openai_error(&r, 400);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("maximum context length")),
+        "{}",
+        r.body
+    );
+    assert!(r.engine.is_some(), "passed through: {r:?}");
+    stop_sims(sims).await;
+}
