@@ -457,6 +457,19 @@ impl ParsedRequest {
         }
     }
 
+    /// The completion's `max_tokens` (`max_completion_tokens` first, for chat), when given
+    /// and valid.
+    pub fn max_tokens(&self) -> Option<u32> {
+        match self {
+            ParsedRequest::Chat(r) => r.max_tokens().ok().flatten(),
+            ParsedRequest::Completion(r) => {
+                kvmesh_openai::check_max_tokens("max_tokens", r.max_tokens)
+                    .ok()
+                    .flatten()
+            }
+        }
+    }
+
     /// The `model` field.
     pub fn model(&self) -> Option<&str> {
         match self {

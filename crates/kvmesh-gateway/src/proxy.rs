@@ -281,7 +281,11 @@ fn decide_step(
                 return (d, r, None);
             };
             if route.context_differs {
-                view.need_tokens = need_tokens(&l, parsed);
+                // As vLLM counts against its context length: the prompt plus `max_tokens`,
+                // or one more token when not given; a lower bound when the prompt was cut
+                // at `max_prompt_tokens`, so a long enough engine is never judged short.
+                let completion = parsed.and_then(ParsedRequest::max_tokens).unwrap_or(1);
+                view.need_tokens = l.prompt_tokens.saturating_add(completion.max(1));
             }
             let depth = route.policy_cfg.prefix.cold_prefix_blocks as usize;
             let cold_key = s.keys.get(s.keys.len().min(depth).wrapping_sub(1));
@@ -362,24 +366,6 @@ fn decide_step(
         .observe_us(t.elapsed().as_micros() as u64);
     route.count_decision(decision.reason);
     (decision, reservation, lookup)
-}
-
-/// The tokens an engine counts against its context length for this request, as vLLM does:
-/// the prompt plus `max_tokens`, or the prompt and one more token when `max_tokens` is not
-/// given. A lower bound when the prompt was cut at `max_prompt_tokens`, so an engine long
-/// enough is never judged too short.
-fn need_tokens(l: &Lookup, parsed: Option<&ParsedRequest>) -> u32 {
-    let max_tokens = match parsed {
-        Some(ParsedRequest::Chat(r)) => r.max_tokens().ok().flatten(),
-        Some(ParsedRequest::Completion(r)) => {
-            kvmesh_openai::check_max_tokens("max_tokens", r.max_tokens)
-                .ok()
-                .flatten()
-        }
-        None => None,
-    };
-    l.prompt_tokens
-        .saturating_add(max_tokens.unwrap_or(1).max(1))
 }
 
 /// The core's view of the index for one request: per route engine, the leading blocks of
