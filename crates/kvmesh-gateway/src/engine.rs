@@ -153,9 +153,11 @@ pub struct Engine {
     /// (NaN bits = unknown), and the predicted-token count then (for the drift gauge).
     pub(crate) engine_hits_bits: AtomicU64,
     pub(crate) engine_queries_bits: AtomicU64,
-    /// Predicted / actual cached tokens over the last scrape interval (f64 bits; NaN = none).
+    /// The router's predicted hit rate over the engine's reported one, in the last scrape
+    /// interval with prompts on both sides (f64 bits; NaN = none yet).
     pub(crate) prediction_ratio_bits: AtomicU64,
     pub(crate) predicted_at_scrape: AtomicU64,
+    pub(crate) prompt_at_scrape: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -225,6 +227,7 @@ impl Engine {
             engine_queries_bits: AtomicU64::new(f64::NAN.to_bits()),
             prediction_ratio_bits: AtomicU64::new(f64::NAN.to_bits()),
             predicted_at_scrape: AtomicU64::new(0),
+            prompt_at_scrape: AtomicU64::new(0),
         })
     }
 

@@ -555,7 +555,7 @@ impl Snapshot {
             enc,
             engines,
             "kvmesh_engine_prefix_prediction_ratio",
-            "Predicted / actual cached tokens over the last scrape interval (1 = the index matches the engine; above 1 it over-predicts)",
+            "The router's predicted hit rate on the engine (predicted cached / prompt tokens it routed there) over the engine's own (vllm:prefix_cache_hits / queries, all its traffic), over the last scrape interval with prompts on both sides (1 = the index matches the engine; above 1 it over-predicts)",
             G,
             &|e| finite(&e.prediction_ratio_bits).map(Value::GaugeF),
         )?;

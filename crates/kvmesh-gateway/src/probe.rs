@@ -123,17 +123,40 @@ fn note_prefix_counters(e: &Engine, page: &str) {
         return;
     };
     let prev_hits = f64::from_bits(e.engine_hits_bits.swap(hits.to_bits(), Ordering::Relaxed));
-    e.engine_queries_bits
-        .store(queries.to_bits(), Ordering::Relaxed);
+    let prev_queries = f64::from_bits(
+        e.engine_queries_bits
+            .swap(queries.to_bits(), Ordering::Relaxed),
+    );
     let predicted = e.predicted_cached_tokens.load(Ordering::Relaxed);
     let prev_predicted = e.predicted_at_scrape.swap(predicted, Ordering::Relaxed);
-    let d_hits = hits - prev_hits;
-    let d_pred = predicted.saturating_sub(prev_predicted) as f64;
-    // Counters that went back (engine restart) or a first scrape: no ratio this interval.
-    if prev_hits.is_finite() && d_hits > 0.0 {
+    let prompt = e.prompt_tokens.load(Ordering::Relaxed);
+    let prev_prompt = e.prompt_at_scrape.swap(prompt, Ordering::Relaxed);
+    let ratio = prediction_ratio(
+        (hits - prev_hits, queries - prev_queries),
+        (
+            predicted.saturating_sub(prev_predicted),
+            prompt.saturating_sub(prev_prompt),
+        ),
+    );
+    if let Some(r) = ratio {
         e.prediction_ratio_bits
-            .store((d_pred / d_hits).to_bits(), Ordering::Relaxed);
+            .store(r.to_bits(), Ordering::Relaxed);
     }
+}
+
+/// The router's predicted hit rate on an engine over an interval (its predicted cached
+/// tokens / the prompt tokens it routed there) over the engine's own (hits / queries, every
+/// client's and every router's requests alike): 1 when the index matches the engine. A rate
+/// and not a count, because the engine's counters include traffic from other routers of the
+/// mesh and from elsewhere. `None` when either side saw no prompt or the engine no hit in the
+/// interval, or its counters went back (a restart; NaN on the first scrape).
+fn prediction_ratio(engine: (f64, f64), router: (u64, u64)) -> Option<f64> {
+    let ((d_hits, d_queries), (d_pred, d_prompt)) = (engine, router);
+    if !(d_hits > 0.0 && d_queries > 0.0) || d_prompt == 0 {
+        return None;
+    }
+    let predicted_rate = d_pred as f64 / d_prompt as f64;
+    Some(predicted_rate / (d_hits / d_queries))
 }
 
 /// A new `process_start_time_seconds` means a new engine process: its cache is empty. The
@@ -375,5 +398,24 @@ mod tests {
         assert_eq!(scrape(page, "x_bad"), None);
         assert_eq!(super::sample_value(" +Inf"), Some(f64::INFINITY));
         assert!(super::sample_value(" NaN").is_some_and(f64::is_nan));
+    }
+
+    #[test]
+    fn the_prediction_ratio_compares_rates_so_other_routers_traffic_does_not_skew_it() {
+        use super::prediction_ratio;
+        // Alone: 1,000 of 1,500 prompt tokens predicted cached, the engine hit 1,000 of 1,500.
+        assert_eq!(prediction_ratio((1000.0, 1500.0), (1000, 1500)), Some(1.0));
+        // One of three meshed routers sent a third of the engine's prompts, with the same hit
+        // rate: counts would give 1/3; the rates agree.
+        let r = prediction_ratio((3000.0, 4500.0), (1000, 1500)).expect("a ratio");
+        assert!((r - 1.0).abs() < 1e-9, "{r}");
+        // Over-prediction shows above 1.
+        assert_eq!(prediction_ratio((500.0, 1500.0), (1000, 1500)), Some(2.0));
+        // Nothing routed there by this router, no hit, a first scrape, a restart: no ratio
+        // (the last one stays).
+        assert_eq!(prediction_ratio((3000.0, 4500.0), (0, 0)), None);
+        assert_eq!(prediction_ratio((0.0, 4500.0), (1000, 1500)), None);
+        assert_eq!(prediction_ratio((f64::NAN, f64::NAN), (1000, 1500)), None);
+        assert_eq!(prediction_ratio((-10.0, -20.0), (1000, 1500)), None);
     }
 }
