@@ -147,6 +147,8 @@ pub async fn start_routers_at(
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     ));
+    // The run's CA key is in there: removed on every way out of this function.
+    let _remove = RemoveOnDrop(tls_dir.clone());
     if mesh {
         let certs = kvmesh_mesh::certs::generate(&names).map_err(|e| e.to_string())?;
         kvmesh_mesh::certs::write_dir(&tls_dir, &certs).map_err(|e| e.to_string())?;
@@ -243,6 +245,15 @@ pub async fn start_routers_at(
         );
     }
     Ok(routers)
+}
+
+/// Removes a directory when dropped.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Stops routers (each drains its requests).

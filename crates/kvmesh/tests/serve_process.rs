@@ -115,6 +115,33 @@ fn kvmesh_up_by_default_meshes_three_routers() {
 }
 
 #[test]
+fn kvmesh_up_that_fails_to_start_leaves_no_certificates_behind() {
+    // Router 1's port is taken: the run's certificates (its CA key among them) were written
+    // for the mesh before the routers started.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let child = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args(["up", "--no-demo", "--base-port", &(port - 1).to_string()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kvmesh up");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("router 1"), "{stderr}");
+    let prefix = format!("kvmesh-fleet-{pid}-");
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .expect("temp dir")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
 fn serve_startup_errors_name_the_problem() {
     let run = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
