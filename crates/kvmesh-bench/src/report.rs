@@ -25,6 +25,9 @@ pub struct ContenderRow {
     pub requests: u64,
     /// Requests failed.
     pub errors: u64,
+    /// The first failed request's error, when any failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
     /// Output tokens per wall second.
     pub output_tokens_per_s: f64,
     /// Requests per wall second.
@@ -158,6 +161,7 @@ impl ContenderRow {
         ContenderRow {
             requests: ok.len() as u64,
             errors: (records.len() - ok.len()) as u64,
+            first_error: records.iter().find_map(|r| r.error.clone()),
             output_tokens_per_s: out as f64 / secs,
             requests_per_s: ok.len() as f64 / secs,
             ttft_p50_ms: pct(&ttfts, 50.0),
@@ -198,6 +202,7 @@ impl ContenderRow {
             repeat: None,
             requests: m(|r| r.requests as f64) as u64,
             errors: runs.iter().map(|r| r.errors).sum(),
+            first_error: runs.iter().find_map(|r| r.first_error.clone()),
             output_tokens_per_s: m(|r| r.output_tokens_per_s),
             requests_per_s: m(|r| r.requests_per_s),
             ttft_p50_ms: m(|r| r.ttft_p50_ms),
@@ -375,11 +380,17 @@ impl Report {
         let _ = writeln!(s, "- seed: {}, repeats: {}", self.seed, self.repeats);
         let _ = writeln!(s, "- workload: `{}`", self.workload);
         let _ = writeln!(s, "- fleet: `{}`\n", self.fleet);
+        // External targets: the engines behind them are not read.
+        let hit = if self.fleet.get("targets").is_some() {
+            "client-side (usage cached tokens / prompt tokens)"
+        } else {
+            "engine-reported Δhits/Δqueries"
+        };
         let _ = writeln!(
             s,
             "Real-time runs, contenders interleaved on the same fleet (engine caches reset between \
              runs), medians over repeats. Latencies in wall ms (÷ the time scale = simulated ms). \
-             `hit` = engine-reported Δhits/Δqueries; `pred` = the router's predicted cached tokens \
+             `hit` = {hit}; `pred` = the router's predicted cached tokens \
              / prompt tokens; `spread` = requests on the busiest engine / mean; `in flight` = in flight \
              per engine sampled every 20 ms, max / mean under load (samples of at least half the \
              run's peak mean): mean over samples and p99.\n"

@@ -166,6 +166,16 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     if !(s.time_scale > 0.0 && s.time_scale <= 10.0) {
         return Err("--time-scale must be in (0, 10]".into());
     }
+    if !(s.trace_speedup > 0.0 && s.trace_speedup.is_finite()) {
+        return Err("--speedup must be above 0".into());
+    }
+    for t in &a.targets {
+        if !kvmesh_config::valid_base_url(&kvmesh_config::canonical_base_url(t)) {
+            return Err(format!(
+                "--target {t}: not an http://HOST:PORT base URL (the endpoint's address, without /v1)"
+            ));
+        }
+    }
     let kv_blocks = a.kv_blocks.unwrap_or(match a.workload {
         WorkloadKind::Trace => s.trace_kv_blocks,
         _ => s.kv_blocks,
@@ -182,6 +192,14 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
             };
             let lines = jobs::parse_trace(&text)?;
             let set = jobs::trace_jobs(&lines, s.trace_requests, max_model_len);
+            if set.jobs.is_empty() {
+                return Err(match set.skipped {
+                    0 => "the trace has no requests".into(),
+                    n => format!(
+                        "the trace has no usable request: {n} skipped, prompt + completion above {max_model_len} tokens (the engines' KV cache: --kv-blocks {kv_blocks} × 16 tokens)"
+                    ),
+                });
+            }
             if set.skipped > 0 {
                 notes.push(format!(
                     "{} trace lines skipped: prompt + completion above {max_model_len} tokens (the engines' KV cache)",
@@ -191,6 +209,20 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
             set
         }
     };
+    // The engines' context is their KV cache (bench starts them so): a request longer than
+    // that would only be refused.
+    if a.targets.is_empty()
+        && let Some(j) = set
+            .jobs
+            .iter()
+            .max_by_key(|j| j.prompt.len() as u64 + u64::from(j.max_tokens))
+        && j.prompt.len() as u64 + u64::from(j.max_tokens) > u64::from(max_model_len)
+    {
+        return Err(format!(
+            "--kv-blocks {kv_blocks} holds {max_model_len} tokens per engine, and the workload's longest request needs {} (prompt + completion): give more blocks",
+            j.prompt.len() as u64 + u64::from(j.max_tokens)
+        ));
+    }
     let names = if a.policies.is_empty() {
         s.policies.clone()
     } else {
@@ -405,7 +437,7 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
     let mut p = plan(&a)?;
     // Read before the run: the tree may change while it goes on.
     let commit = commit();
-    std::fs::create_dir_all(&a.out).map_err(|e| format!("--out {}: {e}", a.out.display()))?;
+    check_out_dir(&a.out)?;
     eprintln!(
         "workload {}: {} requests, {} prompt tokens{}",
         p.set.name,
@@ -426,6 +458,11 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
             ),
             None => "--smg: `smg` is not on PATH (pip install smg): no SMG contender was run".into(),
         });
+        if smg_bin.is_none() {
+            eprintln!(
+                "warning: --smg: `smg` is not on PATH (pip install smg): no SMG contender will run"
+            );
+        }
     }
     // The overhead workload puts nginx `proxy_pass` beside the routers when it is installed.
     let nginx_bin = if p.set.name == "overhead" && a.targets.is_empty() {
@@ -713,8 +750,39 @@ pub async fn run(a: BenchArgs) -> Result<(), String> {
     );
     let errors: u64 = report.contenders.iter().map(|c| c.errors).sum();
     if errors > 0 {
-        eprintln!("{errors} requests failed (see report.json)");
+        eprintln!(
+            "{errors} requests failed (each contender's first error: `first_error` in report.json)"
+        );
     }
+    // A contender none of whose requests was answered measured nothing: the run failed.
+    if let Some(c) = report
+        .contenders
+        .iter()
+        .find(|c| c.requests == 0 && c.errors > 0)
+    {
+        return Err(format!(
+            "every request of `{}` failed ({} of them); the first: {}",
+            c.name,
+            c.errors,
+            c.first_error.as_deref().unwrap_or("unknown")
+        ));
+    }
+    Ok(())
+}
+
+/// Creates `--out` and checks that the report's files can be written there, before a run
+/// that may take many minutes.
+fn check_out_dir(out: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("--out {}: {e}", out.display()))?;
+    for name in ["report.json", "report.md"] {
+        if out.join(name).is_dir() {
+            return Err(format!("--out {}: {name} is a directory", out.display()));
+        }
+    }
+    let probe = out.join(format!(".kvmesh-bench-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .map_err(|e| format!("--out {}: cannot write there: {e}", out.display()))?;
+    let _ = std::fs::remove_file(&probe);
     Ok(())
 }
 
@@ -743,5 +811,9 @@ fn commit() -> String {
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
+        .unwrap_or_else(|| match env!("KVMESH_BUILD_COMMIT") {
+            // Run outside a checkout: the commit the binary was built from.
+            "" => "unknown".into(),
+            c => format!("{c} (the binary's build)"),
+        })
 }

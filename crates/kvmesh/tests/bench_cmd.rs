@@ -247,3 +247,59 @@ fn bench_refuses_zero_counts() {
         );
     }
 }
+
+/// Values that would only waste a run are refused before anything starts, naming the flag;
+/// a run none of whose requests was answered exits non-zero with the first error.
+#[test]
+fn bench_refuses_what_would_waste_a_run_and_fails_when_nothing_was_answered() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-bench-refuse-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("md-dir/report.md")).expect("dir");
+    let empty = dir.join("empty.jsonl");
+    std::fs::write(&empty, "").expect("write");
+    let out_dir = dir.join("out");
+    let run = |args: &[&str]| {
+        let started = Instant::now();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmesh"));
+        cmd.args(["bench", "--quick"]).args(args);
+        if !args.contains(&"--out") {
+            cmd.arg("--out").arg(&out_dir);
+        }
+        let out = cmd.stdin(Stdio::null()).output().expect("run kvmesh bench");
+        assert!(!out.status.success(), "{args:?} accepted");
+        (
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            started.elapsed(),
+        )
+    };
+    let md_dir = dir.join("md-dir");
+    let empty = empty.to_str().expect("utf8");
+    for (args, says) in [
+        (vec!["--speedup", "0"], "--speedup must be above 0"),
+        (vec!["--speedup=-1"], "--speedup must be above 0"),
+        (vec!["--target", "notaurl"], "--target notaurl"),
+        (
+            vec!["--kv-blocks", "100"],
+            "--kv-blocks 100 holds 1600 tokens",
+        ),
+        (
+            vec!["--workload", "trace", "--trace", empty],
+            "the trace has no requests",
+        ),
+        (
+            vec!["--out", md_dir.to_str().expect("utf8")],
+            "report.md is a directory",
+        ),
+    ] {
+        let (err, _) = run(&args);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("repeat 0"), "{args:?} ran: {err}");
+    }
+    // Nothing listens on port 1: every request fails, and the run says so by its status.
+    let (err, took) = run(&["--target", "http://127.0.0.1:1", "--groups", "1"]);
+    assert!(err.contains("every request of `target` failed"), "{err}");
+    assert!(took < Duration::from_secs(120), "{took:?}");
+    let json = std::fs::read_to_string(out_dir.join("report.json")).expect("report written");
+    assert!(json.contains("\"first_error\""), "{json}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
