@@ -95,6 +95,13 @@ pub async fn wait_for_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Refused before its log file is made.
+    if let Cmd::Up(a) = &cli.cmd
+        && let Err(e) = a.check()
+    {
+        eprintln!("kvmesh: error: {e}");
+        return ExitCode::from(2);
+    }
     // The bench starts routers per contender: their start-up lines would bury its progress.
     let default_filter = if matches!(cli.cmd, Cmd::Bench(_)) {
         "warn"

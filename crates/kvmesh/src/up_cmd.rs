@@ -41,8 +41,9 @@ pub struct UpArgs {
     pub routers: u32,
     #[arg(long, default_value_t = default_base_port(), help = format!(
         "First port: routers on PORT.., their mesh (UDP) next, then the engines' HTTP, KV-event \
-         and replay ports; every port is printed (0 = ports chosen by the OS) [default: {}, \
-         the router's default port]", default_base_port()), hide_default_value = true)]
+         and replay ports; every port is printed (0 = ports chosen by the OS; --compare \
+         always lets the OS choose, each policy on fresh engines) [default: {}, the router's \
+         default port]", default_base_port()), hide_default_value = true)]
     pub base_port: u16,
     /// Start the cluster without the demonstration.
     #[arg(long)]
@@ -125,10 +126,9 @@ pub(crate) fn parse_policy(s: &str) -> Result<PolicyKind, String> {
         })
 }
 
-/// Where `kvmesh up` writes its logs (`None`: stderr, with `-v` or `--compare`).
+/// Where `kvmesh up` writes its logs (`None`: stderr, with `-v`).
 pub fn log_file(a: &UpArgs) -> Option<PathBuf> {
-    (!a.verbose && a.compare.is_empty())
-        .then(|| std::env::temp_dir().join(format!("kvmesh-up-{}.log", std::process::id())))
+    (!a.verbose).then(|| std::env::temp_dir().join(format!("kvmesh-up-{}.log", std::process::id())))
 }
 
 /// The ports of a cluster started at `base` (every one ≥ `base`), or all OS-assigned.
@@ -249,22 +249,42 @@ fn port_hint(e: String) -> String {
     }
 }
 
-/// Runs `kvmesh up`.
-pub async fn run(a: UpArgs) -> Result<(), String> {
-    if a.engines == 0 {
-        return Err("--engines must be at least 1".into());
-    }
-    if a.concurrency == 0 {
-        return Err("--concurrency must be at least 1".into());
-    }
-    if !(a.time_scale > 0.0 && a.time_scale <= 10.0) {
-        return Err("--time-scale must be in (0, 10]".into());
-    }
-    let wl = a.workload();
-    if !a.compare.is_empty() {
-        if a.routers == 0 {
+impl UpArgs {
+    /// Refuses values that cannot make a cluster or a demo, before anything starts (or a log
+    /// file is made).
+    pub fn check(&self) -> Result<(), String> {
+        let wl = self.workload();
+        for (flag, v) in [
+            ("--engines", u64::from(self.engines)),
+            ("--concurrency", self.concurrency as u64),
+            ("--groups", u64::from(wl.groups)),
+            ("--users", u64::from(wl.users)),
+            ("--turns", u64::from(wl.turns)),
+            ("--question-words", u64::from(wl.question_words)),
+            ("--max-tokens", u64::from(wl.max_tokens)),
+            ("--sample-ms", self.sample_ms),
+        ] {
+            if v == 0 {
+                return Err(format!("{flag} must be at least 1"));
+            }
+        }
+        if !(self.time_scale > 0.0 && self.time_scale <= 10.0) {
+            return Err("--time-scale must be in (0, 10]".into());
+        }
+        if self.compare.is_empty() {
+            Layout::new(self.base_port, self.routers, self.engines)?;
+        } else if self.routers == 0 {
             return Err("--compare needs at least one router (--routers 1)".into());
         }
+        Ok(())
+    }
+}
+
+/// Runs `kvmesh up`.
+pub async fn run(a: UpArgs) -> Result<(), String> {
+    a.check()?;
+    let wl = a.workload();
+    if !a.compare.is_empty() {
         return up_compare::compare(&a, &wl).await;
     }
     let layout = Layout::new(a.base_port, a.routers, a.engines)?;
@@ -283,7 +303,11 @@ pub async fn run(a: UpArgs) -> Result<(), String> {
             Ok(())
         }
     };
-    println!("stopping: the routers drain their requests, then the engines stop");
+    if c.routers.is_empty() {
+        println!("stopping the engines");
+    } else {
+        println!("stopping: the routers drain their requests, then the engines stop");
+    }
     c.shutdown().await;
     println!("stopped");
     outcome

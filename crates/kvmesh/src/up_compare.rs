@@ -157,6 +157,9 @@ pub async fn compare(a: &UpArgs, wl: &SharedPrefixWorkload) -> Result<(), String
         a.time_scale
     );
     eprintln!("comparison: {shape}, {} router(s)", a.routers);
+    if let Some(p) = crate::up_cmd::log_file(a) {
+        eprintln!("logs: {} (-v prints them here)", p.display());
+    }
     let mut rows = Vec::new();
     for &p in &a.compare {
         let c = Cluster::start(a, p).await?;

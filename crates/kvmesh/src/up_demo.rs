@@ -195,6 +195,10 @@ async fn forget_first_leg(c: &Cluster) {
 /// The demonstration.
 pub async fn run(a: &UpArgs, c: &Cluster, wl: &SharedPrefixWorkload) -> Result<(), String> {
     let urls = c.engine_urls();
+    if c.routers.is_empty() {
+        println!("\ndemo: none: no router (--routers 0), nothing to compare round robin with");
+        return Ok(());
+    }
     println!(
         "\ndemo: {} chat requests ({} groups × {} users × {} turns; each group shares a \
          {}-word system prompt, every turn resends the conversation), {} conversations at \
@@ -206,10 +210,6 @@ pub async fn run(a: &UpArgs, c: &Cluster, wl: &SharedPrefixWorkload) -> Result<(
         wl.system_words,
         a.concurrency.min((wl.groups * wl.users) as usize)
     );
-    if c.routers.is_empty() {
-        println!("  no router (--routers 0): nothing to compare round robin with");
-        return Ok(());
-    }
     let rr_name = "round robin (straight to engines)";
     let (rr_report, rr_engines) =
         leg(a, wl, rr_name, Targets::RoundRobin(urls.clone()), &urls).await?;
@@ -267,10 +267,12 @@ pub async fn run(a: &UpArgs, c: &Cluster, wl: &SharedPrefixWorkload) -> Result<(
     for u in &urls {
         match per.iter().find(|(e, _, _)| e == u) {
             Some((_, n, hit)) => println!("    {u}: {n} requests, {:.1}% cached", hit * 100.0),
-            None => println!(
+            // The explanation holds only when the leg served its requests elsewhere.
+            None if km.ok > 0 && km.errors == 0 => println!(
                 "    {u}: none — every group's conversations went where its system prompt was \
                  cached, and no engine was overloaded enough for the load guard to send work here"
             ),
+            None => println!("    {u}: none"),
         }
     }
     if rr.errors + km.errors > 0 {

@@ -142,6 +142,34 @@ fn kvmesh_up_that_fails_to_start_leaves_no_certificates_behind() {
 }
 
 #[test]
+fn kvmesh_up_refuses_an_empty_demo_before_it_starts_anything() {
+    for flag in [
+        "--groups",
+        "--users",
+        "--turns",
+        "--max-tokens",
+        "--sample-ms",
+    ] {
+        let child = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+            .args(["up", flag, "0", "--base-port", "0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run kvmesh up");
+        let pid = child.id();
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} 0 accepted");
+        assert!(
+            stderr.contains(&format!("{flag} must be at least 1")),
+            "{flag}: {stderr}"
+        );
+        let log = std::env::temp_dir().join(format!("kvmesh-up-{pid}.log"));
+        assert!(!log.exists(), "{flag}: {} made", log.display());
+    }
+}
+
+#[test]
 fn serve_startup_errors_name_the_problem() {
     let run = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
