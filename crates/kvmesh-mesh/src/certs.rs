@@ -26,7 +26,9 @@ pub enum CertError {
     #[error("certificate generation: {0}")]
     Generate(String),
     /// A node name that cannot be a file name or a DNS label.
-    #[error("bad node name {0:?}: use letters, digits, '-', '_' and '.' (1–63 characters)")]
+    #[error(
+        "bad node name {0:?}: use letters, digits, '-', '_' and '.' (1–63 characters), not starting with '.', and not `ca` in any case (the CA's files are ca.pem and ca.key)"
+    )]
     BadName(String),
     /// A node name given twice (its second pair would overwrite the first's files).
     #[error("node name {0:?} given twice: each node gets its own pair")]
@@ -47,6 +49,19 @@ pub enum CertError {
         "{0} exists: remove it, or write to another --out (the CA in a directory signs the nodes added to it)"
     )]
     Exists(String),
+    /// One half of a CA in the directory: nodes cannot be signed by it, and a new CA there
+    /// would make nodes the cluster refuses.
+    #[error(
+        "{dir} has {have} but no {missing}: nodes added to a cluster are signed with its CA's key, so put {missing} beside {have} (as `kvmesh cert` wrote them), or write to another --out for a new cluster"
+    )]
+    HalfCa {
+        /// The directory.
+        dir: String,
+        /// The file there.
+        have: &'static str,
+        /// The file missing.
+        missing: &'static str,
+    },
     /// `ca.key` is not the key of `ca.pem`.
     #[error("{0}: ca.key is not the key of ca.pem")]
     CaMismatch(String),
@@ -133,7 +148,8 @@ pub fn generate_with_ca(
 
 fn check_names(nodes: &[String]) -> Result<(), CertError> {
     for (i, n) in nodes.iter().enumerate() {
-        if !valid_name(n) {
+        // New pairs only: `CA.pem` is `ca.pem` on a case-insensitive file system.
+        if !valid_name(n) || n.eq_ignore_ascii_case("ca") {
             return Err(CertError::BadName(n.clone()));
         }
         if nodes[..i].contains(n) {
@@ -187,8 +203,18 @@ pub fn add_to_dir(dir: &Path, nodes: &[String]) -> Result<bool, CertError> {
     let existing = match (ca_pem.exists(), ca_key.exists()) {
         (true, true) => true,
         (false, false) => false,
-        (true, false) => return Err(CertError::Exists(ca_pem.display().to_string())),
-        (false, true) => return Err(CertError::Exists(ca_key.display().to_string())),
+        (true, false) | (false, true) => {
+            let (have, missing) = if ca_pem.exists() {
+                ("ca.pem", "ca.key")
+            } else {
+                ("ca.key", "ca.pem")
+            };
+            return Err(CertError::HalfCa {
+                dir: dir.display().to_string(),
+                have,
+                missing,
+            });
+        }
     };
     for n in nodes {
         for ext in ["pem", "key"] {

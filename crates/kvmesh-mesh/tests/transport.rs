@@ -211,6 +211,14 @@ async fn nodes_added_to_a_cert_directory_are_signed_by_its_ca_and_nothing_is_ove
     for t in [a, c] {
         t.close().await;
     }
+    // Half a CA (as on a node, which holds no ca.key) is named as such: a new CA there would
+    // sign nodes the cluster refuses.
+    let half = dir.join("half");
+    std::fs::create_dir_all(&half).expect("dir");
+    std::fs::copy(dir.join("ca.pem"), half.join("ca.pem")).expect("copy");
+    let e = add_to_dir(&half, &names(&["f"])).expect_err("no ca.key");
+    assert!(e.to_string().contains("has ca.pem but no ca.key"), "{e}");
+    assert!(!half.join("f.pem").exists());
     // A ca.key that is not the CA's is refused.
     let other = generate(&names(&["x"])).expect("other CA");
     std::fs::write(dir.join("ca.key"), other.ca_key_pem).expect("swap the key");
@@ -224,6 +232,12 @@ fn bad_node_names_are_refused() {
     assert!(generate(&names(&["ok-1", "../etc"])).is_err());
     assert!(generate(&names(&[""])).is_err());
     assert!(generate(&names(&["ca"])).is_err(), "ca.pem is the CA's");
+    assert!(
+        generate(&names(&["CA"])).is_err(),
+        "ca.pem, case-insensitively"
+    );
+    let e = generate(&names(&[".hidden"])).expect_err("a dot first");
+    assert!(e.to_string().contains("not starting with '.'"), "{e}");
     assert!(generate(&names(&["node.a_b-3"])).is_ok());
 }
 

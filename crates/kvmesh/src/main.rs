@@ -164,9 +164,10 @@ fn main() -> ExitCode {
                     "ca.pem, ca.key (keep it off the nodes), and"
                 };
                 println!(
-                    "wrote {}: {ca} {} node pairs: {}",
+                    "wrote {}: {ca} {} node pair{}: {}",
                     out.display(),
                     nodes.len(),
+                    if nodes.len() == 1 { "" } else { "s" },
                     nodes
                         .iter()
                         .map(|n| format!("{n}.pem/{n}.key"))
