@@ -63,6 +63,15 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// The files it names exist (its tokenizer), as `kvmesh sim` needs them at start.
+    pub fn check_files(&self) -> Result<(), ConfigError> {
+        check(
+            self.tokenizer.is_empty() || std::path::Path::new(&self.tokenizer).exists(),
+            "sim.tokenizer",
+            &format!("names {}, which does not exist", self.tokenizer),
+        )
+    }
+
     pub(crate) fn validate(&self, at: &str) -> Result<(), ConfigError> {
         check(
             !self.model.is_empty(),

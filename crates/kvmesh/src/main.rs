@@ -184,12 +184,7 @@ fn main() -> ExitCode {
             print!("{}", kvmesh_config::reference_markdown());
             Ok(())
         }
-        Cmd::Config(ConfigCmd::Check { file }) => kvmesh_config::KvmeshConfig::load(&file)
-            .and_then(|c| c.serve.check_files().map(|()| c))
-            .map(|c| {
-                print!("{}", toml_of(&c));
-            })
-            .map_err(|e| e.to_string()),
+        Cmd::Config(ConfigCmd::Check { file }) => config_check(&file),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -198,6 +193,27 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `kvmesh config check FILE`: what `serve` and `sim` would refuse at start, and the
+/// effective configuration. A router's name may be left to its flags (one file for every
+/// router, as the Kubernetes ConfigMap does): said, not refused.
+fn config_check(file: &std::path::Path) -> Result<(), String> {
+    let c = kvmesh_config::KvmeshConfig::read(file).map_err(|e| e.to_string())?;
+    let mut checked = c.clone();
+    if checked.serve.mesh.enabled && checked.serve.mesh.node_id.is_empty() {
+        eprintln!(
+            "note: serve.mesh.node_id is not set here: each router gives its own (`kvmesh serve --node-id NAME`)"
+        );
+        checked.serve.mesh.node_id = "node".into();
+    }
+    checked.validate().map_err(|e| e.to_string())?;
+    c.serve.check_files().map_err(|e| e.to_string())?;
+    c.sim.check_files().map_err(|e| e.to_string())?;
+    kvmesh_engine::EngineParams::from_config(&c.sim.engine, c.sim.max_model_len, c.sim.seed)
+        .map_err(|e| format!("invalid value in `sim.engine`: {e}"))?;
+    print!("{}", toml_of(&c));
+    Ok(())
 }
 
 fn toml_of(c: &kvmesh_config::KvmeshConfig) -> String {

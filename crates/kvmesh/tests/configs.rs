@@ -619,3 +619,40 @@ fn mesh_flags_on_a_router_without_a_mesh_are_refused() {
         "--no-mesh says the mesh is off on purpose"
     );
 }
+
+/// `kvmesh config check` refuses what `serve` and `sim` would refuse at start (a `[sim]`
+/// profile or tokenizer that does not exist), and accepts a file that leaves each router's
+/// name to its flags, as the Kubernetes ConfigMap does, saying so.
+#[test]
+fn config_check_refuses_what_the_programs_refuse_and_accepts_the_configmap() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-config-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let check = |name: &str, text: &str| {
+        let f = dir.join(name);
+        std::fs::write(&f, text).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+            .args(["config", "check"])
+            .arg(&f)
+            .output()
+            .expect("kvmesh config check");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), err)
+    };
+    let docs = manifests();
+    let cm = find(&docs, "ConfigMap", "kvmesh-config");
+    let toml = cm["data"]["kvmesh.toml"].as_str().expect("kvmesh.toml");
+    let (ok, err) = check("configmap.toml", toml);
+    assert!(ok, "{err}");
+    assert!(err.contains("serve.mesh.node_id is not set here"), "{err}");
+    let (ok, err) = check("profile.toml", "[sim.engine]\nprofile = \"nosuch\"\n");
+    assert!(!ok && err.contains("nosuch"), "{err}");
+    let (ok, err) = check("tok.toml", "[sim]\ntokenizer = \"/nonexistent-kvmesh\"\n");
+    assert!(!ok && err.contains("sim.tokenizer"), "{err}");
+    // Only the name is left to the flags: the rest of the mesh section is still checked.
+    let (ok, err) = check(
+        "mesh.toml",
+        "[serve.mesh]\nenabled = true\nnode_id = \"a b\"\ntls_dir = \"/x\"\n",
+    );
+    assert!(!ok && err.contains("node_id"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
