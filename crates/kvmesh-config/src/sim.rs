@@ -104,11 +104,17 @@ impl SimConfig {
             "must be at least 1024",
         )?;
         self.engine.validate(&format!("{at}.engine"))?;
+        let block = u64::from(self.engine.block_size.max(1));
         check(
-            (self.engine.block_size as u64) * (self.engine.num_blocks as u64)
-                >= self.max_model_len as u64,
+            block * u64::from(self.engine.num_blocks) >= u64::from(self.max_model_len),
             &format!("{at}.engine.num_blocks"),
-            "the cache must hold at least one max_model_len sequence (num_blocks * block_size >= max_model_len)",
+            &format!(
+                "the cache must hold at least one max_model_len sequence: {} blocks of {block} tokens hold {}, under max_model_len {}; give at least {} blocks (--kv-blocks) or a smaller max_model_len (--max-model-len)",
+                self.engine.num_blocks,
+                block * u64::from(self.engine.num_blocks),
+                self.max_model_len,
+                u64::from(self.max_model_len).div_ceil(block)
+            ),
         )?;
         for (i, l) in self.lora_modules.iter().enumerate() {
             check(

@@ -239,7 +239,10 @@ impl Transport {
         // quinn's own server endpoint, on a socket that counts what it receives.
         let runtime = quinn::default_runtime()
             .ok_or_else(|| std::io::Error::other("no async runtime found"))?;
-        let socket = runtime.wrap_udp_socket(std::net::UdpSocket::bind(listen)?)?;
+        let bound = std::net::UdpSocket::bind(listen).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {listen} (UDP): {e}"))
+        })?;
+        let socket = runtime.wrap_udp_socket(bound)?;
         let socket = Arc::new(CountingSocket::new(socket, counters.udp.clone()));
         let endpoint = Endpoint::new_with_abstract_socket(
             quinn::EndpointConfig::default(),

@@ -271,6 +271,9 @@ impl UpArgs {
         if !(self.time_scale > 0.0 && self.time_scale <= 10.0) {
             return Err("--time-scale must be in (0, 10]".into());
         }
+        if self.kv_blocks() < 2 {
+            return Err("--kv-blocks must be at least 2".into());
+        }
         if self.compare.is_empty() {
             Layout::new(self.base_port, self.routers, self.engines)?;
         } else if self.routers == 0 {

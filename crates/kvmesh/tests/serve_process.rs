@@ -283,6 +283,24 @@ fn cert_writes_a_ca_and_a_pair_per_node_that_load() {
         .expect("run");
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("bad node name"));
+    // A mesh port already taken is named in the error, as the HTTP port is.
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--engine",
+            "http://127.0.0.1:9",
+        ])
+        .args(["--node-id", "a", "--tls-dir", dir.to_str().expect("utf8")])
+        .args(["--mesh-listen", &addr])
+        .output()
+        .expect("run kvmesh serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
