@@ -61,6 +61,11 @@ pub struct ServeConfig {
     /// Time a client has to send a request's whole body, else 408 (a 32 MiB body at 1 MB/s
     /// fits in the default, 60 s).
     pub body_read_timeout_ms: u64,
+    /// A client that takes none of its answer for this long is disconnected (nginx's
+    /// `send_timeout`, 60 s): its request ends as the client's doing, not the engine's, and
+    /// stops counting as load. Without it a client that stops reading would hold its request
+    /// for as long as it kept the connection open.
+    pub send_timeout_ms: u64,
     /// The `x-kvmesh-engine` response header and the router's error answers name the engine
     /// by its cluster-stable id (16 hex digits) instead of its URL, so clients do not learn
     /// the engines' addresses. The operator's pages on the same port (`/`, `/status.json`,
@@ -92,6 +97,7 @@ impl Default for ServeConfig {
             max_connections: 10_000,
             header_read_timeout_ms: 30_000,
             body_read_timeout_ms: 60_000,
+            send_timeout_ms: 60_000,
             hide_engine_urls: false,
             seed: 0,
         }
@@ -375,7 +381,10 @@ pub struct TimeoutConfig {
     /// generation is done, so `total_ms` bounds its wait instead, and it is not tried again
     /// once that has passed.
     pub first_byte_ms: u64,
-    /// Whole request, including the streamed body (SGLang's gateway default: 1800 s).
+    /// Whole request, including the streamed body (SGLang's gateway default: 1800 s). A
+    /// stream it cuts counts as the engine's failure only when the engine had sent nothing
+    /// for `first_byte_ms` (a stall); cut while still sending, the router's budget ran out,
+    /// not the engine.
     pub total_ms: u64,
 }
 
@@ -614,6 +623,11 @@ impl ServeConfig {
             self.body_read_timeout_ms >= 100,
             &format!("{at}.body_read_timeout_ms"),
             "must be at least 100",
+        )?;
+        check(
+            (100..=86_400_000).contains(&self.send_timeout_ms),
+            &format!("{at}.send_timeout_ms"),
+            "must be from 100 to 86400000 (a day)",
         )?;
         check(
             !self.request_id_header.is_empty() && http_header_name_ok(&self.request_id_header),

@@ -206,6 +206,7 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
         max_connections: gw.cfg.max_connections,
         header_read_timeout: Duration::from_millis(gw.cfg.header_read_timeout_ms),
         http2: false,
+        send_timeout: Duration::from_millis(gw.cfg.send_timeout_ms),
     };
     let task = tokio::spawn(kvmesh_http::serve(
         listener,

@@ -115,7 +115,10 @@ impl Attempt {
     }
 
     fn end(self, end: StreamEnd) {
-        if matches!(end, StreamEnd::BodyError | StreamEnd::TotalTimeout) {
+        if matches!(
+            end,
+            StreamEnd::BodyError | StreamEnd::TotalTimeout | StreamEnd::Stalled
+        ) {
             tracing::warn!(engine = %self.engine.url, ?end, "an answer broke off after it reached the client (not retried)");
         }
         let end = match end {
@@ -167,6 +170,10 @@ pub struct TrackedBody {
     /// (a body that is there at once never registers one).
     deadline_at: tokio::time::Instant,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// When the engine last sent data (read at a `Pending` after data: once per burst). At
+    /// the total timeout, an engine silent for a whole first-byte timeout is the one that
+    /// failed; one still sending is not (the router's budget ran out).
+    last_data: tokio::time::Instant,
     held: Option<Held>,
     /// The upstream body returned its end (it is never polled again).
     ended: bool,
@@ -218,6 +225,7 @@ impl TrackedBody {
             attempt: Some(attempt),
             deadline_at: tokio::time::Instant::now() + left,
             deadline: None,
+            last_data: tokio::time::Instant::now(),
             held: None,
             ended,
             unflushed: false,
@@ -288,8 +296,7 @@ impl TrackedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if std::mem::take(&mut self.tell_break) {
-            let event =
-                ApiError::with_status(502, format!("the engine's answer broke off: {e}")).to_sse();
+            let event = ApiError::with_status(502, format!("the answer broke off: {e}")).to_sse();
             self.held = Some(Held::Error(e));
             self.unflushed = true;
             return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
@@ -366,7 +373,10 @@ impl HttpBody for TrackedBody {
             }
             Poll::Pending => {
                 let at = this.deadline_at;
-                if this.attempt.is_some()
+                if this.unflushed {
+                    this.last_data = tokio::time::Instant::now();
+                }
+                if let Some(a) = &this.attempt
                     && this
                         .deadline
                         .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
@@ -374,9 +384,20 @@ impl HttpBody for TrackedBody {
                         .poll(cx)
                         .is_ready()
                 {
-                    this.end(StreamEnd::TotalTimeout);
-                    return this
-                        .error_after_flush("the request exceeded the total timeout".into(), cx);
+                    let stall = Duration::from_millis(a.gw.cfg.timeouts.first_byte_ms);
+                    let (end, why) = if this.last_data.elapsed() >= stall {
+                        (
+                            StreamEnd::Stalled,
+                            "the engine sent nothing more before the request's total timeout",
+                        )
+                    } else {
+                        (
+                            StreamEnd::TotalTimeout,
+                            "the request exceeded the router's total timeout (serve.timeouts.total_ms)",
+                        )
+                    };
+                    this.end(end);
+                    return this.error_after_flush(why.into(), cx);
                 }
                 this.unflushed = false;
                 Poll::Pending

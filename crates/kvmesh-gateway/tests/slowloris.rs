@@ -115,3 +115,49 @@ async fn half_sent_requests_do_not_stop_other_clients() {
     router.shutdown().await;
     stop_sims(sims).await;
 }
+
+/// A client that stops reading its streamed answer is disconnected after `send_timeout_ms`:
+/// its request stops counting as in flight (it used to stay counted for as long as the
+/// client kept the socket open) and is not held against the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_let_go_and_its_request_stops_counting() {
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let engine = urls(&sims)[0].clone();
+    let mut cfg = serve_cfg(&urls(&sims));
+    cfg.send_timeout_ms = 1_000;
+    let router = start_router_with(cfg, "m", 1).await;
+    let c = client();
+    let base = router.base_url();
+    // A small receive window, never read: the router's writes block once the socket's
+    // buffers are full (30,000 tokens are several MB of events).
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.set_recv_buffer_size(4096).expect("rcvbuf");
+    let mut s = sock.connect(router.addr).await.expect("connect");
+    let body = serde_json::json!({"model": "m", "prompt": "never read", "max_tokens": 30000, "stream": true})
+        .to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(body.as_bytes()).await.expect("body");
+    wait_until("the request counted", Duration::from_secs(10), || async {
+        metric(&scrape(&c, &base).await, "kvmesh_in_flight") == 1.0
+    })
+    .await;
+    // Let go within a few seconds of the limit, the socket still open on this side.
+    wait_until(
+        "the stalled request let go",
+        Duration::from_secs(20),
+        || async { metric(&scrape(&c, &base).await, "kvmesh_in_flight") == 0.0 },
+    )
+    .await;
+    let page = scrape(&c, &base).await;
+    assert_eq!(
+        engine_kind_metric(&page, "kvmesh_engine_errors_total", &engine, "stream"),
+        0.0,
+        "the client's stall is not the engine's failure"
+    );
+    drop(s);
+    stop_sims(sims).await;
+}

@@ -17,6 +17,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+mod send_timeout;
+pub use send_timeout::SendTimeout;
+
 /// Response body type of every handler.
 pub type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -235,7 +238,7 @@ pub async fn serve<S, H, F>(
                     let fut = handler(st.clone(), req);
                     async move { Ok::<_, Infallible>(fut.await) }
                 });
-                let io = TokioIo::new(stream);
+                let io = TokioIo::new(SendTimeout::new(stream, limits.send_timeout));
                 match &both {
                     Some(b) => {
                         let conn = graceful.watch(b.serve_connection(io, svc).into_owned());
@@ -278,6 +281,9 @@ pub struct ServeLimits {
     /// bytes told the protocol apart: a connection that sends nothing is held until it closes
     /// or the server drains, bounded in number by `max_connections`.
     pub http2: bool,
+    /// A connection whose client takes none of its answer for this long is closed
+    /// ([`SendTimeout`], nginx's `send_timeout`).
+    pub send_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -286,6 +292,7 @@ impl Default for ServeLimits {
             max_connections: 10_000,
             header_read_timeout: Duration::from_secs(30),
             http2: false,
+            send_timeout: Duration::from_secs(60),
         }
     }
 }

@@ -108,8 +108,12 @@ pub enum StreamEnd {
     Complete,
     /// The upstream body broke.
     BodyError,
-    /// The total timeout hit mid-stream.
+    /// The total timeout hit mid-stream while the engine was still sending: the router's
+    /// budget for the request ran out (a long generation, a slow client), not the engine.
     TotalTimeout,
+    /// The total timeout hit mid-stream after the engine had sent nothing for a whole
+    /// first-byte timeout: a stalled engine.
+    Stalled,
     /// The client went away (the body was dropped unfinished).
     ClientGone,
     /// The engine's refusal of the client's request (a 4xx answer) ended: neither the
@@ -122,10 +126,10 @@ pub enum StreamEnd {
 pub fn stream_end(end: StreamEnd) -> (Accounting, Option<FailKind>) {
     match end {
         StreamEnd::Complete => (Accounting::Success, None),
-        StreamEnd::BodyError | StreamEnd::TotalTimeout => {
-            (Accounting::Failure, Some(FailKind::Stream))
+        StreamEnd::BodyError | StreamEnd::Stalled => (Accounting::Failure, Some(FailKind::Stream)),
+        StreamEnd::TotalTimeout | StreamEnd::ClientGone | StreamEnd::Refused => {
+            (Accounting::Cancel, None)
         }
-        StreamEnd::ClientGone | StreamEnd::Refused => (Accounting::Cancel, None),
     }
 }
 

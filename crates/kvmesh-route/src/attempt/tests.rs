@@ -238,8 +238,13 @@ fn stream_ends_account_as_expected() {
         stream_end(StreamEnd::BodyError),
         (Accounting::Failure, Some(FailKind::Stream))
     );
+    // The router's budget ran out while the engine delivered: not held against the engine.
     assert_eq!(
         stream_end(StreamEnd::TotalTimeout),
+        (Accounting::Cancel, None)
+    );
+    assert_eq!(
+        stream_end(StreamEnd::Stalled),
         (Accounting::Failure, Some(FailKind::Stream))
     );
     assert_eq!(

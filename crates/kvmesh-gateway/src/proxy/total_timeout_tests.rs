@@ -1,0 +1,93 @@
+//! The total timeout cutting a streamed answer: held against the engine only when the engine
+//! had stopped sending (a stall), not when the router's budget ran out while it delivered (a
+//! long generation, a slow client), which opened healthy engines' breakers.
+
+use super::*;
+
+/// A streamed answer of `chunks` events, one every `every`, with no end.
+fn stream_of(chunks: usize, every: Duration) -> MockReply {
+    MockReply::Respond {
+        head_after: Duration::ZERO,
+        status: 200,
+        chunks: (0..chunks)
+            .map(|_| (every, Ok(Bytes::from_static(b"data: {}\n\n"))))
+            .collect(),
+    }
+}
+
+/// Sends a streamed request and reads its body until it ends or breaks: what the client got.
+async fn stream_until_cut(gw: &Arc<Gateway>) -> String {
+    let r = send_chat(gw, Bytes::from_static(STREAM_BODY.as_bytes())).await;
+    assert_eq!(r.status(), 200);
+    let mut body = r.into_body();
+    let mut got = Vec::new();
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Ok(d) = frame.into_data() {
+            got.extend_from_slice(&d);
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_still_delivering_at_the_total_timeout_is_not_the_engine_s_failure() {
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = 2_000;
+    c.timeouts.total_ms = 10_000;
+    let mock = MockUpstream::new();
+    // An event every 100 ms for a minute: the budget runs out first.
+    mock.set_default(A, stream_of(600, Duration::from_millis(100)));
+    mock.set_default(B, stream_of(600, Duration::from_millis(100)));
+    let gw = gateway(c, &mock, &[A, B]);
+    for _ in 0..6 {
+        let t0 = tokio::time::Instant::now();
+        let body = stream_until_cut(&gw).await;
+        assert_eq!(t0.elapsed(), Duration::from_secs(10), "cut at the total timeout");
+        assert!(body.matches("data: {}").count() >= 90, "{body}");
+    }
+    for e in [A, B] {
+        assert_eq!(errors(&gw, e, FailKind::Stream), 0, "{e}");
+        assert_eq!(
+            engine(&gw, e).tracker().breaker().state(gw.clock.now_us()),
+            BreakerState::Closed,
+            "{e}"
+        );
+    }
+    assert_eq!(in_flight(&gw), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_silent_for_a_first_byte_timeout_at_the_total_timeout_is_a_stall() {
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = 2_000;
+    c.timeouts.total_ms = 10_000;
+    let mock = MockUpstream::new();
+    // Two events, then nothing for a minute: a wedged engine.
+    let stalled = MockReply::Respond {
+        head_after: Duration::ZERO,
+        status: 200,
+        chunks: vec![
+            (Duration::ZERO, Ok(Bytes::from_static(b"data: {}\n\n"))),
+            (
+                Duration::from_millis(100),
+                Ok(Bytes::from_static(b"data: {}\n\n")),
+            ),
+            (
+                Duration::from_secs(60),
+                Ok(Bytes::from_static(b"data: {}\n\n")),
+            ),
+        ],
+    };
+    mock.set_default(A, stalled.clone());
+    mock.set_default(B, stalled);
+    let gw = gateway(c, &mock, &[A, B]);
+    let t0 = tokio::time::Instant::now();
+    let body = stream_until_cut(&gw).await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(10), "cut at the total timeout");
+    assert_eq!(body.matches("data: {}").count(), 2, "{body}");
+    assert_eq!(
+        errors(&gw, A, FailKind::Stream) + errors(&gw, B, FailKind::Stream),
+        1
+    );
+    assert_eq!(in_flight(&gw), 0);
+}
