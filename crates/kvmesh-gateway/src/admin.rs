@@ -27,6 +27,18 @@ pub async fn engines(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body
         return error(&ApiError::unauthorized());
     }
     let method = req.method().clone();
+    // A change made before the router holds the cluster's registry would be undone by it (a
+    // removal of an engine the cluster holds comes back with the cluster's state).
+    if method != Method::GET && gw.mesh.get().is_some_and(|m| !m.is_warm()) {
+        let mut r = error(&ApiError::unavailable(
+            "this router is joining the cluster and does not hold its registry yet: retry in a moment, or send the change to another router",
+        ));
+        r.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        return r;
+    }
     let query = req.uri().query().map(str::to_string);
     let result = match method {
         Method::GET => Ok(list(gw)),

@@ -591,16 +591,31 @@ impl MeshHook for Cluster {
 
     fn engine_added(&self, entry: &EngineEntry) {
         let rec = record(entry);
-        let _ = self.input.try_send(Input::EngineAdd {
+        self.send_change(Input::EngineAdd {
             engine: EngineId::from_url(&rec.url).0,
             record: rec,
         });
     }
 
     fn engine_removed(&self, url: &str) {
-        let _ = self.input.try_send(Input::EngineRemove {
+        self.send_change(Input::EngineRemove {
             engine: EngineId::from_url(url).0,
         });
+    }
+}
+
+impl Cluster {
+    /// A registry change made here, for the mesh node: never dropped (changes are rare; a
+    /// full queue is waited on by a task of its own, not by the caller).
+    fn send_change(&self, change: Input) {
+        if let Err(tokio::sync::mpsc::error::TrySendError::Full(change)) =
+            self.input.try_send(change)
+        {
+            let input = self.input.clone();
+            tokio::spawn(async move {
+                let _ = input.send(change).await;
+            });
+        }
     }
 }
 

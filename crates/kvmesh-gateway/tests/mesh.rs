@@ -742,3 +742,43 @@ async fn a_draining_router_stays_in_the_mesh_until_its_requests_end() {
     wait_members(&http, &a, 0).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An admin change sent to a router that does not hold the cluster's registry yet (joining,
+/// its seeds unreachable here) is refused with a 503 to retry: applied then, it would be
+/// undone by the cluster's state (a removal answered 200 came back 3 ms later, QA). Reading
+/// is answered; once warm, changes are taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_changes_wait_until_the_router_holds_the_cluster_s_registry() {
+    let sims = start_sims(2, |_| instant_sim_cfg("m")).await;
+    let engines = urls(&sims);
+    let dir = std::env::temp_dir().join(format!("kvmesh-admin-warm-{}", std::process::id()));
+    let certs = kvmesh_mesh::certs::generate(&["a".into()]).expect("certs");
+    kvmesh_mesh::certs::write_dir(&dir, &certs).expect("write");
+    let mut cfg = serve_cfg(&engines[..1]);
+    cfg.admin_token = "t".into();
+    cfg.mesh = mesh_cfg(&dir, "a", vec!["127.0.0.1:9".into()]);
+    // Warm by its warm-up time (5 anti-entropy rounds, 5 s) since nobody answers.
+    let a = start_router_with(cfg, "m", 1).await;
+    let c = client();
+    let add = serde_json::json!({ "url": engines[1] });
+    assert!(!cluster_warm(&a), "warm before its warm-up time");
+    let r = admin(&c, &a, "POST", add.clone()).await;
+    let v = assert_openai_error(&r, 503);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("joining the cluster")),
+        "{}",
+        r.body
+    );
+    assert_eq!(a.gateway.registry.members().len(), 1, "nothing changed");
+    assert_eq!(
+        admin(&c, &a, "GET", serde_json::json!({})).await.status,
+        200
+    );
+    assert!(until(Duration::from_secs(15), || cluster_warm(&a)).await);
+    assert_eq!(admin(&c, &a, "POST", add).await.status, 201);
+    a.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    stop_sims(sims).await;
+}

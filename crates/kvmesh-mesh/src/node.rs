@@ -253,7 +253,7 @@ fn feed(core: &mut MeshCore, i: Input, now: u64) {
         } => core.local_mark(engine, keys, known as usize, expiry_us),
         Input::Load { engine, in_flight } => core.local_load(engine, in_flight),
         Input::EngineAdd { engine, record } => core.local_engine_add(engine, record, now),
-        Input::EngineRemove { engine } => core.local_engine_remove(engine),
+        Input::EngineRemove { engine } => core.local_engine_remove(engine, now),
         Input::SeedEngines(engines) => core.seed_engines(engines, now),
         Input::Engines { all, events } => core.set_engines(all, events, now),
         Input::Feed {

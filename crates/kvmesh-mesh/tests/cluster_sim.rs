@@ -55,7 +55,7 @@ fn activity(s: &mut Sim) {
         let weight_milli = 500 * (1 + s.rng.below(4) as u32);
         if let Some(n) = s.nodes[i].as_mut() {
             if remove {
-                n.core.local_engine_remove(engine);
+                n.core.local_engine_remove(engine, s.now);
             } else {
                 let record = EngineRecord {
                     url: format!("http://engine-{engine}"),

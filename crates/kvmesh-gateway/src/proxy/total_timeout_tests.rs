@@ -42,7 +42,11 @@ async fn a_stream_still_delivering_at_the_total_timeout_is_not_the_engine_s_fail
     for _ in 0..6 {
         let t0 = tokio::time::Instant::now();
         let body = stream_until_cut(&gw).await;
-        assert_eq!(t0.elapsed(), Duration::from_secs(10), "cut at the total timeout");
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_secs(10),
+            "cut at the total timeout"
+        );
         assert!(body.matches("data: {}").count() >= 90, "{body}");
     }
     for e in [A, B] {
@@ -83,7 +87,11 @@ async fn a_stream_silent_for_a_first_byte_timeout_at_the_total_timeout_is_a_stal
     let gw = gateway(c, &mock, &[A, B]);
     let t0 = tokio::time::Instant::now();
     let body = stream_until_cut(&gw).await;
-    assert_eq!(t0.elapsed(), Duration::from_secs(10), "cut at the total timeout");
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_secs(10),
+        "cut at the total timeout"
+    );
     assert_eq!(body.matches("data: {}").count(), 2, "{body}");
     assert_eq!(
         errors(&gw, A, FailKind::Stream) + errors(&gw, B, FailKind::Stream),

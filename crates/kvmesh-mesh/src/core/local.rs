@@ -79,15 +79,31 @@ impl MeshCore {
     /// An engine added (or its record changed) through this router.
     pub fn local_engine_add(&mut self, engine: u64, record: EngineRecord, now_us: u64) {
         self.at(now_us);
-        self.seeds.retain(|(e, _)| *e != engine);
+        self.supersede_seed(engine, now_us);
         let d = self.st.registry.add(self.me, now_us, engine, record);
         self.outbox.push(Delta::Registry(d));
     }
 
     /// An engine removed through this router.
-    pub fn local_engine_remove(&mut self, engine: u64) {
-        self.seeds.retain(|(e, _)| *e != engine);
+    pub fn local_engine_remove(&mut self, engine: u64, now_us: u64) {
+        self.at(now_us);
+        self.supersede_seed(engine, now_us);
         if let Some(d) = self.st.registry.remove(engine) {
+            self.outbox.push(Delta::Registry(d));
+        }
+    }
+
+    /// A change through this router to an engine of its config that has not entered the
+    /// registry yet (the seeds wait for the cluster's): the seed is dropped (the later word
+    /// holds), and its record noted as seeded, so that a router joining later with the same
+    /// config does not plant it over the change (a router alone, its changes undone by the
+    /// next to join).
+    fn supersede_seed(&mut self, engine: u64, now_us: u64) {
+        let Some(i) = self.seeds.iter().position(|(e, _)| *e == engine) else {
+            return;
+        };
+        let (_, record) = self.seeds.remove(i);
+        if let Some(d) = self.st.registry.note_seeded(now_us, engine, &record) {
             self.outbox.push(Delta::Registry(d));
         }
     }

@@ -316,7 +316,10 @@ impl MeshCore {
             engines: None,
             orphans: BTreeMap::new(),
             seeds: Vec::new(),
-            seeds_wait: false,
+            // Without seeds it is warm at once (nobody to wait for), but its config's engines
+            // still wait for the cluster's registry: a first router restarted into a running
+            // cluster must not plant them as new writes over the run-time changes there.
+            seeds_wait: warm,
             warm,
             now: now_us,
             welcome: BTreeMap::new(),
