@@ -474,12 +474,32 @@ impl Registry {
             .collect();
         let routes: BTreeMap<String, Arc<ModelRoute>> = routes;
         let any_prefix_route = routes.values().any(|r| r.prefix.is_some());
-        self.snapshot.store(Arc::new(Snapshot {
+        let before = self.snapshot.swap(Arc::new(Snapshot {
             version,
             engines: members,
             routes,
             any_prefix_route,
         }));
+        // A model no engine serves any more (or a route whose policy changed) leaves no
+        // series behind: engines listing ever new models would grow /metrics without bound.
+        let now = self.snapshot();
+        for (model, old) in &before.routes {
+            let policy = old.policy_cfg.policy;
+            if now
+                .routes
+                .get(model)
+                .is_some_and(|r| r.policy_cfg.policy == policy)
+            {
+                continue;
+            }
+            for r in Reason::ALL {
+                self.decisions.remove(&DecisionLabels {
+                    model: model.clone(),
+                    policy: policy.as_str(),
+                    reason: r.as_str(),
+                });
+            }
+        }
     }
 
     /// Models served by at least one engine.
