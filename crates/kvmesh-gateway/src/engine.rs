@@ -243,6 +243,24 @@ impl Engine {
             }
     }
 
+    /// What the operator's pages say of its KV events: (connected, stale). Connected: this
+    /// router reads them and the engine answers its health checks (the ZMQ subscription
+    /// reconnects silently, so a dead engine's would stay "connected"). Stale: read here, as
+    /// the reader found it; read by the mesh's owners (`meshed`), unless the feed followed
+    /// here is synced.
+    pub fn events_status(&self, meshed: bool) -> (bool, bool) {
+        let reads = self.ingest.has_applier.load(Ordering::Relaxed);
+        let connected = reads
+            && self.ingest.connected.load(Ordering::Relaxed)
+            && self.tracker().health().is_healthy();
+        let stale = if reads || !meshed {
+            self.ingest.stale.load(Ordering::Relaxed)
+        } else {
+            !self.ingest.mesh_live.load(Ordering::Relaxed)
+        };
+        (connected, stale)
+    }
+
     /// Its slot and id: whom an index change is for.
     pub fn target(&self) -> kvmesh_prefix::Target {
         kvmesh_prefix::Target {

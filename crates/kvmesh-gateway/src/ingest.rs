@@ -99,6 +99,9 @@ pub fn stop(e: &Engine) {
     }
     e.ingest.has_applier.store(false, Relaxed);
     e.ingest.connected.store(false, Relaxed);
+    // What this reader found goes with it (a former reader showed its last figures for good).
+    e.ingest.stale.store(false, Relaxed);
+    e.ingest.tracked_blocks.store(0, Relaxed);
 }
 
 /// The index of the last replayed batch holding an `AllBlocksCleared` (the engine's exact

@@ -164,11 +164,13 @@ impl GatewayMetrics {
         );
         let mut engines = reg.members();
         engines.sort_by(|a, b| a.url.cmp(&b.url));
+        let meshed = extra.is_some();
         if let Some(c) = extra {
             r.register_collector(c);
         }
         r.register_collector(Box::new(Snapshot {
             engines,
+            meshed,
             prefix: reg.prefix.clone(),
             decision_time: self.decision_time.clone(),
             ttft_p99: self.ttft.p99(),
@@ -187,6 +189,8 @@ impl GatewayMetrics {
 /// What a scrape reads, taken at one instant.
 struct Snapshot {
     engines: Vec<Arc<Engine>>,
+    /// The router is in a mesh (engines it does not read come through their owners).
+    meshed: bool,
     prefix: Arc<PrefixState>,
     decision_time: Arc<Histogram>,
     ttft_p99: f64,
@@ -591,17 +595,17 @@ impl Snapshot {
             enc,
             &ev,
             "kvmesh_kv_events_connected",
-            "The KV-event subscription is connected (1) or not (0)",
+            "This router reads the engine's KV events and the engine answers its health checks (1), or not (0)",
             G,
-            &|e| flag(e.ingest.connected.load(Relaxed)),
+            &|e| flag(e.events_status(self.meshed).0),
         )?;
         per_engine(
             enc,
             &ev,
             "kvmesh_kv_events_stale",
-            "The engine's blocks are not exactly known (lost batches not replayed); it is routed approximately",
+            "The engine's blocks are not exactly known here (lost batches not replayed, or the feed from its ingest owner not synced); it is routed approximately",
             G,
-            &|e| flag(e.ingest.stale.load(Relaxed)),
+            &|e| flag(e.events_status(self.meshed).1),
         )?;
         per_engine(
             enc,

@@ -33,7 +33,7 @@ fn finite(bits: &std::sync::atomic::AtomicU64) -> Option<f64> {
     Some(f64::from_bits(bits.load(Relaxed))).filter(|v| v.is_finite())
 }
 
-fn engine_json(e: &Engine, now_us: u64) -> serde_json::Value {
+fn engine_json(e: &Engine, now_us: u64, meshed: bool) -> serde_json::Value {
     let t = e.tracker();
     let breaker = match t.breaker().state(now_us) {
         BreakerState::Closed => "closed",
@@ -42,6 +42,7 @@ fn engine_json(e: &Engine, now_us: u64) -> serde_json::Value {
     };
     let healthy = t.health().is_healthy();
     drop(t);
+    let events = e.events_status(meshed);
     let prompt = e.prompt_tokens.load(Relaxed);
     let predicted = e.predicted_cached_tokens.load(Relaxed);
     let hits = finite(&e.engine_hits_bits);
@@ -61,8 +62,8 @@ fn engine_json(e: &Engine, now_us: u64) -> serde_json::Value {
         "requests": e.metrics.requests.load(Relaxed),
         "errors": errors,
         "kv_events": !e.kv_events.is_empty(),
-        "events_connected": e.ingest.connected.load(Relaxed),
-        "events_stale": e.ingest.stale.load(Relaxed),
+        "events_connected": events.0,
+        "events_stale": events.1,
         "prompt_tokens": prompt,
         "predicted_cached_tokens": predicted,
         "predicted_hit_rate": (prompt > 0).then(|| predicted as f64 / prompt as f64),
@@ -79,11 +80,12 @@ fn engine_json(e: &Engine, now_us: u64) -> serde_json::Value {
 /// engine's own, and the last routing decisions, newest first.
 pub fn status_json(gw: &Gateway) -> http::Response<Body> {
     let now = gw.clock.now_us();
+    let meshed = gw.mesh.get().is_some();
     let mut engines: Vec<serde_json::Value> = gw
         .registry
         .members()
         .iter()
-        .map(|e| engine_json(e, now))
+        .map(|e| engine_json(e, now, meshed))
         .collect();
     engines.sort_by(|a, b| a["url"].as_str().cmp(&b["url"].as_str()));
     let recent: Vec<serde_json::Value> = gw
