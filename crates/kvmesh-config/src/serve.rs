@@ -310,10 +310,14 @@ pub fn valid_base_url(u: &str) -> bool {
         Some((h, p)) => (h, Some(p)),
         None => (authority, None),
     };
+    // Digits and dots only is an IPv4 address, written the one way (`127.0.0.01`, `127.1`
+    // reach 127.0.0.1 through a resolver but would be other engines' ids here).
+    let numeric = host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
     !host.is_empty()
         && host
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        && (!numeric || host.parse::<std::net::Ipv4Addr>().is_ok())
         && port.is_none_or(port_ok)
 }
 

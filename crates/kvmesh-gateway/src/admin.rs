@@ -83,6 +83,7 @@ fn list(gw: &Gateway) -> Response<Body> {
                 "weight": e.base_weight(),
                 "effective_weight": e.view(now, fleet).weight,
                 "kv_events": e.kv_events,
+                "kv_replay": e.kv_replay,
                 "models": e.models(),
                 "source": e.source.label(),
                 "in_flight": e.in_flight.load(Ordering::Relaxed),

@@ -424,6 +424,7 @@ async fn dns_name_adds_the_engines_it_resolves_to() {
         .unwrap_or_else(|| panic!("{v4} not in {list:?}"));
     assert_eq!(e["source"], format!("dns:localhost:{port}"));
     assert_eq!(e["kv_events"], "tcp://127.0.0.1:1");
+    assert_eq!(e["kv_replay"], "", "listed, empty without a replay socket");
     assert_eq!(e["models"], json!(["test-model"]));
     // Found at start-up: no slow start (like the static engines).
     let page = scrape(&c, &base).await;

@@ -30,6 +30,11 @@ fn engine_urls_need_a_host_and_a_real_port() {
         "http://[nope]:8000",
         "http://[::1]8000",
         "https://host:1",
+        // One address, one spelling (QA: `127.0.0.01` was another engine beside 127.0.0.1).
+        "http://127.0.0.01:8000",
+        "http://127.1:8000",
+        "http://256.0.0.1:8000",
+        "http://1234:8000",
     ] {
         assert!(!valid_base_url(bad), "{bad}");
     }
