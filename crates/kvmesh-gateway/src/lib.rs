@@ -343,8 +343,11 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     }
 }
 
-/// `/v1/models`: every model routed, with what its engines' own cards say of it (context
-/// length; for a LoRA adapter its base model and path), from the first engine that listed it.
+/// `/v1/models`: every model routed, with what its engines' own cards say of it (for a LoRA
+/// adapter its base model and path, from the first engine that listed it). Its context
+/// length, when the engines list different ones: the longest on a route that sends each
+/// request to an engine that holds it (the cache-aware policies read the prompt's length),
+/// else the shortest, which every engine the route may pick holds.
 fn models(gw: &Gateway) -> Response<Body> {
     let snap = gw.registry.snapshot();
     let list = ModelList {
@@ -364,7 +367,14 @@ fn models(gw: &Gateway) -> Response<Body> {
                     object: "model".into(),
                     created: gw.started_unix,
                     owned_by: "kvmesh".into(),
-                    max_model_len: card.as_ref().and_then(|c| c.max_model_len),
+                    max_model_len: {
+                        let known = route.context.iter().copied().filter(|&l| l != 0);
+                        if route.prefix.is_some() {
+                            known.max()
+                        } else {
+                            known.min()
+                        }
+                    },
                     parent: card.and_then(|c| c.parent),
                 }
             })

@@ -70,5 +70,21 @@ async fn a_request_too_long_for_some_engines_goes_to_one_that_holds_it() {
         r.body
     );
     assert!(r.engine.is_some(), "passed through: {r:?}");
+    // /v1/models gives the length a client can send: the longest here, where each request
+    // goes to an engine that holds it; the shortest on a route that does not read prompts.
+    let context = |base: String| {
+        let c = c.clone();
+        async move {
+            let (status, body) = get(&c, &format!("{base}/v1/models")).await;
+            assert_eq!(status, 200, "{body}");
+            let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+            v["data"][0]["max_model_len"].as_u64()
+        }
+    };
+    assert_eq!(context(base.clone()).await, Some(4096));
+    let mut cfg = serve_cfg(&engines);
+    cfg.routing.policy.policy = PolicyKind::RoundRobin;
+    let rr = start_router_with(cfg, "m", 2).await;
+    assert_eq!(context(rr.base_url()).await, Some(512));
     stop_sims(sims).await;
 }
