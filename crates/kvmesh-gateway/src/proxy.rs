@@ -280,13 +280,17 @@ fn decide_step(
                 let r = Reservation::of(route, &d);
                 return (d, r, None);
             };
+            // As vLLM counts against its context length: the prompt plus `max_tokens`, or
+            // one more token when not given; a lower bound when the prompt was cut at
+            // `max_prompt_tokens`, so a long enough engine is never judged short.
+            let completion = parsed.and_then(ParsedRequest::max_tokens).unwrap_or(1);
+            let need = l.prompt_tokens.saturating_add(completion.max(1));
             if route.context_differs {
-                // As vLLM counts against its context length: the prompt plus `max_tokens`,
-                // or one more token when not given; a lower bound when the prompt was cut
-                // at `max_prompt_tokens`, so a long enough engine is never judged short.
-                let completion = parsed.and_then(ParsedRequest::max_tokens).unwrap_or(1);
-                view.need_tokens = l.prompt_tokens.saturating_add(completion.max(1));
+                view.need_tokens = need;
             }
+            // Longer than every engine holds: routed all the same (the engine's own 400 tells
+            // the client), but not remembered as cached where it will be refused.
+            let refused = route.context_max > 0 && need > route.context_max;
             let depth = route.policy_cfg.prefix.cold_prefix_blocks as usize;
             let cold_key = s.keys.get(s.keys.len().min(depth).wrapping_sub(1));
             let cold_key = cold_key.map_or(0, |k| k.0);
@@ -322,7 +326,7 @@ fn decide_step(
             let warm = decide_on(&state.index(), s, out, true);
             let (d, r) = match warm {
                 Some(d) => {
-                    if let Some(m) = d.mark {
+                    if let Some(m) = d.mark.filter(|_| !refused) {
                         let known = d.predicted_blocks[0] as usize;
                         state.mark(
                             route.engines[m.engine].target(),
@@ -344,7 +348,7 @@ fn decide_step(
                     else {
                         unreachable!("a decision is made when no match is required")
                     };
-                    if let Some(m) = d.mark {
+                    if let Some(m) = d.mark.filter(|_| !refused) {
                         let known = d.predicted_blocks[0] as usize;
                         x.mark(
                             route.engines[m.engine].target(),

@@ -46,6 +46,8 @@ pub struct ModelRoute {
     /// Whether the known context lengths differ: only then does a decision need the
     /// request's length (see [`RouteView::need_tokens`]).
     pub context_differs: bool,
+    /// The longest context of its engines when every one listed its own, else 0.
+    pub context_max: u32,
     /// Its `kvmesh_routing_decisions_total` series, one per [`Reason`] (atomic handles taken
     /// at rebuild: counting a decision touches no lock).
     pub decisions: Vec<Counter>,
@@ -458,6 +460,11 @@ impl Registry {
                 let context: Vec<u32> = engines.iter().map(|e| e.context_len(&model)).collect();
                 let known = context.iter().filter(|&&l| l != 0);
                 let context_differs = known.clone().min() != known.max();
+                let context_max = if context.contains(&0) {
+                    0
+                } else {
+                    context.iter().copied().max().unwrap_or(0)
+                };
                 let route = ModelRoute {
                     model: model.clone(),
                     engines,
@@ -467,6 +474,7 @@ impl Registry {
                     totals: TotalsCache::default(),
                     context,
                     context_differs,
+                    context_max,
                     decisions,
                 };
                 (model, Arc::new(route))

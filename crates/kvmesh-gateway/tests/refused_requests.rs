@@ -71,6 +71,14 @@ async fn requests_no_engine_serves_leave_the_index_and_the_figures_alone() {
     let r = post_json(&c, &chat, &chat_body("m", &too_long, 2, false)).await;
     assert_openai_error(&r, 400);
     assert!(r.engine.is_some(), "passed through: {r:?}");
+    // Longer than every engine's context (as they list it): not remembered as cached there
+    // (QA: the same prompt was then predicted 3,520 tokens cached where the engine had 0).
+    let page = scrape(&c, &base).await;
+    assert_eq!(
+        metric(&page, "kvmesh_prefix_index_speculative_entries"),
+        0.0,
+        "no mark for a prompt every engine refuses"
+    );
 
     let page = scrape(&c, &base).await;
     let sent: f64 = attempts(&page, &engines).iter().sum();
