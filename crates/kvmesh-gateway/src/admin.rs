@@ -146,6 +146,20 @@ async fn reweigh(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<B
         ));
     }
     let url = canonical_base_url(&p.url);
+    // A resolved engine's weight is its DNS name's (`serve.dns`), on the routers that
+    // resolve it: set here, it would also add the engine to every router through the
+    // registry (QA), and outlive the name's next resolution.
+    if let Some(e) = gw.registry.get(EngineId::from_url(&url))
+        && let Source::Dns(name) = &e.source
+    {
+        return Err(ApiError::with_status(
+            409,
+            format!(
+                "engine {} comes from DNS name {name}: its weight is the name's (serve.dns weight)",
+                e.url
+            ),
+        ));
+    }
     let e = gw
         .registry
         .set_weight(EngineId::from_url(&url), p.weight)

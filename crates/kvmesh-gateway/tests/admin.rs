@@ -465,6 +465,16 @@ async fn dns_name_adds_the_engines_it_resolves_to() {
     let r = admin(&c, &base, "DELETE", json!({ "url": v4 }).to_string()).await;
     assert_eq!(r.status, 409, "{}", r.body);
     assert!(r.body.contains("DNS"), "{}", r.body);
+    // Nor sets its weight: the name's weight rules (set here, it went to every router).
+    let r = admin(
+        &c,
+        &base,
+        "PATCH",
+        json!({ "url": v4, "weight": 3 }).to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(listed(&c, &base).await[&v4]["weight"], json!(1.0));
     // Re-resolution keeps the same engines (no churn).
     tokio::time::sleep(Duration::from_millis(600)).await;
     let again = listed(&c, &base).await;
