@@ -78,6 +78,35 @@ fn three_of_one_config(seed: u64) -> Sim {
     s
 }
 
+/// At run time, X removed through router `remove_at` and Y's weight set to 2.5 through
+/// `reweigh_at`; returns the registry that follows.
+fn change(s: &mut Sim, remove_at: usize, reweigh_at: usize) -> BTreeMap<u64, EngineRecord> {
+    let now = s.now;
+    node(s, remove_at).core.local_engine_remove(X, now);
+    node(s, reweigh_at)
+        .core
+        .local_engine_add(Y, record(Y, 2_500), now);
+    [(Y, record(Y, 2_500))].into()
+}
+
+/// Asserts that every router comes to hold `want` (but the writers `except`, not told their
+/// own changes) within `within_us`, and still does 3 s later.
+fn holds(
+    s: &mut Sim,
+    want: &BTreeMap<u64, EngineRecord>,
+    except: &[usize],
+    within_us: u64,
+    what: &str,
+) {
+    assert!(
+        s.until(within_us, |s| settled(s, want, except)).is_some(),
+        "{what}\n{}",
+        s.explain()
+    );
+    s.run(3_000_000, |_| {});
+    assert!(settled(s, want, except), "{what}: 3 s later");
+}
+
 #[test]
 fn config_engines_seed_the_registry_and_admin_changes_reach_every_router() {
     for seed in 1..=8 {
@@ -190,21 +219,9 @@ fn a_router_restarted_alone_does_not_undo_run_time_changes_when_it_meets_the_clu
     for seed in 1..=8 {
         let mut s = three_of_one_config(seed);
         // At run time: X removed through router 0, Y's weight set through router 1.
-        {
-            let now = s.now;
-            node(&mut s, 0).core.local_engine_remove(X, now);
-        }
-        let now = s.now;
-        node(&mut s, 1)
-            .core
-            .local_engine_add(Y, record(Y, 2_500), now);
-        let changed: BTreeMap<u64, EngineRecord> = [(Y, record(Y, 2_500))].into();
-        assert!(
-            s.until(30_000_000, |s| settled(s, &changed, &[0, 1]))
-                .is_some(),
-            "seed {seed}: the changes did not spread\n{}",
-            s.explain()
-        );
+        let changed = change(&mut s, 0, 1);
+        let what = format!("seed {seed}: the changes did not spread");
+        holds(&mut s, &changed, &[0, 1], 30_000_000, &what);
         // Router 2 restarts behind a partition: no peer answers within its warm-up time.
         s.kill(2);
         s.run(200_000, |_| {});
@@ -222,14 +239,8 @@ fn a_router_restarted_alone_does_not_undo_run_time_changes_when_it_meets_the_clu
         );
         // The partition heals: the cluster keeps its run-time changes, router 2 takes them.
         s.group[2] = 0;
-        assert!(
-            s.until(60_000_000, |s| settled(s, &changed, &[0, 1]))
-                .is_some(),
-            "seed {seed}: the run-time changes did not hold\n{}",
-            s.explain()
-        );
-        s.run(3_000_000, |_| {});
-        assert!(settled(&mut s, &changed, &[0, 1]), "seed {seed}: 3 s later");
+        let what = format!("seed {seed}: the run-time changes did not hold");
+        holds(&mut s, &changed, &[0, 1], 60_000_000, &what);
         assert_eq!(
             node(&mut s, 2).core.counters().engines_seeded,
             0,
@@ -246,32 +257,14 @@ fn a_router_restarted_alone_does_not_undo_run_time_changes_when_it_meets_the_clu
 fn the_first_router_restarted_does_not_undo_run_time_changes() {
     for seed in 1..=8 {
         let mut s = three_of_one_config(seed);
-        {
-            let now = s.now;
-            node(&mut s, 1).core.local_engine_remove(X, now);
-        }
-        let now = s.now;
-        node(&mut s, 2)
-            .core
-            .local_engine_add(Y, record(Y, 2_500), now);
-        let changed: BTreeMap<u64, EngineRecord> = [(Y, record(Y, 2_500))].into();
-        assert!(
-            s.until(30_000_000, |s| settled(s, &changed, &[1, 2]))
-                .is_some(),
-            "seed {seed}: the changes did not spread\n{}",
-            s.explain()
-        );
+        let changed = change(&mut s, 1, 2);
+        let what = format!("seed {seed}: the changes did not spread");
+        holds(&mut s, &changed, &[1, 2], 30_000_000, &what);
         s.kill(0);
         s.run(200_000, |_| {});
         start(&mut s, 0, None, config());
-        assert!(
-            s.until(30_000_000, |s| settled(s, &changed, &[1, 2]))
-                .is_some(),
-            "seed {seed}: the first router's restart undid the run-time changes\n{}",
-            s.explain()
-        );
-        s.run(3_000_000, |_| {});
-        assert!(settled(&mut s, &changed, &[1, 2]), "seed {seed}: 3 s later");
+        let what = format!("seed {seed}: the first router's restart undid the run-time changes");
+        holds(&mut s, &changed, &[1, 2], 30_000_000, &what);
         assert_eq!(
             node(&mut s, 0).core.counters().engines_seeded,
             0,
@@ -294,21 +287,10 @@ fn changes_made_on_a_router_alone_hold_when_another_joins() {
             "seed {seed}: router 0 never warmed alone"
         );
         node(&mut s, 0).index.registry.remove(&X);
-        let now = s.now;
-        node(&mut s, 0).core.local_engine_remove(X, now);
-        node(&mut s, 0)
-            .core
-            .local_engine_add(Y, record(Y, 2_500), now);
+        let changed = change(&mut s, 0, 0);
         s.run(1_000_000, |_| {});
         start(&mut s, 1, Some(0), config());
-        let changed: BTreeMap<u64, EngineRecord> = [(Y, record(Y, 2_500))].into();
-        assert!(
-            s.until(30_000_000, |s| settled(s, &changed, &[0]))
-                .is_some(),
-            "seed {seed}: the joining router undid the changes\n{}",
-            s.explain()
-        );
-        s.run(3_000_000, |_| {});
-        assert!(settled(&mut s, &changed, &[0]), "seed {seed}: 3 s later");
+        let what = format!("seed {seed}: the joining router undid the changes");
+        holds(&mut s, &changed, &[0], 30_000_000, &what);
     }
 }

@@ -114,20 +114,27 @@ fn kvmesh_up_by_default_meshes_three_routers() {
     }
 }
 
+/// Runs `kvmesh up ARGS` to its end: its process id (what its temporary files are named by)
+/// and its output.
+fn run_up(args: &[&str]) -> (u32, std::process::Output) {
+    let child = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .arg("up")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kvmesh up");
+    let pid = child.id();
+    (pid, child.wait_with_output().expect("wait"))
+}
+
 #[test]
 fn kvmesh_up_that_fails_to_start_leaves_no_certificates_behind() {
     // Router 1's port is taken: the run's certificates (its CA key among them) were written
     // for the mesh before the routers started.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
-    let child = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
-        .args(["up", "--no-demo", "--base-port", &(port - 1).to_string()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run kvmesh up");
-    let pid = child.id();
-    let out = child.wait_with_output().expect("wait");
+    let (pid, out) = run_up(&["--no-demo", "--base-port", &(port - 1).to_string()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("router 1"), "{stderr}");
@@ -150,14 +157,7 @@ fn kvmesh_up_refuses_an_empty_demo_before_it_starts_anything() {
         "--max-tokens",
         "--sample-ms",
     ] {
-        let child = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
-            .args(["up", flag, "0", "--base-port", "0"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run kvmesh up");
-        let pid = child.id();
-        let out = child.wait_with_output().expect("wait");
+        let (pid, out) = run_up(&[flag, "0", "--base-port", "0"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{flag} 0 accepted");
         assert!(
