@@ -503,8 +503,12 @@ impl Cluster {
                         continue;
                     };
                     if let Source::Dns(name) = &e.source {
-                        // Its DNS name rules: it would come back at the next resolution.
+                        // Its DNS name rules: it would come back at the next resolution. The
+                        // weight a peer's record gave it goes: the name's is its own.
                         tracing::warn!(engine = %e.url, dns = %name, "engine removed by a peer kept: this router resolves it from DNS");
+                        if let Some(d) = gw.cfg.dns.iter().find(|d| &d.name == name) {
+                            gw.registry.set_weight(e.id, d.weight);
+                        }
                     } else {
                         let url = e.url.clone();
                         gw.registry.remove(&url);
