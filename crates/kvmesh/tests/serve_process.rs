@@ -131,21 +131,35 @@ fn run_up(args: &[&str]) -> (u32, std::process::Output) {
 #[test]
 fn kvmesh_up_that_fails_to_start_leaves_no_certificates_behind() {
     // Router 1's port is taken: the run's certificates (its CA key among them) were written
-    // for the mesh before the routers started.
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = taken.local_addr().expect("addr").port();
-    let (pid, out) = run_up(&["--no-demo", "--base-port", &(port - 1).to_string()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("router 1"), "{stderr}");
-    let prefix = format!("kvmesh-fleet-{pid}-");
-    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
-        .expect("temp dir")
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
+    // for the mesh before the routers started. The 18 ports are below the OS's ephemeral
+    // range, and the run is tried again on another range when some other port of it was
+    // taken meanwhile (tests run side by side).
+    for attempt in 0..8u16 {
+        // 400 ranges of 20 ports in 21,000–28,999, a different one each try.
+        let slot = (std::process::id() + u32::from(attempt) * 37) % 400;
+        let base = 21_000 + slot as u16 * 20;
+        let Ok(taken) = std::net::TcpListener::bind(("127.0.0.1", base + 1)) else {
+            continue;
+        };
+        let (pid, out) = run_up(&["--no-demo", "--base-port", &base.to_string()]);
+        drop(taken);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        if !stderr.contains("router 1") {
+            assert!(stderr.contains("in use"), "{stderr}");
+            continue;
+        }
+        let prefix = format!("kvmesh-fleet-{pid}-");
+        let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+            .expect("temp dir")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+        return;
+    }
+    panic!("no free port range for the run in 8 tries");
 }
 
 #[test]
