@@ -58,9 +58,10 @@ impl MeshCore {
                 }
             }
             Delta::Load(l) => {
-                // This router is the only writer of its counts: one of its earlier life (a
-                // peer's state, sent before the peers saw the restart) is not its count now.
-                if l.node == self.me && l.version.incarnation != self.incarnation {
+                // This router is the only writer of its counts: one of an earlier life (a
+                // peer's state, sent before the peers saw the restart) is not its count now;
+                // the peers drop them too once they see the restart.
+                if l.node == self.me && l.version.incarnation < self.incarnation {
                     return;
                 }
                 if !self.admit_engine(l.engine, now_us) {

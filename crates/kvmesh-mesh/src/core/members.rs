@@ -100,9 +100,13 @@ impl MeshCore {
                 if !live.contains_key(n) {
                     gone.push(m.clone());
                 }
-                // Gone (or restarted): its load entries go with its incarnation.
+                // Gone: its load entries go with its incarnation; restarted: those of every
+                // earlier life (as it never takes them back itself), so that all agree.
+                let upto = live
+                    .get(n)
+                    .map_or(m.bump, |x| x.bump.saturating_sub(1).max(m.bump));
                 touched.extend(self.st.load.engines_of(*n));
-                self.st.load.remove_node(*n, m.bump);
+                self.st.load.remove_node(*n, upto);
                 self.departed_at.insert(*n, now);
                 self.lag.remove(n);
             }
