@@ -158,6 +158,11 @@ pub struct Engine {
     pub(crate) prediction_ratio_bits: AtomicU64,
     pub(crate) predicted_at_scrape: AtomicU64,
     pub(crate) prompt_at_scrape: AtomicU64,
+    /// The engine's `vllm:generation_tokens_total` at the last scrape (f64 bits; NaN =
+    /// unknown), and when (cluster µs) a scrape last found it grown: the engine was
+    /// generating then.
+    pub(crate) generation_bits: AtomicU64,
+    pub generated_at_us: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -228,6 +233,8 @@ impl Engine {
             prediction_ratio_bits: AtomicU64::new(f64::NAN.to_bits()),
             predicted_at_scrape: AtomicU64::new(0),
             prompt_at_scrape: AtomicU64::new(0),
+            generation_bits: AtomicU64::new(f64::NAN.to_bits()),
+            generated_at_us: AtomicU64::new(0),
         })
     }
 

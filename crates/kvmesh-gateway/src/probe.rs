@@ -103,6 +103,13 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
             peers,
         );
         note_prefix_counters(e, &text);
+        if let Some(g) = scrape(&text, "vllm:generation_tokens_total") {
+            let before = f64::from_bits(e.generation_bits.swap(g.to_bits(), Ordering::Relaxed));
+            if g > before {
+                e.generated_at_us
+                    .store(gw.clock.now_us(), Ordering::Relaxed);
+            }
+        }
         note_start_time(gw, e, scrape(&text, "process_start_time_seconds"));
     }
 }

@@ -26,16 +26,21 @@ use hyper::body::Frame;
 use hyper::body::Incoming;
 use kvmesh_http::{Body, error, read_body, strip_hop_by_hop};
 use kvmesh_openai::{ApiError, parse_body};
-use kvmesh_policy::{MAX_CANDIDATES, Permit, RequestCtx, stable_hash, unit_f64};
-use kvmesh_prefix::{BlockKey, PrefixIndex};
+use kvmesh_policy::{MAX_CANDIDATES, RequestCtx, stable_hash, unit_f64};
+use kvmesh_prefix::PrefixIndex;
 use kvmesh_route::{
-    Action, Attempts, Decision, FailKind, Fleet, GiveUp, Next, PrefixPlan, PrefixProbe, Verdict,
+    Accounting, Action, Attempts, Decision, FailKind, GiveUp, Next, PrefixPlan, Verdict,
     classify_status, decide,
 };
 use serde::Deserialize;
+
+#[path = "proxy/views.rs"]
+mod views;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+pub use views::IndexProbe;
+use views::RouteFleet;
 
 /// The fields of a request body the router reads (the rest passes through untouched).
 #[derive(Deserialize)]
@@ -372,52 +377,6 @@ fn decide_step(
     (decision, reservation, lookup)
 }
 
-/// The core's view of the index for one request: per route engine, the leading blocks of
-/// `keys` it holds (probed exactly, so short matches the lookup skipped count too; a peer's
-/// covering mark vouches for its window) and
-/// whether its events are live.
-pub struct IndexProbe<'a> {
-    /// The index (under the caller's lock).
-    pub index: &'a PrefixIndex,
-    /// The route's engines.
-    pub engines: &'a [Arc<Engine>],
-    /// The request's block keys.
-    pub keys: &'a [BlockKey],
-    /// Now (cluster µs).
-    pub now_us: u64,
-}
-
-impl PrefixProbe for IndexProbe<'_> {
-    fn held_blocks(&self, engine: usize) -> u32 {
-        self.index
-            .held_prefix(self.engines[engine].slot, self.keys, self.now_us)
-    }
-
-    fn events_live(&self, engine: usize) -> bool {
-        self.engines[engine].events_live()
-    }
-}
-
-/// The route's breakers as the attempt machine asks them.
-struct RouteFleet<'a>(&'a [Arc<Engine>]);
-
-impl Fleet for RouteFleet<'_> {
-    type Permit = Permit;
-
-    fn try_acquire(&mut self, engine: usize, now_us: u64, ignore_health: bool) -> Option<Permit> {
-        let mut t = self.0[engine].tracker();
-        if ignore_health {
-            t.try_acquire_ignoring_health(now_us)
-        } else {
-            t.try_acquire(now_us)
-        }
-    }
-
-    fn cancel(&mut self, engine: usize, permit: Permit) {
-        self.0[engine].tracker().on_cancel(permit);
-    }
-}
-
 /// How long an attempt waits for the answer's head and first data.
 #[derive(Clone, Copy)]
 enum Wait {
@@ -534,6 +493,18 @@ async fn attempt_step(
                 }
                 tracing::debug!(request_id = ?request_id, engine = %engine.url, kind = f.kind.as_str(), detail = %f.detail, "attempt failed");
                 match attempts.on_head(Verdict::Failed(f.kind)) {
+                    // A whole answer cut by the request's total timeout while the engine was
+                    // generating (its token counter grew since the attempt was sent): the
+                    // router's budget ran out, not the engine (a long generation opened
+                    // healthy engines' breakers, QA). One that generated nothing failed.
+                    Action::TryNext { .. }
+                        if matches!(wait, Wait::Until(_))
+                            && f.kind == FailKind::Timeout
+                            && engine.generated_at_us.load(Ordering::Relaxed)
+                                > attempt.sent_us() =>
+                    {
+                        attempt.account(Accounting::Cancel, None);
+                    }
                     Action::TryNext { account } => attempt.account(account, Some(f.kind)),
                     Action::Deliver => unreachable!("a failed attempt is never delivered"),
                 }

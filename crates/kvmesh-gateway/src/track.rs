@@ -95,6 +95,11 @@ impl Attempt {
         Duration::from_micros(self.gw.clock.now_us().saturating_sub(self.sent_us))
     }
 
+    /// When it was sent (cluster µs).
+    pub fn sent_us(&self) -> u64 {
+        self.sent_us
+    }
+
     /// The answer's first data reached the router: TTFT (once per attempt).
     pub fn first_byte(&mut self) {
         if self.first_byte_seen {

@@ -99,3 +99,32 @@ async fn a_stream_silent_for_a_first_byte_timeout_at_the_total_timeout_is_a_stal
     );
     assert_eq!(in_flight(&gw), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_cut_while_the_engine_generates_is_not_the_engine_s_failure() {
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = 1_000;
+    c.timeouts.total_ms = 10_000;
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::Hang);
+    mock.set_default(B, MockReply::Hang);
+    let gw = gateway(c, &mock, &[A, B]);
+    // 2 s in, a scrape finds both engines' generated-token counters grown.
+    let g = gw.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for e in [A, B] {
+            engine(&g, e)
+                .generated_at_us
+                .store(g.clock.now_us(), Ordering::Relaxed);
+        }
+    });
+    let (status, ..) = call(&gw).await;
+    assert_eq!(status, 504);
+    assert_eq!(
+        errors(&gw, A, FailKind::Timeout) + errors(&gw, B, FailKind::Timeout),
+        0,
+        "a long generation, not a failed engine"
+    );
+    assert_eq!(in_flight(&gw), 0);
+}
