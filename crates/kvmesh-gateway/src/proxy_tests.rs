@@ -103,12 +103,10 @@ fn in_flight(gw: &Gateway) -> u32 {
 
 #[path = "proxy/body_tests.rs"]
 mod body;
-
-#[path = "proxy/total_timeout_tests.rs"]
-mod total_timeout;
-
 #[path = "proxy/events_status_tests.rs"]
 mod events_status;
+#[path = "proxy/total_timeout_tests.rs"]
+mod total_timeout;
 
 #[tokio::test(start_paused = true)]
 async fn a_5xx_is_retried_on_another_engine_and_counted_against_the_first() {

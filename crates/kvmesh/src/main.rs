@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 mod bench_cmd;
+mod bench_env;
 mod bench_routers;
 mod chaos_cmd;
 mod fleet;
