@@ -149,17 +149,7 @@ async fn reweigh(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<B
     // A resolved engine's weight is its DNS name's (`serve.dns`), on the routers that
     // resolve it: set here, it would also add the engine to every router through the
     // registry (QA), and outlive the name's next resolution.
-    if let Some(e) = gw.registry.get(EngineId::from_url(&url))
-        && let Source::Dns(name) = &e.source
-    {
-        return Err(ApiError::with_status(
-            409,
-            format!(
-                "engine {} comes from DNS name {name}: its weight is the name's (serve.dns weight)",
-                e.url
-            ),
-        ));
-    }
+    not_resolved(gw, &url, "its weight is the name's (serve.dns weight)")?;
     let e = gw
         .registry
         .set_weight(EngineId::from_url(&url), p.weight)
@@ -172,6 +162,20 @@ async fn reweigh(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<B
         200,
         serde_json::json!({ "url": e.url, "weight": e.base_weight() }).to_string(),
     ))
+}
+
+/// A 409 for an engine this router resolves from a DNS name (the name rules it), saying
+/// `why` the change is refused.
+fn not_resolved(gw: &Gateway, url: &str, why: &str) -> Result<(), ApiError> {
+    if let Some(e) = gw.registry.get(EngineId::from_url(url))
+        && let Source::Dns(name) = &e.source
+    {
+        return Err(ApiError::with_status(
+            409,
+            format!("engine {} comes from DNS name {name}: {why}", e.url),
+        ));
+    }
+    Ok(())
 }
 
 async fn remove(
@@ -193,17 +197,11 @@ async fn remove(
         None => parse_body::<Del>(&admin_body(gw, req).await?)?.url,
     };
     let url = canonical_base_url(&url);
-    if let Some(e) = gw.registry.get(EngineId::from_url(&url))
-        && let Source::Dns(name) = &e.source
-    {
-        return Err(ApiError::with_status(
-            409,
-            format!(
-                "engine {} comes from DNS name {name}, resolved again and again: it would come back; remove it from the DNS records",
-                e.url
-            ),
-        ));
-    }
+    not_resolved(
+        gw,
+        &url,
+        "resolved again and again, it would come back; remove it from the DNS records",
+    )?;
     match gw.registry.remove(&url) {
         Some(e) => {
             if let Some(m) = gw.mesh.get() {

@@ -268,32 +268,6 @@ async fn a_whole_answer_is_waited_for_past_the_first_byte_timeout() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_whole_answer_is_bounded_by_the_total_timeout_and_not_tried_again() {
-    let mut c = cfg();
-    c.timeouts.first_byte_ms = 1_000;
-    c.timeouts.total_ms = 10_000;
-    let mock = MockUpstream::new();
-    mock.set_default(A, MockReply::Hang);
-    mock.set_default(B, MockReply::Hang);
-    let gw = gateway(c, &mock, &[A, B]);
-    let t0 = tokio::time::Instant::now();
-    let (status, _, body) = call(&gw).await;
-    assert_eq!(status, 504, "{body}");
-    assert!(body.contains("upstream timeout"), "{body}");
-    assert_eq!(t0.elapsed(), Duration::from_secs(10));
-    assert_eq!(
-        mock.calls().len(),
-        1,
-        "the total timeout is the request's, not an attempt's"
-    );
-    assert_eq!(
-        errors(&gw, A, FailKind::Timeout) + errors(&gw, B, FailKind::Timeout),
-        1
-    );
-    assert_eq!(in_flight(&gw), 0);
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_429_is_retried_elsewhere_but_never_opens_the_breaker() {
     let mock = MockUpstream::new();
     mock.set_default(A, MockReply::ok(429, "slow down"));

@@ -4,6 +4,22 @@
 
 use super::*;
 
+/// A router over A and B with these timeouts.
+fn timed(first_byte_ms: u64, total_ms: u64, mock: &Arc<MockUpstream>) -> Arc<Gateway> {
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = first_byte_ms;
+    c.timeouts.total_ms = total_ms;
+    gateway(c, mock, &[A, B])
+}
+
+/// A router over A and B, both hung, with these timeouts.
+fn hung(first_byte_ms: u64, total_ms: u64) -> (Arc<Gateway>, Arc<MockUpstream>) {
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::Hang);
+    mock.set_default(B, MockReply::Hang);
+    (timed(first_byte_ms, total_ms, &mock), mock)
+}
+
 /// A streamed answer of `chunks` events, one every `every`, with no end.
 fn stream_of(chunks: usize, every: Duration) -> MockReply {
     MockReply::Respond {
@@ -31,14 +47,11 @@ async fn stream_until_cut(gw: &Arc<Gateway>) -> String {
 
 #[tokio::test(start_paused = true)]
 async fn a_stream_still_delivering_at_the_total_timeout_is_not_the_engine_s_failure() {
-    let mut c = cfg();
-    c.timeouts.first_byte_ms = 2_000;
-    c.timeouts.total_ms = 10_000;
     let mock = MockUpstream::new();
     // An event every 100 ms for a minute: the budget runs out first.
     mock.set_default(A, stream_of(600, Duration::from_millis(100)));
     mock.set_default(B, stream_of(600, Duration::from_millis(100)));
-    let gw = gateway(c, &mock, &[A, B]);
+    let gw = timed(2_000, 10_000, &mock);
     for _ in 0..6 {
         let t0 = tokio::time::Instant::now();
         let body = stream_until_cut(&gw).await;
@@ -62,9 +75,6 @@ async fn a_stream_still_delivering_at_the_total_timeout_is_not_the_engine_s_fail
 
 #[tokio::test(start_paused = true)]
 async fn a_stream_silent_for_a_first_byte_timeout_at_the_total_timeout_is_a_stall() {
-    let mut c = cfg();
-    c.timeouts.first_byte_ms = 2_000;
-    c.timeouts.total_ms = 10_000;
     let mock = MockUpstream::new();
     // Two events, then nothing for a minute: a wedged engine.
     let stalled = MockReply::Respond {
@@ -84,7 +94,7 @@ async fn a_stream_silent_for_a_first_byte_timeout_at_the_total_timeout_is_a_stal
     };
     mock.set_default(A, stalled.clone());
     mock.set_default(B, stalled);
-    let gw = gateway(c, &mock, &[A, B]);
+    let gw = timed(2_000, 10_000, &mock);
     let t0 = tokio::time::Instant::now();
     let body = stream_until_cut(&gw).await;
     assert_eq!(
@@ -102,13 +112,7 @@ async fn a_stream_silent_for_a_first_byte_timeout_at_the_total_timeout_is_a_stal
 
 #[tokio::test(start_paused = true)]
 async fn a_whole_answer_cut_while_the_engine_generates_is_not_the_engine_s_failure() {
-    let mut c = cfg();
-    c.timeouts.first_byte_ms = 1_000;
-    c.timeouts.total_ms = 10_000;
-    let mock = MockUpstream::new();
-    mock.set_default(A, MockReply::Hang);
-    mock.set_default(B, MockReply::Hang);
-    let gw = gateway(c, &mock, &[A, B]);
+    let (gw, _mock) = hung(1_000, 10_000);
     // 2 s in, a scrape finds both engines' generated-token counters grown.
     let g = gw.clone();
     tokio::spawn(async move {
@@ -125,6 +129,26 @@ async fn a_whole_answer_cut_while_the_engine_generates_is_not_the_engine_s_failu
         errors(&gw, A, FailKind::Timeout) + errors(&gw, B, FailKind::Timeout),
         0,
         "a long generation, not a failed engine"
+    );
+    assert_eq!(in_flight(&gw), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_is_bounded_by_the_total_timeout_and_not_tried_again() {
+    let (gw, mock) = hung(1_000, 10_000);
+    let t0 = tokio::time::Instant::now();
+    let (status, _, body) = call(&gw).await;
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("upstream timeout"), "{body}");
+    assert_eq!(t0.elapsed(), Duration::from_secs(10));
+    assert_eq!(
+        mock.calls().len(),
+        1,
+        "the total timeout is the request's, not an attempt's"
+    );
+    assert_eq!(
+        errors(&gw, A, FailKind::Timeout) + errors(&gw, B, FailKind::Timeout),
+        1
     );
     assert_eq!(in_flight(&gw), 0);
 }
