@@ -78,12 +78,13 @@ pub struct MeshConfig {
     /// `least_request.own_bias` follows: 0 with it, 4 without. 0 = never ask. Default 1
     /// (above every normal thread, below the kernel's).
     pub realtime_priority: u8,
-    /// The envelope version this router writes to its peers (it reads every version). 1: every
-    /// delta and control message in one piece, what every build reads. 2: each on its own, so
-    /// that a reader skips a kind it does not know (a later build's) and applies the rest. Set
-    /// 2 once every router of the cluster runs a build that reads it (this one or later): an
-    /// upgrade in two rolling restarts, as Kafka's `inter.broker.protocol.version` (README,
-    /// *Upgrades*).
+    /// The envelope version this router writes to its peers (it reads every version). 2: each
+    /// delta and control message on its own, so that a reader skips a kind it does not know (a
+    /// later build's) and applies the rest; the plants of config records, which keep routers
+    /// restarted together from undoing run-time changes, go in version 2 only. 1: everything
+    /// in one piece, what builds before version 2 read: set 1 while upgrading from such a
+    /// build, then 2 again in a second rolling restart, as Kafka's
+    /// `inter.broker.protocol.version` (README, *Upgrades*).
     pub wire_version: u8,
 }
 
@@ -106,7 +107,7 @@ impl Default for MeshConfig {
             anti_entropy_ms: 1_000,
             expected_routers: 3,
             realtime_priority: 1,
-            wire_version: 1,
+            wire_version: 2,
         }
     }
 }

@@ -507,7 +507,7 @@ async fn replicas_share_one_certificate_pair_through_cert_name() {
     assert_eq!(seen["members"][0]["name"], "kvmesh-7d9f-y2", "{seen}");
     assert_eq!(cluster_json(&http, &b).await["node"], "kvmesh-7d9f-y2");
     assert_eq!(
-        seen["wire_version"], 1,
+        seen["wire_version"], 2,
         "the default envelope version: {seen}"
     );
     a.shutdown().await;

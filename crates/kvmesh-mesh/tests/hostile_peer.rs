@@ -14,8 +14,9 @@ use kvmesh_mesh::core::{
 };
 use kvmesh_state::{
     Control, Delta, Dot, EngineRecord, Envelope, EnvelopeKind, EnvelopeV1, FeedBatch, FeedBatches,
-    FeedHead, FeedId, FeedPull, FeedSnapshot, LoadBatch, LoadDelta, MarkDelta, NodeId, RegistryAdd,
-    RegistryDelta, Seeded, SnapBlock, Span, Stamp, StateDigest, Version, WireOp, encode,
+    FeedHead, FeedId, FeedPull, FeedSnapshot, LoadBatch, LoadDelta, MarkDelta, NodeId, Planted,
+    RegistryAdd, RegistryDelta, Seeded, SnapBlock, Span, Stamp, StateDigest, Version, WireOp,
+    encode,
 };
 
 const CLUSTER: u64 = 77;
@@ -155,7 +156,7 @@ impl Gen {
     }
 
     fn delta(&mut self) -> Delta {
-        match self.rng.below(7) {
+        match self.rng.below(8) {
             0 => Delta::Load(LoadDelta {
                 node: self.node(),
                 engine: self.engine(),
@@ -229,6 +230,19 @@ impl Gen {
                     })
                     .collect(),
             }),
+            6 => Delta::Planted(
+                (0..self.len(8))
+                    .map(|_| Planted {
+                        engine: self.engine(),
+                        record: self.u64(),
+                        at_us: self.u64(),
+                        dot: Dot {
+                            node: self.node(),
+                            counter: self.u64(),
+                        },
+                    })
+                    .collect(),
+            ),
             _ => Delta::FeedBatches(FeedBatches {
                 feed: self.feed(),
                 items: (0..self.len(8))

@@ -294,3 +294,26 @@ fn changes_made_on_a_router_alone_hold_when_another_joins() {
         holds(&mut s, &changed, &[0], 30_000_000, &what);
     }
 }
+
+/// Two routers restarted together while the third runs on with the run-time changes: the
+/// first (no seeds) and one whose seed is the first, or two whose seeds are each other (the
+/// README's layout). The two meet each other first, find each other's registry empty and
+/// plant their config; those plants lose to the config's first planting, which the third
+/// router remembers, so the run-time changes hold on every router. (Found by QA, 3 of 3 runs:
+/// the removed engine and the old weight came back everywhere.)
+#[test]
+fn two_routers_restarted_together_do_not_undo_run_time_changes() {
+    for seed in 1..=16 {
+        let mut s = three_of_one_config(seed);
+        let changed = change(&mut s, 1, 2);
+        let what = format!("seed {seed}: the changes did not spread");
+        holds(&mut s, &changed, &[1, 2], 30_000_000, &what);
+        s.kill(0);
+        s.kill(1);
+        s.run(200_000, |_| {});
+        start(&mut s, 0, (seed % 2 == 0).then_some(1), config());
+        start(&mut s, 1, Some(0), config());
+        let what = format!("seed {seed}: two routers restarted together undid the changes");
+        holds(&mut s, &changed, &[2], 60_000_000, &what);
+    }
+}

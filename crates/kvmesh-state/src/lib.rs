@@ -44,7 +44,8 @@ pub use load::{LoadBatch, LoadDelta, LoadMap};
 pub use marks::{MARK_WINDOW, MarkDelta, MarkMap, covering_keys, window_top};
 pub use ownership::{owners, owns};
 pub use registry::{
-    Dot, EngineRecord, RegistryAdd, RegistryDelta, RegistrySet, SEEDED_MAX, Seeded, Span, Stamp,
+    Dot, EngineRecord, PLANTED_MAX, Planted, RegistryAdd, RegistryDelta, RegistrySet, SEEDED_MAX,
+    Seeded, Span, Stamp,
 };
 pub use wire::{
     Control, Delta, Envelope, EnvelopeKind, EnvelopeV1, EnvelopeV2, FeedHead, MAX_ENVELOPE_BYTES,

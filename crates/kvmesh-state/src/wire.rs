@@ -8,9 +8,10 @@
 //! added) drops the whole envelope. Version 2 carries the same header and encodes each delta
 //! and each control message on its own, length-prefixed ([`Part`]): a reader skips a part it
 //! cannot decode, counts it, and applies the rest. Every build reads both; which one a router
-//! writes is `serve.mesh.wire_version` (1 by default: builds before version 2 existed read
-//! only version 1). Once every router of a cluster reads version 2, writing it lets a later
-//! build add a kind of delta or control message without the earlier builds losing the rest.
+//! writes is `serve.mesh.wire_version` (2 by default; 1 while upgrading from a build before
+//! version 2, which reads only version 1). Writing version 2 lets a later build add a kind of
+//! delta or control message without the earlier builds losing the rest; kinds added so are
+//! written in version 2 only ([`Delta::Planted`]).
 //! The rule for such a change: never change how an existing kind is encoded (its fields, their
 //! order, its variant's index); add a new variant at the end of [`Delta`] or [`Control`], and
 //! keep reading the old one. Information that older builds lack changes no digest they
@@ -20,7 +21,7 @@ use crate::feeds::{FeedBatch, FeedBatches, FeedId, FeedPull, FeedSnapshot};
 use crate::ids::{NodeId, Version};
 use crate::load::{LoadBatch, LoadDelta};
 use crate::marks::MarkDelta;
-use crate::registry::RegistryDelta;
+use crate::registry::{Planted, RegistryDelta};
 use serde::{Deserialize, Serialize};
 
 /// The largest envelope accepted (bytes): a delta batch is flushed well below it.
@@ -43,6 +44,9 @@ pub enum Delta {
     FeedSnapshot(FeedSnapshot),
     /// Batches of one feed (what is sent: see [`FeedBatches`]).
     FeedBatches(FeedBatches),
+    /// Adds that planted config records ([`crate::RegistrySet::plant`]). Added after version
+    /// 2: written only in version 2 envelopes, which earlier builds skip part by part.
+    Planted(Vec<Planted>),
 }
 
 /// Digests of the replicated state's parts, compared in anti-entropy.

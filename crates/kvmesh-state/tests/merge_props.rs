@@ -42,6 +42,10 @@ impl State {
             Delta::Registry(x) => {
                 self.registry.merge(x);
             }
+            Delta::Planted(x) => {
+                self.registry
+                    .merge_planted(x, &mut std::collections::BTreeSet::new());
+            }
             // Feeds are ordered logs, not joins: tests/feed_props.rs.
             Delta::Feed(_) | Delta::FeedSnapshot(_) | Delta::FeedBatches(_) => {}
         }

@@ -108,11 +108,12 @@ impl MeshCore {
             if held {
                 continue;
             }
-            let d = self
+            let (d, p) = self
                 .st
                 .registry
-                .add(self.me, now_us, engine, record.clone());
+                .plant(self.me, now_us, engine, record.clone());
             self.outbox.push(Delta::Registry(d));
+            self.outbox.push(Delta::Planted(vec![p]));
             self.counters.engines_seeded += 1;
             self.out
                 .push(Output::Apply(Apply::EngineUpsert { engine, record }));

@@ -25,7 +25,11 @@ impl MeshCore {
             Delta::Feed(b) => Some(b.feed.source),
             Delta::FeedBatches(b) => Some(b.feed.source),
             Delta::FeedSnapshot(s) => Some(s.feed.source),
-            Delta::Load(_) | Delta::LoadBatch(_) | Delta::Mark(_) | Delta::Registry(_) => None,
+            Delta::Load(_)
+            | Delta::LoadBatch(_)
+            | Delta::Mark(_)
+            | Delta::Registry(_)
+            | Delta::Planted(_) => None,
         };
         if source.is_some_and(|s| s != sender) {
             self.counters.deltas_refused += 1;
@@ -81,6 +85,16 @@ impl MeshCore {
                 // A delta may touch several engines (a whole state's fragment).
                 let mut touched = BTreeSet::new();
                 if self.st.registry.merge_noting(&r, &mut touched) {
+                    self.counters.deltas_applied += 1;
+                }
+                for engine in touched {
+                    self.tell_engine(engine);
+                }
+            }
+            Delta::Planted(ps) => {
+                // A plant may void a router's add of its config record (see the registry).
+                let mut touched = BTreeSet::new();
+                if self.st.registry.merge_planted(&ps, &mut touched) {
                     self.counters.deltas_applied += 1;
                 }
                 for engine in touched {
@@ -179,7 +193,7 @@ impl MeshCore {
                 if digest.registry != mine.registry {
                     differs = true;
                     self.counters.repairs += 1;
-                    parts.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
+                    parts.extend(self.registry_deltas());
                 } else {
                     // This node holds the peer's registry: seeds waiting for the cluster's go in.
                     self.plant_waiting_seeds(now_us);
@@ -248,9 +262,16 @@ impl MeshCore {
         self.st.marks.expire(now_us);
         let mut v: Vec<Delta> = self.st.load.deltas().into_iter().map(Delta::Load).collect();
         v.extend(self.st.marks.deltas().into_iter().map(Delta::Mark));
-        v.extend(self.st.registry.deltas().into_iter().map(Delta::Registry));
+        v.extend(self.registry_deltas());
         self.own_engines_only(&mut v);
         v
+    }
+
+    /// The whole registry as deltas: its fragments, then the first plants.
+    fn registry_deltas(&self) -> impl Iterator<Item = Delta> {
+        let reg = &self.st.registry;
+        let fragments = reg.deltas().into_iter().map(Delta::Registry);
+        fragments.chain(reg.planted().into_iter().map(Delta::Planted))
     }
 
     pub(super) fn flush(&mut self, now_us: u64) {
@@ -431,6 +452,9 @@ impl MeshCore {
         // batches by feed (its id once). Counts last: a receiver applies an envelope in
         // order, and must not see a request's count before the mark of its prompt (a
         // sibling of a new prefix would go elsewhere).
+        // Plants go in version 2 only (they came after it: builds before them skip the
+        // part, while a version 1 envelope would be dropped whole).
+        let plants = self.cfg.wire_version >= 2;
         let mut loads = Vec::new();
         let mut batches = Vec::new();
         let mut rest = Vec::new();
@@ -438,6 +462,7 @@ impl MeshCore {
             match d {
                 Delta::Load(l) => loads.push(l),
                 Delta::Feed(b) => batches.push(b),
+                Delta::Planted(_) if !plants => {}
                 d => rest.push(d),
             }
         }
@@ -463,6 +488,7 @@ impl MeshCore {
                 Delta::Mark(m) => 1 + m.keys.len() / 8,
                 Delta::LoadBatch(b) => 1 + b.items.len() / 4,
                 Delta::FeedBatches(b) => 1 + b.ops() / 8,
+                Delta::Planted(p) => 1 + p.len() / 8,
                 _ => 1,
             };
             cur.push(d);

@@ -65,7 +65,7 @@ pub fn sim_config(cluster_id: u64, expected_size: u32) -> CoreConfig {
         mark_ttls_us: vec![10_000_000],
         expected_size,
         warm_bound_us: 5_000_000,
-        wire_version: 1,
+        wire_version: 2,
         first: false,
     }
 }
@@ -711,7 +711,7 @@ fn tally(kinds: &mut BTreeMap<&'static str, u64>, dgram: bool, bytes: &[u8], clu
             match d {
                 Delta::Load(_) | Delta::LoadBatch(_) => "load",
                 Delta::Mark(_) => "marks",
-                Delta::Registry(_) => "registry",
+                Delta::Registry(_) | Delta::Planted(_) => "registry",
                 Delta::Feed(_) | Delta::FeedBatches(_) => "feed batches",
                 Delta::FeedSnapshot(_) => "feed snapshots",
             },

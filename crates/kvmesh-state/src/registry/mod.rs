@@ -20,12 +20,19 @@
 //! each with its record) plus the context: per router and run of that router (a restart is a
 //! new run), one counter interval, and a few more while an add is missing (they merge when it
 //! arrives). Removed engines leave nothing else behind: their records go with their last add,
-//! but for the notes of what routers' configs seeded ([`seeded`]: at most [`SEEDED_MAX`]).
+//! but for the notes of what routers' configs seeded ([`seeded`]: at most [`SEEDED_MAX`]) and
+//! the first plant of each config record ([`planted`]: as many).
+//!
+//! Plants of config records ([`RegistrySet::plant`]) are adds that the first plant of the same
+//! record voids: see [`planted`]. They travel as their own kind of delta ([`Planted`]), beside
+//! their add.
 
 mod context;
+mod planted;
 mod seeded;
 
 pub use context::Span;
+pub use planted::{PLANTED_MAX, Planted};
 pub use seeded::{SEEDED_MAX, Seeded};
 
 use crate::ids::NodeId;
@@ -124,6 +131,8 @@ pub struct RegistrySet {
     issued: u64,
     /// The config records routers seeded.
     seeded: seeded::SeededLog,
+    /// The first plant of each config record.
+    planted: planted::PlantedLog,
     /// [`RegistrySet::digest`] as last computed, until the next change (anti-entropy asks
     /// for it at every digest exchange, and the registry seldom changes).
     digest: std::cell::Cell<Option<u64>>,
@@ -199,6 +208,63 @@ impl RegistrySet {
         };
         self.merge(&d);
         d
+    }
+
+    /// The local router plants its config's `record` of `engine` (an [`RegistrySet::add`]
+    /// that says it came from a config): returns the add's delta and the plant to send. A
+    /// plant of this record made before voids it wherever the two meet ([`planted`]).
+    pub fn plant(
+        &mut self,
+        me: NodeId,
+        now_us: u64,
+        engine: u64,
+        record: EngineRecord,
+    ) -> (RegistryDelta, Planted) {
+        let digest = record.digest();
+        let d = self.add(me, now_us, engine, record);
+        let p = Planted {
+            engine,
+            record: digest,
+            at_us: now_us,
+            dot: d.adds[0].dot,
+        };
+        self.merge_planted(&[p], &mut BTreeSet::new());
+        (d, p)
+    }
+
+    /// Merges plants; true when they changed the registry. An add a plant voids is removed
+    /// (its dot seen, not present), and its engine goes in `touched`.
+    pub fn merge_planted(&mut self, ps: &[Planted], touched: &mut BTreeSet<u64>) -> bool {
+        let mut changed = false;
+        for &p in ps {
+            match self.planted.merge(p) {
+                planted::Outcome::Known => {}
+                planted::Outcome::First => changed = true,
+                planted::Outcome::Void(dot) => {
+                    self.digest.set(None);
+                    changed |= self.ctx.insert(Span::dot(dot));
+                    if let Some(engine) = self.drop_add(dot) {
+                        changed = true;
+                        touched.insert(engine);
+                    }
+                }
+            }
+        }
+        changed
+    }
+
+    /// The first plants of config records, for a whole state (in parts of at most
+    /// [`NOTES_PER_FRAGMENT`]).
+    pub fn planted(&self) -> Vec<Vec<Planted>> {
+        let all: Vec<Planted> = self.planted.iter().collect();
+        all.chunks(NOTES_PER_FRAGMENT)
+            .map(<[Planted]>::to_vec)
+            .collect()
+    }
+
+    /// First plants kept.
+    pub fn planted_len(&self) -> usize {
+        self.planted.len()
     }
 
     /// Notes that a router's config seeded `engine` with `record` (or found it so), at
@@ -292,15 +358,9 @@ impl RegistrySet {
             );
         }
         for x in gone {
-            if let Some(e) = self.dots.remove(&x) {
+            if let Some(engine) = self.drop_add(x) {
                 changed = true;
-                touched.insert(e.engine);
-                if let Some(set) = self.engines.get_mut(&e.engine) {
-                    set.remove(&x);
-                    if set.is_empty() {
-                        self.engines.remove(&e.engine);
-                    }
-                }
+                touched.insert(engine);
             }
         }
         // Present there, never seen here: added.
@@ -333,6 +393,18 @@ impl RegistrySet {
             changed |= self.seeded.merge(n);
         }
         changed
+    }
+
+    /// Drops the add of `dot` if present: returns its engine.
+    fn drop_add(&mut self, dot: Dot) -> Option<u64> {
+        let e = self.dots.remove(&dot)?;
+        if let Some(set) = self.engines.get_mut(&e.engine) {
+            set.remove(&dot);
+            if set.is_empty() {
+                self.engines.remove(&e.engine);
+            }
+        }
+        Some(e.engine)
     }
 
     /// Whether the add of this dot was seen (present, or removed since).
