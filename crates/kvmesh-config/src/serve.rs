@@ -63,8 +63,9 @@ pub struct ServeConfig {
     pub body_read_timeout_ms: u64,
     /// A client that takes none of its answer for this long is disconnected (nginx's
     /// `send_timeout`, 60 s): its request ends as the client's doing, not the engine's, and
-    /// stops counting as load. Without it a client that stops reading would hold its request
-    /// for as long as it kept the connection open.
+    /// stops counting as load (counted in `kvmesh_connections_closed_total{reason="send_timeout"}`).
+    /// Without it a client that stops reading would hold its request for as long as it kept
+    /// the connection open.
     pub send_timeout_ms: u64,
     /// The `x-kvmesh-engine` response header and the router's error answers name the engine
     /// by its cluster-stable id (16 hex digits) instead of its URL, so clients do not learn

@@ -207,6 +207,7 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
         header_read_timeout: Duration::from_millis(gw.cfg.header_read_timeout_ms),
         http2: false,
         send_timeout: Duration::from_millis(gw.cfg.send_timeout_ms),
+        counters: Some(gw.metrics.connections.clone()),
     };
     let task = tokio::spawn(kvmesh_http::serve(
         listener,

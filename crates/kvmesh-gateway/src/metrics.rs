@@ -41,6 +41,8 @@ pub struct GatewayMetrics {
     error_responses: Family<StatusLabels, Counter>,
     /// Time spent deciding.
     pub decision_time: Arc<Histogram>,
+    /// Client connections the accept loop closed on its own.
+    pub connections: Arc<kvmesh_http::ConnCounters>,
     ttft: TtftWindow,
 }
 
@@ -52,6 +54,7 @@ impl Default for GatewayMetrics {
             budget_exhausted: Counter::default(),
             error_responses: Family::default(),
             decision_time: Arc::new(Histogram::new(MICRO_BUCKETS)),
+            connections: Arc::default(),
             ttft: TtftWindow::default(),
         }
     }
@@ -173,6 +176,7 @@ impl GatewayMetrics {
             meshed,
             prefix: reg.prefix.clone(),
             decision_time: self.decision_time.clone(),
+            connections: self.connections.clone(),
             ttft_p99: self.ttft.p99(),
             in_flight_total: reg.load_signal.total(),
             now_us,
@@ -193,6 +197,7 @@ struct Snapshot {
     meshed: bool,
     prefix: Arc<PrefixState>,
     decision_time: Arc<Histogram>,
+    connections: Arc<kvmesh_http::ConnCounters>,
     ttft_p99: f64,
     in_flight_total: u64,
     now_us: u64,
@@ -312,6 +317,21 @@ impl Collector for Snapshot {
             "Requests this router has in flight",
             Value::Gauge(in_flight as i64),
         )?;
+        let mut m = enc.encode_descriptor(
+            "kvmesh_connections_closed",
+            "Client connections the router closed on its own: over serve.max_connections (answered 503), or a client that took none of its answer for serve.send_timeout_ms",
+            None,
+            MetricType::Counter,
+        )?;
+        let c = &self.connections;
+        for (reason, n) in [
+            ("over_limit", &c.refused),
+            ("send_timeout", &c.send_timeouts),
+        ] {
+            let labels = [("reason", reason)];
+            let mut f = m.encode_family(&labels)?;
+            put(&mut f, &Value::Counter(n.load(Relaxed)))?;
+        }
         if self.ttft_p99.is_finite() {
             single(
                 &mut enc,

@@ -112,6 +112,16 @@ async fn half_sent_requests_do_not_stop_other_clients() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(ok, "served again once the slots are free");
+    let closed = |page: &str, reason: &str| {
+        let label = format!("reason=\"{reason}\"");
+        page.lines()
+            .filter(|l| l.starts_with("kvmesh_connections_closed_total{") && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let page = scrape(&c, &router.base_url()).await;
+    assert!(closed(&page, "over_limit") >= 1.0, "the refusal counted");
+    assert_eq!(closed(&page, "send_timeout"), 0.0);
     router.shutdown().await;
     stop_sims(sims).await;
 }
@@ -157,6 +167,10 @@ async fn a_client_that_stops_reading_is_let_go_and_its_request_stops_counting() 
         engine_kind_metric(&page, "kvmesh_engine_errors_total", &engine, "stream"),
         0.0,
         "the client's stall is not the engine's failure"
+    );
+    assert!(
+        page.contains("kvmesh_connections_closed_total{reason=\"send_timeout\"} 1\n"),
+        "the cut counted once"
     );
     drop(s);
     stop_sims(sims).await;

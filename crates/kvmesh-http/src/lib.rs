@@ -230,6 +230,9 @@ pub async fn serve<S, H, F>(
                 let _ = stream.set_nodelay(true);
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     // Full: a clear 503 and the connection closed, never queued unboundedly.
+                    if let Some(c) = &limits.counters {
+                        c.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     tokio::spawn(refuse(stream, limits.max_connections));
                     continue;
                 };
@@ -238,7 +241,9 @@ pub async fn serve<S, H, F>(
                     let fut = handler(st.clone(), req);
                     async move { Ok::<_, Infallible>(fut.await) }
                 });
-                let io = TokioIo::new(SendTimeout::new(stream, limits.send_timeout));
+                let io = SendTimeout::new(stream, limits.send_timeout)
+                    .counted(limits.counters.clone());
+                let io = TokioIo::new(io);
                 match &both {
                     Some(b) => {
                         let conn = graceful.watch(b.serve_connection(io, svc).into_owned());
@@ -268,8 +273,18 @@ pub async fn serve<S, H, F>(
     }
 }
 
+/// Connections the accept loop closed on its own, by reason.
+#[derive(Debug, Default)]
+pub struct ConnCounters {
+    /// Refused over [`ServeLimits::max_connections`] (answered 503).
+    pub refused: std::sync::atomic::AtomicU64,
+    /// Closed because the client took none of its answer for
+    /// [`ServeLimits::send_timeout`].
+    pub send_timeouts: std::sync::atomic::AtomicU64,
+}
+
 /// Limits of the accept loop against clients that hold connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ServeLimits {
     /// Connections served at once; one more gets a 503 JSON error and is closed.
     pub max_connections: usize,
@@ -284,6 +299,8 @@ pub struct ServeLimits {
     /// A connection whose client takes none of its answer for this long is closed
     /// ([`SendTimeout`], nginx's `send_timeout`).
     pub send_timeout: Duration,
+    /// Where the connections closed over these limits are counted, if anywhere.
+    pub counters: Option<Arc<ConnCounters>>,
 }
 
 impl Default for ServeLimits {
@@ -293,6 +310,7 @@ impl Default for ServeLimits {
             header_read_timeout: Duration::from_secs(30),
             http2: false,
             send_timeout: Duration::from_secs(60),
+            counters: None,
         }
     }
 }

@@ -5,8 +5,11 @@
 //! open: the router stops reading the engine once the client's socket is full, so no other
 //! deadline of the request is ever looked at.
 
+use crate::ConnCounters;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -19,6 +22,10 @@ pub struct SendTimeout<S> {
     /// Armed when a write is blocked; disarmed by any progress (made only for a blocked
     /// write: a connection that writes at once never allocates it).
     blocked: Option<Pin<Box<Sleep>>>,
+    /// Where a connection closed so is counted (once), if anywhere.
+    counters: Option<Arc<ConnCounters>>,
+    /// It ran out (counted and logged).
+    expired: bool,
 }
 
 impl<S> SendTimeout<S> {
@@ -28,7 +35,15 @@ impl<S> SendTimeout<S> {
             inner,
             limit,
             blocked: None,
+            counters: None,
+            expired: false,
         }
+    }
+
+    /// Counts in `counters` the connection closed so (`send_timeouts`).
+    pub fn counted(mut self, counters: Option<Arc<ConnCounters>>) -> Self {
+        self.counters = counters;
+        self
     }
 
     /// Called with a write's outcome: progress disarms the timer; `Pending` arms it, and
@@ -47,6 +62,16 @@ impl<S> SendTimeout<S> {
             .blocked
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
         ready!(timer.as_mut().poll(cx));
+        if !self.expired {
+            self.expired = true;
+            if let Some(c) = &self.counters {
+                c.send_timeouts.fetch_add(1, Relaxed);
+            }
+            tracing::info!(
+                ?limit,
+                "closing a connection whose client took none of its answer"
+            );
+        }
         Poll::Ready(Err(io::Error::new(
             io::ErrorKind::TimedOut,
             format!("the client took none of its answer for {limit:?}"),
@@ -107,7 +132,8 @@ mod tests {
     async fn a_write_blocked_past_the_limit_fails_and_progress_resets_the_clock() {
         // A pipe of 64 bytes that nobody reads: the second write blocks.
         let (a, mut b) = tokio::io::duplex(64);
-        let mut w = SendTimeout::new(a, Duration::from_secs(60));
+        let c = Arc::new(ConnCounters::default());
+        let mut w = SendTimeout::new(a, Duration::from_secs(60)).counted(Some(c.clone()));
         w.write_all(&[1; 64]).await.expect("fits");
         // The reader takes some just before the limit: the write goes on, the clock restarts.
         let reader = tokio::spawn(async move {
@@ -130,5 +156,8 @@ mod tests {
             .expect_err("blocked past the limit");
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         assert_eq!(started.elapsed(), Duration::from_secs(60));
+        assert_eq!(c.send_timeouts.load(Relaxed), 1, "counted");
+        assert!(w.write_all(&[4; 1]).await.is_err());
+        assert_eq!(c.send_timeouts.load(Relaxed), 1, "once per connection");
     }
 }
