@@ -1,6 +1,30 @@
 //! The `kvmesh` command.
 
 #![forbid(unsafe_code)]
+
+// The command's own lines to stdout and stderr. Rust ignores SIGPIPE, so std's print macros
+// panic when their stream is gone (`kvmesh bench ... 2>&1 | head` closes the pipe early, QA):
+// these shadow them in the whole crate and drop a line that cannot be written instead, and
+// the run goes on (a benchmark still writes its report to `--out`).
+macro_rules! println {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+macro_rules! print {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($t)*);
+    }};
+}
+macro_rules! eprintln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 mod bench_cmd;
 mod bench_env;
 mod bench_routers;

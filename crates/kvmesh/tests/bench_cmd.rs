@@ -303,3 +303,39 @@ fn bench_refuses_what_would_waste_a_run_and_fails_when_nothing_was_answered() {
     assert!(json.contains("\"first_error\""), "{json}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A bench whose stdout and stderr are pipes nobody reads any more (`kvmesh bench ... 2>&1 |
+/// head` once `head` has exited) runs to its end and writes its report; it used to panic at
+/// its first progress line (QA).
+#[test]
+fn bench_runs_on_when_its_output_pipes_are_closed() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-bench-pipes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (out_r, out_w) = std::io::pipe().expect("pipe");
+    let (err_r, err_w) = std::io::pipe().expect("pipe");
+    drop((out_r, err_r));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args(["bench", "--quick", "--engines", "1", "--groups", "2"])
+        .args(["--concurrency", "2", "--policy", "round_robin", "--out"])
+        .arg(&dir)
+        .env("RUST_LOG", "warn")
+        .stdout(out_w)
+        .stderr(err_w)
+        .spawn()
+        .expect("start kvmesh bench");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(240) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("kvmesh bench did not finish within 240 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}");
+    assert!(dir.join("report.json").exists(), "report written");
+    let _ = std::fs::remove_dir_all(&dir);
+}
