@@ -229,7 +229,8 @@ impl EngineEntry {
                 &format!("{at}.url"),
                 format!(
                     "{:?} is not an http:// base URL such as http://127.0.0.1:8000 (a host, a port \
-                     1-65535 (80 when omitted), no path)",
+                     1-65535 (80 when omitted), no path; an IPv4 address written as a.b.c.d, not \
+                     127.1, 127.0.0.01, 0x7f.0.0.1 or [::ffff:127.0.0.1])",
                     self.url
                 ),
             ));
@@ -284,11 +285,29 @@ pub fn canonical_base_url(u: &str) -> String {
         },
         None => String::new(),
     };
-    format!(
-        "{}://{}{port}{path}",
-        scheme.to_ascii_lowercase(),
-        host.to_ascii_lowercase()
-    )
+    // An IPv6 address written as std writes it (RFC 5952: `[0:0::1]` is `[::1]`).
+    let host = match host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .and_then(|h| h.parse::<std::net::Ipv6Addr>().ok())
+    {
+        Some(v6) => format!("[{v6}]"),
+        None => host.to_ascii_lowercase(),
+    };
+    format!("{}://{host}{port}{path}", scheme.to_ascii_lowercase())
+}
+
+/// Whether a URL parser takes `host` for an IPv4 address (WHATWG URL's "ends in a number":
+/// its last label, a final dot aside, is decimal digits or `0x` and hex digits), as resolvers
+/// do (`0x7f.0.0.1`, `127.1` and `127.0.0.1.` all reach 127.0.0.1).
+fn ends_in_number(host: &str) -> bool {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    let last = host.rsplit('.').next().unwrap_or("");
+    let hex = last
+        .strip_prefix("0x")
+        .or_else(|| last.strip_prefix("0X"))
+        .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
+    !last.is_empty() && (hex || last.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Whether `u` is an `http://host[:port]` base URL (no path beyond `/`).
@@ -304,16 +323,20 @@ pub fn valid_base_url(u: &str) -> bool {
         let Some((host, after)) = v6.split_once(']') else {
             return false;
         };
-        return host.parse::<std::net::Ipv6Addr>().is_ok()
+        // An IPv4 address mapped into IPv6 is written as IPv4 (`[::ffff:127.0.0.1]` would be
+        // another engine's id beside `127.0.0.1`).
+        return host
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|a| a.to_ipv4_mapped().is_none())
             && (after.is_empty() || after.strip_prefix(':').is_some_and(port_ok));
     }
     let (host, port) = match authority.split_once(':') {
         Some((h, p)) => (h, Some(p)),
         None => (authority, None),
     };
-    // Digits and dots only is an IPv4 address, written the one way (`127.0.0.01`, `127.1`
-    // reach 127.0.0.1 through a resolver but would be other engines' ids here).
-    let numeric = host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    // A host a resolver takes for a number is an IPv4 address, written the one way
+    // (`127.0.0.01`, `127.1`, `0x7f.0.0.1` reach 127.0.0.1 but would be other engines' ids).
+    let numeric = ends_in_number(host);
     !host.is_empty()
         && host
             .bytes()

@@ -11,6 +11,8 @@ fn engine_urls_need_a_host_and_a_real_port() {
         "http://engine",
         "http://[::1]:8000",
         "http://[fe80::1]",
+        "http://engine-0x1:8000",
+        "http://a1.b2:8000",
     ] {
         assert!(valid_base_url(ok), "{ok}");
     }
@@ -35,6 +37,13 @@ fn engine_urls_need_a_host_and_a_real_port() {
         "http://127.1:8000",
         "http://256.0.0.1:8000",
         "http://1234:8000",
+        // The same through a resolver (QA): hex, a final dot, IPv4 mapped into IPv6.
+        "http://0x7f.0.0.1:8000",
+        "http://0x7F000001:8000",
+        "http://127.0.0.1.:8000",
+        "http://engine.0x1:8000",
+        "http://[::ffff:127.0.0.1]:8000",
+        "http://[::ffff:7f00:1]:8000",
     ] {
         assert!(!valid_base_url(bad), "{bad}");
     }
@@ -48,6 +57,8 @@ fn one_engine_has_one_spelling() {
         ("http://Vllm-0.Svc:8000//", "http://vllm-0.svc:8000"),
         ("http://[FE80::1]:0080", "http://[fe80::1]:80"),
         ("http://[::1]", "http://[::1]"),
+        ("http://[0:0:0:0:0:0:0:1]:8000", "http://[::1]:8000"),
+        ("http://[FE80:0::0:1]", "http://[fe80::1]"),
         ("http://engine", "http://engine"),
         // Not a port: left for validation to refuse.
         ("http://h:99999", "http://h:99999"),
