@@ -14,7 +14,7 @@
 //!   KVMESH_SCALE_MODE=approximate cargo bench -p kvmesh-mesh --bench mesh_scale
 //!   KVMESH_SCALE_KINDS=1 …   # also the steady window's bytes by kind (decodes every envelope)
 //!   KVMESH_SCALE_FIRST_SEED=4 …   # seeds from 4 (runs of one seed side by side)
-//!   KVMESH_SCALE_WIRE=2 …   # every router writes version 2 envelopes (each part on its own)
+//!   KVMESH_SCALE_WIRE=1 …   # every router writes version 1 envelopes (2, the default: each part on its own)
 //!   KVMESH_SCALE_ROUTERS=32 KVMESH_SCALE_ENGINES=1024 KVMESH_SCALE_RATE=2000 \
 //!     KVMESH_SCALE_SEEDS=3 cargo bench -p kvmesh-mesh --bench mesh_scale
 
@@ -126,11 +126,12 @@ fn main() {
             mark_ttls_us: vec![2_000_000, 120_000_000],
             expected_size: routers as u32,
             warm_bound_us: 5_000_000,
-            // `KVMESH_SCALE_WIRE=2`: every router writes version 2 envelopes.
+            // `KVMESH_SCALE_WIRE=1`: every router writes version 1 envelopes (the config's
+            // default, 2, otherwise).
             wire_version: std::env::var("KVMESH_SCALE_WIRE")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(1),
+                .unwrap_or(kvmesh_config::MeshConfig::default().wire_version),
             first: false,
         };
         let net = NetConfig {

@@ -65,6 +65,7 @@ pub fn sim_config(cluster_id: u64, expected_size: u32) -> CoreConfig {
         mark_ttls_us: vec![10_000_000],
         expected_size,
         warm_bound_us: 5_000_000,
+        // As `serve.mesh.wire_version` by default.
         wire_version: 2,
         first: false,
     }
