@@ -3,9 +3,12 @@
 //! over a lossy, duplicating, reordering network, with anti-entropy (a random peer's whole state
 //! now and then), ends with identical digests once the network heals.
 
+mod common;
+
+use common::{node, record};
 use kvmesh_state::{
-    Delta, EngineRecord, Envelope, EnvelopeV1, LoadBatch, LoadDelta, LoadMap, MarkDelta, MarkMap,
-    NodeId, RegistrySet, Version, WireError, decode, encode,
+    Delta, Envelope, EnvelopeV1, LoadBatch, LoadDelta, LoadMap, MarkDelta, MarkMap, RegistrySet,
+    Version, WireError, decode, encode,
 };
 use proptest::prelude::*;
 
@@ -64,20 +67,6 @@ impl State {
         v.extend(self.marks.deltas().into_iter().map(Delta::Mark));
         v.extend(self.registry.deltas().into_iter().map(Delta::Registry));
         v
-    }
-}
-
-fn node(i: u8) -> NodeId {
-    NodeId::from_name(&format!("router-{i}"))
-}
-
-fn record(e: u64, w: u32) -> EngineRecord {
-    EngineRecord {
-        url: format!("http://127.0.0.1:{}", 8100 + e),
-        weight_milli: w,
-        kv_events: String::new(),
-        kv_replay: String::new(),
-        models: vec!["m".into()],
     }
 }
 

@@ -6,23 +6,12 @@
 //! an earlier plant (by time, then dot) had planted already. Whole states, plants included,
 //! join commutatively, associatively and idempotently.
 
-use kvmesh_state::{Dot, EngineRecord, NodeId, Planted, RegistryDelta, RegistrySet, Span, Stamp};
+mod common;
+
+use common::{node, record};
+use kvmesh_state::{Dot, EngineRecord, Planted, RegistryDelta, RegistrySet, Span, Stamp};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
-
-fn node(i: usize) -> NodeId {
-    NodeId::from_name(&format!("router-{i}"))
-}
-
-fn record(e: u64, w: u32) -> EngineRecord {
-    EngineRecord {
-        url: format!("http://127.0.0.1:{}", 8100 + e),
-        weight_milli: w,
-        kv_events: String::new(),
-        kv_replay: String::new(),
-        models: vec!["m".into()],
-    }
-}
 
 #[derive(Debug, Clone)]
 enum D {

@@ -7,23 +7,12 @@
 //! come with a note that a config seeded them: every note reaches every order, and outlives
 //! its engine's removal.
 
-use kvmesh_state::{EngineRecord, NodeId, RegistryDelta, RegistrySet, Span};
+mod common;
+
+use common::{node, record};
+use kvmesh_state::{EngineRecord, RegistryDelta, RegistrySet, Span};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
-
-fn node(i: usize) -> NodeId {
-    NodeId::from_name(&format!("router-{i}"))
-}
-
-fn record(e: u64, w: u32) -> EngineRecord {
-    EngineRecord {
-        url: format!("http://127.0.0.1:{}", 8100 + e),
-        weight_milli: w,
-        kv_events: String::new(),
-        kv_replay: String::new(),
-        models: vec!["m".into()],
-    }
-}
 
 /// What 3 routers produced: every delta (their local changes and whole-state fragments), the
 /// router runs, and the routers' final states.
