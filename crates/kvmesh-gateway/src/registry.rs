@@ -143,6 +143,7 @@ impl EngineSet for RouteView<'_> {
                     t.eligible += 1;
                     t.load += u64::from(v.load());
                     t.weight += v.safe_weight();
+                    t.base_weight += v.base_weight.max(1e-9);
                 }
             }
             t
@@ -171,6 +172,7 @@ pub struct TotalsCache {
     eligible: AtomicU64,
     load: AtomicU64,
     weight_bits: AtomicU64,
+    base_weight_bits: AtomicU64,
 }
 
 impl TotalsCache {
@@ -188,6 +190,8 @@ impl TotalsCache {
             let t = scan();
             self.eligible.store(t.eligible as u64, Ordering::Relaxed);
             self.load.store(t.load, Ordering::Relaxed);
+            self.base_weight_bits
+                .store(t.base_weight.to_bits(), Ordering::Relaxed);
             self.weight_bits
                 .store(t.weight.to_bits(), Ordering::Release);
             return t;
@@ -196,6 +200,7 @@ impl TotalsCache {
             eligible: self.eligible.load(Ordering::Relaxed) as usize,
             load: self.load.load(Ordering::Relaxed),
             weight: f64::from_bits(self.weight_bits.load(Ordering::Acquire)),
+            base_weight: f64::from_bits(self.base_weight_bits.load(Ordering::Relaxed)),
         }
     }
 }
@@ -645,6 +650,7 @@ mod tests {
                 eligible: 4,
                 load,
                 weight: 4.0,
+                base_weight: 4.0,
             }
         };
         assert_eq!(cache.get(1_000, || scan(10)).load, 10);

@@ -14,6 +14,10 @@ pub struct EngineView {
     /// Effective weight: base weight × automatic factor × slow-start factor. Must be > 0
     /// (anything smaller is treated as 1e-9).
     pub weight: f64,
+    /// Configured weight: the cluster's record of the engine, the same on every router
+    /// (`weight` is this router's own estimate). What consistent hashing places and bounds
+    /// by, so that every router sends a key to the same engine.
+    pub base_weight: f64,
     /// Requests in flight to it, counted by the routers until the end of each answer (this
     /// router's own, plus peers' once the mesh shares them).
     pub in_flight: u32,
@@ -50,6 +54,7 @@ impl EngineView {
         EngineView {
             eligible: true,
             weight,
+            base_weight: weight,
             in_flight: 0,
             own_in_flight: 0,
             engine_load: None,
@@ -88,6 +93,8 @@ pub struct Totals {
     pub load: u64,
     /// Sum of their effective weights.
     pub weight: f64,
+    /// Sum of their configured weights ([`EngineView::base_weight`]).
+    pub base_weight: f64,
 }
 
 /// The engines of one model, read lazily: a policy asks only for the views it needs, so power
@@ -117,6 +124,7 @@ pub trait EngineSet {
                 t.eligible += 1;
                 t.load += u64::from(v.load());
                 t.weight += v.safe_weight();
+                t.base_weight += v.base_weight.max(1e-9);
             }
         }
         t
@@ -235,8 +243,8 @@ pub enum Reason {
     LeastLatency,
     /// `consistent_hash`: the key's home engine.
     Hash,
-    /// `consistent_hash`: the home engine was at its load bound (or ineligible, or thinned by
-    /// a low weight), so the key went further along the ring.
+    /// `consistent_hash`: the home engine was at its load bound (or ineligible), so the key
+    /// went further along the ring.
     HashOverflow,
     /// `consistent_hash` without a key: power of two instead.
     HashNoKey,

@@ -472,6 +472,7 @@ fn scored_load_guard_excludes_overloaded_engines_unless_all_are() {
         eligible: 100,
         load: 35,
         weight: 100.0,
+        base_weight: 100.0,
     };
     let p = policy(PolicyKind::Scored, 4, 4);
     let matches = [m(0, 20)];

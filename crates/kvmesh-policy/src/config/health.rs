@@ -312,7 +312,8 @@ impl Default for ActiveHealthConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SlowStartConfig {
-    /// Length of the ramp; 0 = no slow start. Default 30,000 ms.
+    /// Length of the ramp; 0 = no slow start (`consistent_hash` places keys by configured
+    /// weights and has none, as Envoy's ring hash). Default 30,000 ms.
     pub window_ms: u64,
     /// Shape: factor = (elapsed / window)^(1 / aggression); 1 = linear, above 1 ramps faster
     /// early. Default 1 (Envoy's default).
@@ -335,7 +336,8 @@ impl Default for SlowStartConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AutoWeightConfig {
-    /// Off = the factor is always 1. Default true.
+    /// Off = the factor is always 1 (`consistent_hash` never uses it: keys follow configured
+    /// weights, the same on every router). Default true.
     pub enabled: bool,
     /// Error rate at which the error term reaches zero: `f_err = 1 − rate / this`.
     /// Default 0.5 (an engine failing half its requests gets the minimum weight).

@@ -446,7 +446,7 @@ pub struct ConsistentHashConfig {
     /// loads even out the rest.
     pub virtual_nodes: u32,
     /// ε of bounded loads: no engine takes a key while its load is above
-    /// `ceil((1 + ε) × average)` (weighted). Default 0.25.
+    /// `ceil((1 + ε) × average)` (by configured weights). Default 0.25.
     pub balance_factor: f64,
 }
 

@@ -261,6 +261,7 @@ impl EngineTracker {
     ) -> EngineView {
         let mut v =
             EngineView::new(base_weight * self.weight_factor(now_us, fleet_latency_us, kv_usage));
+        v.base_weight = base_weight;
         v.eligible = self.eligible(now_us);
         v.in_flight = in_flight;
         v.engine_load = engine_load;

@@ -1,20 +1,26 @@
 //! Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018) on a ring of
-//! virtual nodes, with weight thinning.
+//! virtual nodes, by configured weights.
 //!
 //! * **Ring.** Each engine owns `virtual_nodes × base_weight` points derived from its stable
 //!   id alone, so adding or removing one engine moves only the keys of that engine (≈ 1/N).
 //! * **Bounded loads.** A key goes to the first engine clockwise whose load is below
-//!   `ceil((1 + ε) × (L + 1) × w / W)` (L, W: total load and weight of the eligible engines,
-//!   the `+ 1` counting this request). Some engine is always below its bound, so no engine
-//!   ever exceeds it while the walk finds one.
-//! * **Thinning.** An engine whose effective weight has dropped below its base weight (errors,
-//!   slowness, slow start) keeps each of its points with probability `weight / base`, decided
-//!   by a hash of the point, so the decision is the same for every request and router, and
-//!   monotone: as the weight recovers, keys come back to it and no other key moves.
+//!   `ceil((1 + ε) × (L + 1) × w / W)` (L, W: total load and configured weight of the
+//!   eligible engines, w the engine's, the `+ 1` counting this request). Some engine is always
+//!   below its bound, so no engine ever exceeds it while the walk finds one.
+//! * **Configured weights only.** The ring and the bounds use each engine's configured
+//!   weight, the cluster's record of it, never this router's effective weight (automatic
+//!   weights from its own latency and error estimates, its own slow-start clock): those
+//!   differ from router to router and move with every estimate, and a key must go to the same
+//!   engine through every router and stay there. (Thinning an engine's points by its
+//!   effective weight, as this module did before, sent 7–10 of 40 sessions to another engine
+//!   through another router, and moved 7 of 40 on one router between two passes: QA.) An
+//!   engine in trouble leaves through health checks and its breaker, and its load bounds it.
+//!   Envoy's ring hash likewise takes host weights, and its slow start applies to round robin
+//!   and least request only.
 
 use super::Filter;
 use crate::config::MAX_CANDIDATES;
-use crate::rng::{mix64, unit_f64};
+use crate::rng::mix64;
 use crate::view::{EngineMember, EngineSet, Reason};
 
 /// At most this many ring points are visited per decision.
@@ -63,7 +69,7 @@ impl Ring {
     }
 
     /// Walks clockwise from `key`, writing up to `k` distinct candidates: engines that pass the
-    /// filter, survive thinning and are below their load bound. Engines that passed everything
+    /// filter and are below their load bound. Engines that passed everything
     /// but the bound are appended, least relatively loaded first, if the walk found too few.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pick<S: EngineSet + ?Sized>(
@@ -83,8 +89,8 @@ impl Ring {
         let n = engines.len().min(members.len());
         let totals = engines.totals();
         // In panic mode (no eligible engine) there is no meaningful bound.
-        let bounded = filter == Filter::Eligible && totals.eligible > 0 && totals.weight > 0.0;
-        let scale = (1.0 + eps) * (totals.load as f64 + 1.0) / totals.weight.max(1e-9);
+        let bounded = filter == Filter::Eligible && totals.eligible > 0 && totals.base_weight > 0.0;
+        let scale = (1.0 + eps) * (totals.load as f64 + 1.0) / totals.base_weight.max(1e-9);
         let mut spilled = false;
         let mut over = [(f64::INFINITY, usize::MAX); MAX_CANDIDATES];
         let mut nover = 0;
@@ -93,7 +99,6 @@ impl Ring {
             if pos == len {
                 pos = 0;
             }
-            let point = self.points[pos];
             let idx = self.owners[pos] as usize;
             pos += 1;
             if idx >= n || out.contains(&idx) {
@@ -104,12 +109,8 @@ impl Ring {
                 spilled |= out.is_empty();
                 continue;
             }
-            let factor = v.safe_weight() / members[idx].base_weight.max(1e-9);
-            if factor < 1.0 && unit_f64(mix64(point ^ 0x7417_AA11)) >= factor {
-                continue;
-            }
             if bounded {
-                let cap = (scale * v.safe_weight()).ceil();
+                let cap = (scale * v.base_weight.max(1e-9)).ceil();
                 let load = f64::from(v.load());
                 if load + 1.0 > cap {
                     spilled |= out.is_empty();
