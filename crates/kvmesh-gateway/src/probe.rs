@@ -252,21 +252,32 @@ pub fn spawn_engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
     });
 }
 
+/// An engine's health checks and its discovery, each on its own schedule: a discovery that
+/// waits out its timeouts (an engine that accepts connections and answers nothing) never
+/// holds a health check back. (One `select!` over both ran the checks a fraction of the time
+/// against such an engine, which was marked unhealthy after 26–90 s instead of about 17 s:
+/// QA.)
 async fn engine_loop(gw: Arc<Gateway>, e: Arc<Engine>) {
-    {
-        let health_every = Duration::from_millis(gw.cfg.routing.health.active.interval_ms);
-        let discover_every = Duration::from_millis(gw.cfg.discovery_interval_ms);
-        let mut health = tokio::time::interval(health_every);
-        let mut disc = tokio::time::interval(discover_every);
-        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        disc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let every = |ms: u64| {
+        let mut t = tokio::time::interval(Duration::from_millis(ms));
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    };
+    let health = async {
+        let mut tick = every(gw.cfg.routing.health.active.interval_ms);
         loop {
-            tokio::select! {
-                _ = health.tick() => check_health(&gw, &e).await,
-                _ = disc.tick() => discover(&gw, &e).await,
-            }
+            tick.tick().await;
+            check_health(&gw, &e).await;
         }
-    }
+    };
+    let discovery = async {
+        let mut tick = every(gw.cfg.discovery_interval_ms);
+        loop {
+            tick.tick().await;
+            discover(&gw, &e).await;
+        }
+    };
+    tokio::join!(health, discovery);
 }
 
 /// What an engine's ingestion needs from the router.

@@ -14,6 +14,9 @@
 //! router's health, breaker, slow-start and latency time constants are compressed (see
 //! `serve_cfg`) so that kill, ejection, return and ramp all happen within the 30-second load
 //! run the issue asks for (bounded by 32 s).
+//!
+//! And an engine that freezes (connections open, nothing answered) is marked unhealthy on the
+//! health checks' schedule, whatever its discovery waits for.
 
 mod common;
 
@@ -299,5 +302,39 @@ async fn killed_engine_is_retried_around_ejected_and_ramped_back() {
 
     router.shutdown().await;
     drop(proxies);
+    stop_sims(sims).await;
+}
+
+/// An engine that stops answering but keeps its connections open (`kill -STOP`, a wedged
+/// process) is marked unhealthy within what the health settings allow: its health checks
+/// are not held up behind the discovery of its models and metrics, which waits out its own
+/// timeouts. (QA: both shared one loop, and the checks ran a fraction of the time, so such an
+/// engine was marked unhealthy after 26–90 s instead of about 17 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_engine_is_marked_unhealthy_on_the_health_checks_schedule() {
+    let sims = start_sims(2, |_| sim_cfg("test-model")).await;
+    let proxy = CrashProxy::start("127.0.0.1:0".parse().expect("addr"), sims[1].http_addr).await;
+    let victim = proxy.url();
+    let engines = vec![urls(&sims)[0].clone(), victim.clone()];
+    let mut cfg = serve_cfg(&engines);
+    let h = &mut cfg.routing.health.active;
+    (h.interval_ms, h.timeout_ms, h.unhealthy_threshold) = (200, 200, 2);
+    // Discovery of a frozen engine waits out two reads of 500 ms each, time and again.
+    cfg.discovery_interval_ms = 100;
+    let router = start_router_with(cfg, "test-model", 2).await;
+    let (c, base) = (client(), router.base_url());
+    let healthy = |page: &str| engine_metric(page, "kvmesh_engine_healthy", &victim);
+    assert_eq!(healthy(&scrape(&c, &base).await), 1.0);
+    proxy.freeze();
+    // 2 checks × (200 ms interval + 200 ms timeout) = 0.8 s; a check that lost its turns to
+    // discovery half the time needed at least 2.4 s.
+    wait_until(
+        "the frozen engine marked unhealthy",
+        Duration::from_millis(2_000),
+        || async { healthy(&scrape(&c, &base).await) == 0.0 },
+    )
+    .await;
+    router.shutdown().await;
+    drop(proxy);
     stop_sims(sims).await;
 }

@@ -192,6 +192,8 @@ pub struct CrashProxy {
     target: Arc<std::sync::Mutex<std::net::SocketAddr>>,
     /// Holds the port while crashed.
     reserved: Option<tokio::net::TcpSocket>,
+    /// Set: the engine is frozen (see [`CrashProxy::freeze`]).
+    frozen: tokio::sync::watch::Sender<bool>,
 }
 
 /// A socket that can share its port with the proxy's other sockets (SO_REUSEPORT), bound to
@@ -216,19 +218,22 @@ impl CrashProxy {
             .unwrap_or_else(|e| panic!("cannot listen on {listen}: {e}"));
         let addr = listener.local_addr().expect("proxy addr");
         let target = Arc::new(std::sync::Mutex::new(target));
-        let (kill, accept) = Self::serve(listener, target.clone());
+        let frozen = tokio::sync::watch::channel(false).0;
+        let (kill, accept) = Self::serve(listener, target.clone(), frozen.subscribe());
         CrashProxy {
             addr,
             kill,
             accept: Some(accept),
             target,
             reserved: None,
+            frozen,
         }
     }
 
     fn serve(
         listener: tokio::net::TcpListener,
         target: Arc<std::sync::Mutex<std::net::SocketAddr>>,
+        frozen: tokio::sync::watch::Receiver<bool>,
     ) -> (
         tokio::sync::watch::Sender<bool>,
         tokio::task::JoinHandle<()>,
@@ -245,26 +250,44 @@ impl CrashProxy {
                     _ = rx_accept.wait_for(|k| *k) => return,
                 };
                 let mut rx = rx.clone();
+                let mut frozen = frozen.clone();
                 let target = *target.lock().expect("proxy target");
                 tokio::spawn(async move {
                     let _ = down.set_nodelay(true);
+                    if *frozen.borrow() {
+                        // Accepted (by the kernel, as a stopped process's are), never answered.
+                        let _ = rx.wait_for(|k| *k).await;
+                        return;
+                    }
                     let Ok(mut up) = tokio::net::TcpStream::connect(target).await else {
                         let _ = down.set_zero_linger();
                         return;
                     };
                     let _ = up.set_nodelay(true);
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => {}
+                    let froze = tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => false,
                         _ = rx.wait_for(|k| *k) => {
                             // Reset both sides, as a dying process's sockets are.
                             let _ = down.set_zero_linger();
                             let _ = up.set_zero_linger();
+                            false
                         }
+                        _ = frozen.wait_for(|f| *f) => true,
+                    };
+                    if froze {
+                        // Open and silent until killed.
+                        let _ = rx.wait_for(|k| *k).await;
                     }
                 });
             }
         });
         (kill, accept)
+    }
+
+    /// Freezes, as `kill -STOP` does: connections stay open and new ones are accepted, but
+    /// nothing is forwarded or answered any more.
+    pub fn freeze(&self) {
+        let _ = self.frozen.send(true);
     }
 
     /// `http://ADDR`.
@@ -301,7 +324,7 @@ impl CrashProxy {
             .unwrap_or_else(|e| panic!("cannot listen again on {}: {e}", self.addr));
         self.reserved = None;
         self.retarget(target);
-        let (kill, accept) = Self::serve(listener, self.target.clone());
+        let (kill, accept) = Self::serve(listener, self.target.clone(), self.frozen.subscribe());
         self.kill = kill;
         self.accept = Some(accept);
     }
