@@ -438,16 +438,16 @@ impl Cluster {
                     return;
                 }
             }
-            // Engines read elsewhere: routed precisely only while their feed is synced here.
+            // Engines read elsewhere: routed precisely only while their feed is synced here,
+            // from a source not suspected of being down.
             {
                 let core = lock(&self.core);
+                let suspects = core.suspects();
                 for e in &members {
                     if e.kv_events.is_empty() {
                         continue;
                     }
-                    let live = core
-                        .feed_status(e.id.0)
-                        .is_some_and(|f| f.feed().is_some() && !f.is_stale());
+                    let live = core.feed_live(e.id.0, &suspects);
                     e.ingest.mesh_live.store(live, Relaxed);
                 }
             }

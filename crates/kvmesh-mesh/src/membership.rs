@@ -185,6 +185,15 @@ impl Membership {
         self.live.values()
     }
 
+    /// The members suspected of being down (SWIM's suspect state: a probe went unanswered,
+    /// not yet declared down). Still members, and still owners of their engines.
+    pub fn suspects(&self) -> impl Iterator<Item = &MeshId> {
+        self.foca
+            .iter_membership_state()
+            .filter(|m| m.state() == foca::State::Suspect)
+            .map(|m| m.id())
+    }
+
     /// What foca holds of the member at `addr`: its identity, SWIM incarnation and state
     /// (`"alive"`, `"suspect"`, `"down"`), down members included (a diagnostic: the
     /// simulation's `explain`).

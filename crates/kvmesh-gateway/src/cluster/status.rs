@@ -50,6 +50,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         })
         .collect();
     let owned: std::collections::BTreeSet<u64> = core.owned().collect();
+    let suspects = core.suspects();
     let mut engines = Vec::new();
     for (engine, followed) in core.feeds_followed() {
         let owners: Vec<String> = core
@@ -64,7 +65,8 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
             "reads_here": owned.contains(&engine),
             "follows": followed.map(|f| c.name_of(f.source, &members)),
             "synced": f.is_some_and(|f| f.is_synced()),
-            "stale": f.is_none_or(|f| f.is_stale()),
+            "stale": !core.feed_live(engine, &suspects),
+            "source_suspect": followed.is_some_and(|f| suspects.contains(&f.source)),
             "applied": f.map(|f| f.applied()),
         }));
     }

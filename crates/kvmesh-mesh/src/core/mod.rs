@@ -420,6 +420,25 @@ impl MeshCore {
         self.feeds.feed_in(engine)
     }
 
+    /// The members suspected of being down (see `Membership::suspects`).
+    pub fn suspects(&self) -> BTreeSet<NodeId> {
+        self.membership
+            .suspects()
+            .map(|m| NodeId::from_name(&m.name))
+            .collect()
+    }
+
+    /// Whether the engine's feed followed here is live (`suspects`: [`MeshCore::suspects`]):
+    /// followed, not stale, and from a source not suspected of being down. A source killed
+    /// sends nothing more, and its followers switch to another owner only once it is
+    /// declared down (seconds later); meanwhile the engine is routed approximately, as one
+    /// whose events are stale, rather than by blocks that may have changed since (QA).
+    pub fn feed_live(&self, engine: u64, suspects: &BTreeSet<NodeId>) -> bool {
+        self.feeds.feed_in(engine).is_some_and(|f| {
+            f.feed().is_some_and(|id| !suspects.contains(&id.source)) && !f.is_stale()
+        })
+    }
+
     /// The outputs accumulated since the last call.
     pub fn take_outputs(&mut self) -> Vec<Output> {
         self.drain_membership();
