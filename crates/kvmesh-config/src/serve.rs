@@ -61,9 +61,11 @@ pub struct ServeConfig {
     /// Time a client has to send a request's whole body, else 408 (a 32 MiB body at 1 MB/s
     /// fits in the default, 60 s).
     pub body_read_timeout_ms: u64,
-    /// A client that takes none of its answer for this long is disconnected (nginx's
-    /// `send_timeout`, 60 s): its request ends as the client's doing, not the engine's, and
-    /// stops counting as load (counted in `kvmesh_connections_closed_total{reason="send_timeout"}`).
+    /// A client connection whose answer the router could not write any of for this long is
+    /// closed (nginx's `send_timeout`, 60 s: between two successive writes, so a client that
+    /// stopped reading, or reads so slowly that the socket's buffer does not drain in that
+    /// time, is cut): its request ends as the client's doing, not the engine's, and stops
+    /// counting as load (counted in `kvmesh_connections_closed_total{reason="send_timeout"}`).
     /// Without it a client that stops reading would hold its request for as long as it kept
     /// the connection open.
     pub send_timeout_ms: u64,

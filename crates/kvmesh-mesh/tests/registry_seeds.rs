@@ -317,3 +317,50 @@ fn two_routers_restarted_together_do_not_undo_run_time_changes() {
         holds(&mut s, &changed, &[2], 60_000_000, &what);
     }
 }
+
+/// The same after an upgrade: the config's records were planted by routers that did not
+/// tell their plants (envelope version 1, as builds before plants were), then every router
+/// was restarted on version 2, one at a time. No router remembers a first plant of those
+/// records, but their notes say when they were first seeded: a later plant of one is void
+/// all the same. (QA: 2 of 2 runs undone after a rolling upgrade.)
+#[test]
+fn two_routers_restarted_together_after_an_upgrade_do_not_undo_run_time_changes() {
+    for seed in 1..=8 {
+        let mut s = Sim::new(
+            3,
+            0,
+            CoreConfig {
+                wire_version: 1,
+                ..cfg()
+            },
+            NetConfig::default(),
+            seed,
+        );
+        start(&mut s, 0, None, config());
+        start(&mut s, 1, Some(0), config());
+        start(&mut s, 2, Some(0), config());
+        let both: BTreeMap<u64, EngineRecord> = config().into_iter().collect();
+        let what = format!("seed {seed}: the cluster did not settle");
+        holds(&mut s, &both, &[], 30_000_000, &what);
+        let changed = change(&mut s, 1, 2);
+        let what = format!("seed {seed}: the changes did not spread");
+        holds(&mut s, &changed, &[1, 2], 30_000_000, &what);
+        // The rolling upgrade: each router restarted with the same config, writing version 2.
+        s.cfg.wire_version = 2;
+        for (i, seed_node) in [(0, Some(1)), (1, Some(0)), (2, Some(0))] {
+            s.kill(i);
+            s.run(200_000, |_| {});
+            start(&mut s, i, seed_node, config());
+            let except: Vec<usize> = [1, 2].into_iter().filter(|&w| w > i).collect();
+            let what = format!("seed {seed}: router {i}'s upgrade undid the changes");
+            holds(&mut s, &changed, &except, 30_000_000, &what);
+        }
+        s.kill(0);
+        s.kill(1);
+        s.run(200_000, |_| {});
+        start(&mut s, 0, (seed % 2 == 0).then_some(1), config());
+        start(&mut s, 1, Some(0), config());
+        let what = format!("seed {seed}: two routers restarted together undid the changes");
+        holds(&mut s, &changed, &[], 60_000_000, &what);
+    }
+}

@@ -41,10 +41,31 @@ fn produce(actions: &[(u8, u8, u8, u32)]) -> (Vec<D>, Vec<RegistrySet>) {
         let r = (r % 3) as usize;
         let engine = u64::from(e % 4);
         let now = 1_000 + 10 * i as u64;
-        let made = match kind % 6 {
+        let made = match kind % 7 {
+            // A config record planted as the mesh does: noted (unless noted before, which
+            // the mesh would not plant: here it plants anyway, as a router that does not
+            // hold the cluster's registry would), then added and told.
             0 | 1 => {
-                let (d, p) = routers[r].plant(node(r), now, engine, record(engine, x % 2));
-                vec![D::Reg(d), D::Plant(vec![p])]
+                let rec = record(engine, x % 2);
+                let mut v: Vec<D> = routers[r]
+                    .note_seeded(now, engine, &rec)
+                    .into_iter()
+                    .map(D::Reg)
+                    .collect();
+                let (d, p) = routers[r].plant(node(r), now, engine, rec);
+                v.extend([D::Reg(d), D::Plant(vec![p])]);
+                v
+            }
+            // As a build before plants were told: noted and added, no plant.
+            6 => {
+                let rec = record(engine, x % 2);
+                let mut v: Vec<D> = routers[r]
+                    .note_seeded(now, engine, &rec)
+                    .into_iter()
+                    .map(D::Reg)
+                    .collect();
+                v.push(D::Reg(routers[r].add(node(r), now, engine, rec)));
+                v
             }
             2 => vec![D::Reg(routers[r].add(
                 node(r),
@@ -57,7 +78,7 @@ fn produce(actions: &[(u8, u8, u8, u32)]) -> (Vec<D>, Vec<RegistrySet>) {
                 routers[r] = RegistrySet::new();
                 Vec::new()
             }
-            _ => {
+            5 => {
                 let to = (r + 1 + (x as usize % 2)) % 3;
                 let all = whole(&routers[r]);
                 for d in &all {
@@ -65,6 +86,7 @@ fn produce(actions: &[(u8, u8, u8, u32)]) -> (Vec<D>, Vec<RegistrySet>) {
                 }
                 all
             }
+            _ => unreachable!(),
         };
         for d in &made {
             for (o, other) in routers.iter_mut().enumerate() {
@@ -88,13 +110,25 @@ fn model(ds: &[D]) -> BTreeMap<u64, EngineRecord> {
         })
         .collect();
     let mut first: BTreeMap<(u64, u64), (u64, Dot)> = BTreeMap::new();
+    let mut noted: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+    for n in regs.iter().flat_map(|d| &d.seeded) {
+        let t = noted.entry((n.engine, n.record)).or_insert(n.at_us);
+        *t = (*t).min(n.at_us);
+    }
     let mut plants = BTreeSet::new();
+    let mut late = BTreeSet::new();
     for p in ds.iter().filter_map(|d| match d {
         D::Plant(p) => Some(p),
         D::Reg(_) => None,
     }) {
         for p in p {
             plants.insert(p.dot);
+            if noted
+                .get(&(p.engine, p.record))
+                .is_some_and(|&t| t < p.at_us)
+            {
+                late.insert(p.dot);
+            }
             let f = first
                 .entry((p.engine, p.record))
                 .or_insert((p.at_us, p.dot));
@@ -109,7 +143,7 @@ fn model(ds: &[D]) -> BTreeMap<u64, EngineRecord> {
         let removed = regs.iter().any(|f| {
             f.seen.iter().any(|s| covers(s, &a.dot)) && !f.adds.iter().any(|b| b.dot == a.dot)
         });
-        let void = plants.contains(&a.dot) && !firsts.contains(&a.dot);
+        let void = plants.contains(&a.dot) && (!firsts.contains(&a.dot) || late.contains(&a.dot));
         if removed || void {
             continue;
         }

@@ -240,15 +240,27 @@ impl RegistrySet {
             match self.planted.merge(p) {
                 planted::Outcome::Known => {}
                 planted::Outcome::First => changed = true,
-                planted::Outcome::Void(dot) => {
-                    self.digest.set(None);
-                    changed |= self.ctx.insert(Span::dot(dot));
-                    if let Some(engine) = self.drop_add(dot) {
-                        changed = true;
-                        touched.insert(engine);
-                    }
-                }
+                planted::Outcome::Void(dot) => changed |= self.void(dot, touched),
             }
+            // Noted before it was planted: a plant made without the cluster's registry.
+            if self
+                .seeded
+                .earliest(p.engine, p.record)
+                .is_some_and(|t| t < p.at_us)
+            {
+                changed |= self.void(p.dot, touched);
+            }
+        }
+        changed
+    }
+
+    /// Voids a plant's add: its dot seen, its add dropped. True when that changed the set.
+    fn void(&mut self, dot: Dot, touched: &mut BTreeSet<u64>) -> bool {
+        self.digest.set(None);
+        let mut changed = self.ctx.insert(Span::dot(dot));
+        if let Some(engine) = self.drop_add(dot) {
+            changed = true;
+            touched.insert(engine);
         }
         changed
     }
@@ -390,7 +402,18 @@ impl RegistrySet {
             changed |= self.ctx.insert(s);
         }
         for &n in &d.seeded {
+            let before = self.seeded.earliest(n.engine, n.record);
             changed |= self.seeded.merge(n);
+            let after = self.seeded.earliest(n.engine, n.record);
+            // Noted earlier than this node knew: the first plant of the record, if later, is
+            // void (the later plants are already).
+            if let Some(t) = after
+                && after != before
+                && let Some((at, dot)) = self.planted.first(n.engine, n.record)
+                && at > t
+            {
+                changed |= self.void(dot, touched);
+            }
         }
         changed
     }

@@ -5,9 +5,11 @@
 //! removed, a weight set). So every plant is told ([`Planted`]: the config record, when, and
 //! the dot of the add), and per (engine, config record) only the first plant counts, by
 //! (time, dot): the later ones are void, removed as a remove of their dot would (their dot is
-//! seen, their add is not present). The routers that met only each other keep their plants
-//! until they meet a router that remembers the first one; then their adds go, and what the
-//! cluster changed since holds.
+//! seen, their add is not present). So is a plant of a record noted as seeded before it
+//! ([`super::seeded`]: a node keeps the earliest time it has seen each note made), which
+//! covers records first planted by builds that did not tell their plants. The routers that
+//! met only each other keep their plants until they meet a router that remembers the first
+//! one or the earlier note; then their adds go, and what the cluster changed since holds.
 //!
 //! Join: per (engine, record) the least plant of the union, cut to the [`PLANTED_MAX`] newest
 //! keys by (time, engine, record) as the seed notes are ([`super::seeded`]); the void dots are
@@ -84,6 +86,11 @@ impl PlantedLog {
             Outcome::First if cut_itself => Outcome::Known,
             o => o,
         }
+    }
+
+    /// The first plant of `engine`'s `record`: (time, dot).
+    pub(super) fn first(&self, engine: u64, record: u64) -> Option<(u64, Dot)> {
+        self.first.get(&(engine, record)).copied()
     }
 
     /// The first plants, by engine.

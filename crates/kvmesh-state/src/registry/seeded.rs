@@ -58,6 +58,12 @@ pub(super) struct SeededLog {
     notes: BTreeMap<(u64, u64), u64>,
     /// (time, engine, record digest) of every note.
     by_time: BTreeSet<(u64, u64, u64)>,
+    /// (engine, record digest) → the earliest time this node has seen it noted. Local: not on
+    /// the wire (a note travels with its newest time) nor in the digest; it only decreases,
+    /// and goes with its note when the note is cut. A plant of a record noted before it is
+    /// void ([`super::planted`]), also when the earlier note was made by a build before
+    /// plants were told.
+    earliest: BTreeMap<(u64, u64), u64>,
 }
 
 impl SeededLog {
@@ -66,9 +72,16 @@ impl SeededLog {
         self.notes.contains_key(&(engine, record))
     }
 
+    /// The earliest time this node has seen `engine`'s `record` noted, if noted.
+    pub(super) fn earliest(&self, engine: u64, record: u64) -> Option<u64> {
+        self.earliest.get(&(engine, record)).copied()
+    }
+
     /// Merges a note; true when it changed the log (a cut note changes nothing).
     pub(super) fn merge(&mut self, s: Seeded) -> bool {
         let key = (s.engine, s.record);
+        let e = self.earliest.entry(key).or_insert(s.at_us);
+        *e = (*e).min(s.at_us);
         match self.notes.get(&key) {
             Some(&at) if at >= s.at_us => return false,
             Some(&at) => {
@@ -84,6 +97,7 @@ impl SeededLog {
                 break;
             };
             self.notes.remove(&(engine, record));
+            self.earliest.remove(&(engine, record));
             cut_itself |= (engine, record) == key && at == s.at_us;
         }
         !cut_itself
