@@ -18,6 +18,11 @@ pub struct EngineView {
     /// (`weight` is this router's own estimate). What consistent hashing places and bounds
     /// by, so that every router sends a key to the same engine.
     pub base_weight: f64,
+    /// The automatic weight's error term alone (`1 − error rate / error_rate_zero`, at least
+    /// `min_factor`; 1 with automatic weights off): 1 for an engine that answers, low for one
+    /// failing its requests on every router that sends to it, where the latency term and
+    /// slow start differ from router to router. What consistent hashing thins by.
+    pub error_factor: f64,
     /// Requests in flight to it, counted by the routers until the end of each answer (this
     /// router's own, plus peers' once the mesh shares them).
     pub in_flight: u32,
@@ -55,6 +60,7 @@ impl EngineView {
             eligible: true,
             weight,
             base_weight: weight,
+            error_factor: 1.0,
             in_flight: 0,
             own_in_flight: 0,
             engine_load: None,
@@ -243,8 +249,8 @@ pub enum Reason {
     LeastLatency,
     /// `consistent_hash`: the key's home engine.
     Hash,
-    /// `consistent_hash`: the home engine was at its load bound (or ineligible), so the key
-    /// went further along the ring.
+    /// `consistent_hash`: the home engine was at its load bound (or ineligible, or thinned
+    /// for its errors), so the key went further along the ring.
     HashOverflow,
     /// `consistent_hash` without a key: power of two instead.
     HashNoKey,

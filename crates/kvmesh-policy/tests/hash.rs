@@ -1,5 +1,5 @@
 //! Consistent hashing with bounded loads: stickiness, ~1/N remapping, the load bound,
-//! configured weights only.
+//! configured weights, thinning by errors.
 
 use kvmesh_policy::{
     EngineMember, EngineView, Policy, PolicyConfig, PolicyKind, Reason, RequestCtx, stable_hash,
@@ -194,6 +194,40 @@ fn keys_follow_configured_weights_not_a_router_s_own_estimates() {
         (0.3..0.45).contains(&share),
         "engine 2 took {share} at 3 of 8"
     );
+}
+
+/// An engine failing its requests keeps a share of its keys matching its error factor
+/// (decided per ring point, so the same on every router that sees the same error rate), and
+/// gets them back monotonically as it recovers; no other key moves.
+#[test]
+fn a_failing_engine_keeps_a_matching_share_of_its_keys_and_gets_them_back() {
+    let members: Vec<EngineMember> = (0..6).map(member).collect();
+    let p = hash_policy(&members, 0.25, 1);
+    let mut views = vec![EngineView::new(1.0); 6];
+    let keys = 30_000u64;
+    let full: Vec<usize> = (0..keys).map(|k| home(&p, &views, k)).collect();
+    let own = full.iter().filter(|&&e| e == 2).count();
+    views[2].error_factor = 0.3;
+    let thin: Vec<usize> = (0..keys).map(|k| home(&p, &views, k)).collect();
+    let kept = thin.iter().filter(|&&e| e == 2).count();
+    let ratio = kept as f64 / own as f64;
+    assert!(
+        (0.2..0.4).contains(&ratio),
+        "kept {ratio} of its keys at error factor 0.3"
+    );
+    // Only engine 2's keys moved, and it gained none.
+    for (t, f) in thin.iter().zip(&full) {
+        assert!(t == f || *f == 2);
+    }
+    // Recovering to 0.6 gives keys back without moving any other key.
+    views[2].error_factor = 0.6;
+    for (k, &before) in thin.iter().enumerate() {
+        let h = home(&p, &views, k as u64);
+        assert!(h == before || h == 2, "key {k}");
+        if before == 2 {
+            assert_eq!(h, 2, "a key kept at 0.3 stays at 0.6");
+        }
+    }
 }
 
 #[test]

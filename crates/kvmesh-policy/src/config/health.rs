@@ -336,8 +336,9 @@ impl Default for SlowStartConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AutoWeightConfig {
-    /// Off = the factor is always 1 (`consistent_hash` never uses it: keys follow configured
-    /// weights, the same on every router). Default true.
+    /// Off = the factor is always 1 (`consistent_hash` uses its error term only: keys follow
+    /// configured weights, the same on every router, and leave an engine failing its
+    /// requests). Default true.
     pub enabled: bool,
     /// Error rate at which the error term reaches zero: `f_err = 1 − rate / this`.
     /// Default 0.5 (an engine failing half its requests gets the minimum weight).

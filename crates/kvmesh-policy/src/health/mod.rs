@@ -248,6 +248,16 @@ impl EngineTracker {
         auto * self.slow_start.factor(&self.slow_cfg, now_us)
     }
 
+    /// The automatic weight's error term alone (see [`EngineView::error_factor`]).
+    pub fn error_factor(&self, now_us: u64) -> f64 {
+        let cfg = &self.auto_cfg;
+        if !cfg.enabled {
+            return 1.0;
+        }
+        let f = 1.0 - self.errors.value(now_us) / cfg.error_rate_zero;
+        f.clamp(cfg.min_factor, 1.0)
+    }
+
     /// The view of this engine for a policy. `in_flight`: the routers' count of requests in
     /// flight to it; `engine_load` / `kv_usage`: what the engine last reported, if anything.
     pub fn view(
@@ -262,6 +272,7 @@ impl EngineTracker {
         let mut v =
             EngineView::new(base_weight * self.weight_factor(now_us, fleet_latency_us, kv_usage));
         v.base_weight = base_weight;
+        v.error_factor = self.error_factor(now_us);
         v.eligible = self.eligible(now_us);
         v.in_flight = in_flight;
         v.engine_load = engine_load;

@@ -1,5 +1,5 @@
 //! Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018) on a ring of
-//! virtual nodes, by configured weights.
+//! virtual nodes, by configured weights, thinned by errors.
 //!
 //! * **Ring.** Each engine owns `virtual_nodes × base_weight` points derived from its stable
 //!   id alone, so adding or removing one engine moves only the keys of that engine (≈ 1/N).
@@ -7,20 +7,24 @@
 //!   `ceil((1 + ε) × (L + 1) × w / W)` (L, W: total load and configured weight of the
 //!   eligible engines, w the engine's, the `+ 1` counting this request). Some engine is always
 //!   below its bound, so no engine ever exceeds it while the walk finds one.
-//! * **Configured weights only.** The ring and the bounds use each engine's configured
-//!   weight, the cluster's record of it, never this router's effective weight (automatic
-//!   weights from its own latency and error estimates, its own slow-start clock): those
-//!   differ from router to router and move with every estimate, and a key must go to the same
-//!   engine through every router and stay there. (Thinning an engine's points by its
-//!   effective weight, as this module did before, sent 7–10 of 40 sessions to another engine
-//!   through another router, and moved 7 of 40 on one router between two passes: QA.) An
-//!   engine in trouble leaves through health checks and its breaker, and its load bounds it.
-//!   Envoy's ring hash likewise takes host weights, and its slow start applies to round robin
-//!   and least request only.
+//! * **Configured weights.** The ring and the bounds use each engine's configured weight,
+//!   the cluster's record of it, never this router's effective weight (its latency estimates,
+//!   its own slow-start clock): those differ from router to router and move with every
+//!   estimate, and a key must go to the same engine through every router and stay there.
+//!   (Thinning an engine's points by its effective weight, as this module did before, sent
+//!   7–10 of 40 sessions to another engine through another router, and moved 7 of 40 on one
+//!   router between two passes: QA.) Envoy's ring hash likewise takes host weights, and its
+//!   slow start applies to round robin and least request only.
+//! * **Thinning by errors.** An engine failing its requests ([`EngineView::error_factor`]
+//!   below 1: 1 for every engine that answers, so healthy engines never move) keeps each of its
+//!   points with probability `error_factor`, decided by a hash of the point: the same for
+//!   every request, the same on routers that see the same error rate, and monotone (as it
+//!   recovers, its keys come back and no other key moves). That is how an engine failing
+//!   every request stops receiving its keys even with breakers off.
 
 use super::Filter;
 use crate::config::MAX_CANDIDATES;
-use crate::rng::mix64;
+use crate::rng::{mix64, unit_f64};
 use crate::view::{EngineMember, EngineSet, Reason};
 
 /// At most this many ring points are visited per decision.
@@ -69,7 +73,7 @@ impl Ring {
     }
 
     /// Walks clockwise from `key`, writing up to `k` distinct candidates: engines that pass the
-    /// filter and are below their load bound. Engines that passed everything
+    /// filter, survive thinning by errors and are below their load bound. Engines that passed everything
     /// but the bound are appended, least relatively loaded first, if the walk found too few.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pick<S: EngineSet + ?Sized>(
@@ -99,6 +103,7 @@ impl Ring {
             if pos == len {
                 pos = 0;
             }
+            let point = self.points[pos];
             let idx = self.owners[pos] as usize;
             pos += 1;
             if idx >= n || out.contains(&idx) {
@@ -107,6 +112,10 @@ impl Ring {
             let v = engines.view(idx);
             if !filter.ok(&v) {
                 spilled |= out.is_empty();
+                continue;
+            }
+            let factor = v.error_factor;
+            if factor < 1.0 && unit_f64(mix64(point ^ 0x7417_AA11)) >= factor {
                 continue;
             }
             if bounded {
