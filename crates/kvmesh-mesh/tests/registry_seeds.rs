@@ -295,6 +295,16 @@ fn changes_made_on_a_router_alone_hold_when_another_joins() {
     }
 }
 
+/// Kills routers 0 and 1 and starts them again together: router 0 without seeds (odd seeds)
+/// or seeded by router 1 (even seeds: the README's layout), router 1 seeded by router 0.
+fn restart_two_together(s: &mut Sim, seed: u64) {
+    s.kill(0);
+    s.kill(1);
+    s.run(200_000, |_| {});
+    start(s, 0, (seed % 2 == 0).then_some(1), config());
+    start(s, 1, Some(0), config());
+}
+
 /// Two routers restarted together while the third runs on with the run-time changes: the
 /// first (no seeds) and one whose seed is the first, or two whose seeds are each other (the
 /// README's layout). The two meet each other first, find each other's registry empty and
@@ -308,11 +318,7 @@ fn two_routers_restarted_together_do_not_undo_run_time_changes() {
         let changed = change(&mut s, 1, 2);
         let what = format!("seed {seed}: the changes did not spread");
         holds(&mut s, &changed, &[1, 2], 30_000_000, &what);
-        s.kill(0);
-        s.kill(1);
-        s.run(200_000, |_| {});
-        start(&mut s, 0, (seed % 2 == 0).then_some(1), config());
-        start(&mut s, 1, Some(0), config());
+        restart_two_together(&mut s, seed);
         let what = format!("seed {seed}: two routers restarted together undid the changes");
         holds(&mut s, &changed, &[2], 60_000_000, &what);
     }
@@ -355,11 +361,7 @@ fn two_routers_restarted_together_after_an_upgrade_do_not_undo_run_time_changes(
             let what = format!("seed {seed}: router {i}'s upgrade undid the changes");
             holds(&mut s, &changed, &except, 30_000_000, &what);
         }
-        s.kill(0);
-        s.kill(1);
-        s.run(200_000, |_| {});
-        start(&mut s, 0, (seed % 2 == 0).then_some(1), config());
-        start(&mut s, 1, Some(0), config());
+        restart_two_together(&mut s, seed);
         let what = format!("seed {seed}: two routers restarted together undid the changes");
         holds(&mut s, &changed, &[], 60_000_000, &what);
     }

@@ -32,6 +32,14 @@ fn whole(s: &RegistrySet) -> Vec<D> {
     v
 }
 
+/// A router's note that its config seeded `rec` (none when noted before).
+fn note(r: &mut RegistrySet, now: u64, engine: u64, rec: &EngineRecord) -> Vec<D> {
+    r.note_seeded(now, engine, rec)
+        .into_iter()
+        .map(D::Reg)
+        .collect()
+}
+
 /// Actions: (router, kind, engine, x). Kinds: plant a config record (weight 0 or 1), update
 /// at run time, remove, restart, send the whole state to another router.
 fn produce(actions: &[(u8, u8, u8, u32)]) -> (Vec<D>, Vec<RegistrySet>) {
@@ -47,11 +55,7 @@ fn produce(actions: &[(u8, u8, u8, u32)]) -> (Vec<D>, Vec<RegistrySet>) {
             // hold the cluster's registry would), then added and told.
             0 | 1 => {
                 let rec = record(engine, x % 2);
-                let mut v: Vec<D> = routers[r]
-                    .note_seeded(now, engine, &rec)
-                    .into_iter()
-                    .map(D::Reg)
-                    .collect();
+                let mut v = note(&mut routers[r], now, engine, &rec);
                 let (d, p) = routers[r].plant(node(r), now, engine, rec);
                 v.extend([D::Reg(d), D::Plant(vec![p])]);
                 v
@@ -59,11 +63,7 @@ fn produce(actions: &[(u8, u8, u8, u32)]) -> (Vec<D>, Vec<RegistrySet>) {
             // As a build before plants were told: noted and added, no plant.
             6 => {
                 let rec = record(engine, x % 2);
-                let mut v: Vec<D> = routers[r]
-                    .note_seeded(now, engine, &rec)
-                    .into_iter()
-                    .map(D::Reg)
-                    .collect();
+                let mut v = note(&mut routers[r], now, engine, &rec);
                 v.push(D::Reg(routers[r].add(node(r), now, engine, rec)));
                 v
             }
