@@ -2,10 +2,10 @@
 //! SWIM's suspicion has to time out) its followers receive nothing of those engines, and
 //! switch to another owner only then. Meanwhile a follower that holds it suspect (SWIM's
 //! suspicion reaches most followers before the declaration does: 4 s before in some seeds)
-//! says through `MeshCore::feed_live` that those engines' feeds are not live: the router
-//! routes them approximately, as engines whose events are stale, rather than exactly on
-//! blocks that may have changed since. (QA: a follower kept predicting an evicted prefix for
-//! 5–7 s after the kill, its feed reported synced and not stale.) Seeded, sans-IO.
+//! says through `MeshCore::feed_live` that those engines' feeds are not live: they count as
+//! engines whose events are stale (shown so; the router's own decisions on them remembered
+//! for the approximate TTL; the blocks indexed before kept). (QA: the follower's feed was
+//! reported synced and not stale for 5–7 s after the kill.) Seeded, sans-IO.
 
 use kvmesh_mesh::core::CoreConfig;
 use kvmesh_mesh::core::sim::{NetConfig, Sim, sim_config};

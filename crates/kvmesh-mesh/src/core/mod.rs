@@ -431,8 +431,11 @@ impl MeshCore {
     /// Whether the engine's feed followed here is live (`suspects`: [`MeshCore::suspects`]):
     /// followed, not stale, and from a source not suspected of being down. A source killed
     /// sends nothing more, and its followers switch to another owner only once it is
-    /// declared down (seconds later); meanwhile the engine is routed approximately, as one
-    /// whose events are stale, rather than by blocks that may have changed since (QA).
+    /// declared down (seconds later); meanwhile the engine counts as one whose events are
+    /// stale: shown so, and this router's decisions on it are remembered for the approximate
+    /// TTL. The blocks already indexed are kept (a router's death does not change an
+    /// engine's cache), so a change of the engine's cache in that window is seen only once
+    /// the next owner's feed is followed.
     pub fn feed_live(&self, engine: u64, suspects: &BTreeSet<NodeId>) -> bool {
         self.feeds.feed_in(engine).is_some_and(|f| {
             f.feed().is_some_and(|id| !suspects.contains(&id.source)) && !f.is_stale()
