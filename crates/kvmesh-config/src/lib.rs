@@ -20,7 +20,7 @@ pub use mesh::MeshConfig;
 pub use prefix::{ModelConfig, PrefixConfig};
 pub use reference::reference_markdown;
 pub use serve::{
-    DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, UpstreamConfig,
+    BASE_URL_RULE, DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, UpstreamConfig,
     UpstreamProtocol, WEIGHT_RULE, canonical_base_url, valid_base_url, valid_weight, weight_milli,
 };
 pub use sim::{

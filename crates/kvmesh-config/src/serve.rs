@@ -125,6 +125,9 @@ pub struct EngineEntry {
     pub models: Vec<String>,
 }
 
+/// What an engine's base URL must be, said of one that is not ([`valid_base_url`]).
+pub const BASE_URL_RULE: &str = "is not an http:// base URL such as http://127.0.0.1:8000 (a host, a port 1-65535 (80 when omitted), no path; an IPv4 address written as a.b.c.d, not 127.1, 127.0.0.01, 0x7f.0.0.1, [::ffff:127.0.0.1] or [::127.0.0.1])";
+
 /// What an engine's weight must be.
 pub const WEIGHT_RULE: &str = "must be a number from 0.001 to 1000000 (weights are kept to thousandths, as the mesh carries them)";
 
@@ -229,12 +232,7 @@ impl EngineEntry {
         if !valid_base_url(&canonical_base_url(&self.url)) {
             return Err(ConfigError::invalid(
                 &format!("{at}.url"),
-                format!(
-                    "{:?} is not an http:// base URL such as http://127.0.0.1:8000 (a host, a port \
-                     1-65535 (80 when omitted), no path; an IPv4 address written as a.b.c.d, not \
-                     127.1, 127.0.0.01, 0x7f.0.0.1 or [::ffff:127.0.0.1])",
-                    self.url
-                ),
+                format!("{:?} {BASE_URL_RULE}", self.url),
             ));
         }
         check(
@@ -326,10 +324,17 @@ pub fn valid_base_url(u: &str) -> bool {
             return false;
         };
         // An IPv4 address mapped into IPv6 is written as IPv4 (`[::ffff:127.0.0.1]` would be
-        // another engine's id beside `127.0.0.1`).
+        // another engine's id beside `127.0.0.1`); the deprecated IPv4-compatible form
+        // (`[::127.0.0.1]`) reaches nothing.
+        let v4_in_v6 = |a: std::net::Ipv6Addr| {
+            a.to_ipv4_mapped().is_some()
+                || (a.segments()[..6] == [0; 6]
+                    && a != std::net::Ipv6Addr::LOCALHOST
+                    && a != std::net::Ipv6Addr::UNSPECIFIED)
+        };
         return host
             .parse::<std::net::Ipv6Addr>()
-            .is_ok_and(|a| a.to_ipv4_mapped().is_none())
+            .is_ok_and(|a| !v4_in_v6(a))
             && (after.is_empty() || after.strip_prefix(':').is_some_and(port_ok));
     }
     let (host, port) = match authority.split_once(':') {

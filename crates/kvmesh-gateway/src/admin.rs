@@ -145,7 +145,7 @@ async fn reweigh(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<B
             format!("weight {WEIGHT_RULE}"),
         ));
     }
-    let url = canonical_base_url(&p.url);
+    let url = engine_url(&p.url)?;
     // A resolved engine's weight is its DNS name's (`serve.dns`), on the routers that
     // resolve it: set here, it would also add the engine to every router through the
     // registry (QA), and outlive the name's next resolution.
@@ -162,6 +162,19 @@ async fn reweigh(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<B
         200,
         serde_json::json!({ "url": e.url, "weight": e.base_weight() }).to_string(),
     ))
+}
+
+/// The engine a change names, spelt as the registry spells it; a URL no engine can have is
+/// refused as `POST` refuses it (a 400 that says why, not a 404).
+fn engine_url(url: &str) -> Result<String, ApiError> {
+    let canonical = canonical_base_url(url);
+    if !kvmesh_config::valid_base_url(&canonical) {
+        return Err(ApiError::invalid_param(
+            "url",
+            format!("{url:?} {}", kvmesh_config::BASE_URL_RULE),
+        ));
+    }
+    Ok(canonical)
 }
 
 /// A 409 for an engine this router resolves from a DNS name (the name rules it), saying
@@ -196,7 +209,7 @@ async fn remove(
         Some(u) => u,
         None => parse_body::<Del>(&admin_body(gw, req).await?)?.url,
     };
-    let url = canonical_base_url(&url);
+    let url = engine_url(&url)?;
     not_resolved(
         gw,
         &url,

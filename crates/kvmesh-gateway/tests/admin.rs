@@ -161,6 +161,12 @@ async fn admin_api_lists_adds_and_removes_engines() {
         let r = admin(&c, &base, "DELETE", body).await;
         assert_openai_error(&r, 400);
     }
+    // A spelling no engine can have is refused as such, not "no engine" (QA).
+    let hex = engines[0].replace("http://127.0.0.1:", "http://0x7f.0.0.1:");
+    let r = admin(&c, &base, "DELETE", json!({ "url": hex }).to_string()).await;
+    assert_openai_error(&r, 400);
+    assert_eq!(r.json()["error"]["param"], "url", "{}", r.body);
+    assert!(r.body.contains("a.b.c.d"), "{}", r.body);
     let r = admin(
         &c,
         &base,
@@ -368,6 +374,7 @@ async fn admin_api_sets_an_engines_weight() {
             400,
         ),
         (json!({ "url": "http://127.0.0.1:1", "weight": 3 }), 404),
+        (json!({ "url": "http://[::127.0.0.1]:1", "weight": 3 }), 400),
     ] {
         let r = admin(&c, &base, "PATCH", body.to_string()).await;
         assert_eq!(r.status, status, "{body}: {}", r.body);

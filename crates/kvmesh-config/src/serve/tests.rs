@@ -44,6 +44,7 @@ fn engine_urls_need_a_host_and_a_real_port() {
         "http://engine.0x1:8000",
         "http://[::ffff:127.0.0.1]:8000",
         "http://[::ffff:7f00:1]:8000",
+        "http://[::127.0.0.1]:8000",
     ] {
         assert!(!valid_base_url(bad), "{bad}");
     }
