@@ -301,7 +301,7 @@ fn restart_two_together(s: &mut Sim, seed: u64) {
     s.kill(0);
     s.kill(1);
     s.run(200_000, |_| {});
-    start(s, 0, (seed % 2 == 0).then_some(1), config());
+    start(s, 0, seed.is_multiple_of(2).then_some(1), config());
     start(s, 1, Some(0), config());
 }
 
