@@ -200,6 +200,18 @@ proptest! {
         prop_assert_eq!(a.digest(), b.digest());
         prop_assert_eq!(contents(&a), model(&ds));
         prop_assert_eq!(contents(&b), contents(&a));
+        // One first plant kept per config record planted (the bound: the records, not the
+        // plants).
+        let records: BTreeSet<(u64, u64)> = ds
+            .iter()
+            .filter_map(|d| match d {
+                D::Plant(p) => Some(p),
+                D::Reg(_) => None,
+            })
+            .flatten()
+            .map(|p| (p.engine, p.record))
+            .collect();
+        prop_assert_eq!(a.planted_len(), records.len());
         // Whole states join as a join should, plants included.
         let [x, y, z] = [&finals[0], &finals[1], &finals[2]];
         prop_assert_eq!(join(x, y).digest(), join(y, x).digest());
