@@ -319,7 +319,7 @@ impl Collector for Snapshot {
         )?;
         let mut m = enc.encode_descriptor(
             "kvmesh_connections_closed",
-            "Client connections the router closed on its own: over serve.max_connections (answered 503), or a client that took none of its answer for serve.send_timeout_ms",
+            "Client connections the router closed on its own: over serve.max_connections (answered 503), or one whose answer could not be written for serve.send_timeout_ms",
             None,
             MetricType::Counter,
         )?;

@@ -278,7 +278,7 @@ pub async fn serve<S, H, F>(
 pub struct ConnCounters {
     /// Refused over [`ServeLimits::max_connections`] (answered 503).
     pub refused: std::sync::atomic::AtomicU64,
-    /// Closed because the client took none of its answer for
+    /// Closed because no part of the answer could be written for
     /// [`ServeLimits::send_timeout`].
     pub send_timeouts: std::sync::atomic::AtomicU64,
 }
@@ -296,7 +296,7 @@ pub struct ServeLimits {
     /// bytes told the protocol apart: a connection that sends nothing is held until it closes
     /// or the server drains, bounded in number by `max_connections`.
     pub http2: bool,
-    /// A connection whose client takes none of its answer for this long is closed
+    /// A connection whose answer cannot be written for this long is closed
     /// ([`SendTimeout`], nginx's `send_timeout`).
     pub send_timeout: Duration,
     /// Where the connections closed over these limits are counted, if anywhere.

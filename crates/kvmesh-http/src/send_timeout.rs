@@ -1,9 +1,10 @@
-//! A connection whose client takes none of its answer for a while is closed (nginx's
-//! `send_timeout`): a write that stays blocked that long fails, and hyper drops the
-//! connection with the response it was sending. Without it, a client that stops reading holds
-//! its request, and what the router counts of it, for as long as the client keeps the socket
-//! open: the router stops reading the engine once the client's socket is full, so no other
-//! deadline of the request is ever looked at.
+//! A connection whose answer cannot be written for a while is closed (nginx's `send_timeout`,
+//! between two successive writes: a client that stopped reading, or reads so slowly that the
+//! socket's buffer does not drain in that time): a write that stays blocked that long fails,
+//! and hyper drops the connection with the response it was sending. Without it, a client
+//! that stops reading holds its request, and what the router counts of it, for as long as the
+//! client keeps the socket open: the router stops reading the engine once the client's socket
+//! is full, so no other deadline of the request is ever looked at.
 
 use crate::ConnCounters;
 use std::io;
@@ -69,12 +70,12 @@ impl<S> SendTimeout<S> {
             }
             tracing::info!(
                 ?limit,
-                "closing a connection whose client took none of its answer"
+                "closing a connection whose answer could not be written (send timeout)"
             );
         }
         Poll::Ready(Err(io::Error::new(
             io::ErrorKind::TimedOut,
-            format!("the client took none of its answer for {limit:?}"),
+            format!("no part of the answer could be written for {limit:?}"),
         )))
     }
 }
