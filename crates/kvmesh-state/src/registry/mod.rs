@@ -519,7 +519,7 @@ impl RegistrySet {
                 lo = hi.saturating_add(1);
             }
         }
-        let notes: Vec<Seeded> = self.seeded.iter().collect();
+        let notes: Vec<Seeded> = self.seeded.iter_with_earliest().collect();
         out.extend(notes.chunks(NOTES_PER_FRAGMENT).map(|n| RegistryDelta {
             seeded: n.to_vec(),
             ..RegistryDelta::default()

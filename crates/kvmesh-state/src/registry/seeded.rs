@@ -112,6 +112,21 @@ impl SeededLog {
         })
     }
 
+    /// The notes as a whole state sends them: each with its newest time and, when this node
+    /// has seen it noted earlier, once more with its earliest time. The second is the same
+    /// kind of note (builds that keep only the newest time merge it as nothing new), and it
+    /// carries what a later plant is judged by ([`super::planted`]), so that a join of whole
+    /// states keeps it.
+    pub(super) fn iter_with_earliest(&self) -> impl Iterator<Item = Seeded> + '_ {
+        self.iter().flat_map(|n| {
+            let earlier = self
+                .earliest(n.engine, n.record)
+                .filter(|&t| t < n.at_us)
+                .map(|at_us| Seeded { at_us, ..n });
+            std::iter::once(n).chain(earlier)
+        })
+    }
+
     /// How many notes.
     pub(super) fn len(&self) -> usize {
         self.notes.len()
