@@ -20,11 +20,11 @@
 //! each with its record) plus the context: per router and run of that router (a restart is a
 //! new run), one counter interval, and a few more while an add is missing (they merge when it
 //! arrives). Removed engines leave nothing else behind: their records go with their last add,
-//! but for the notes of what routers' configs seeded ([`seeded`]: at most [`SEEDED_MAX`]) and
-//! the first plant of each config record ([`planted`]: as many).
+//! but for the notes of what routers' configs seeded (module `seeded`: at most [`SEEDED_MAX`])
+//! and the first plant of each config record (module `planted`: as many).
 //!
 //! Plants of config records ([`RegistrySet::plant`]) are adds that the first plant of the same
-//! record voids: see [`planted`]. They travel as their own kind of delta ([`Planted`]), beside
+//! record voids: see the module `planted`. They travel as their own kind of delta ([`Planted`]), beside
 //! their add.
 
 mod context;
@@ -212,7 +212,7 @@ impl RegistrySet {
 
     /// The local router plants its config's `record` of `engine` (an [`RegistrySet::add`]
     /// that says it came from a config): returns the add's delta and the plant to send. A
-    /// plant of this record made before voids it wherever the two meet ([`planted`]).
+    /// plant of this record made before voids it wherever the two meet (module `planted`).
     pub fn plant(
         &mut self,
         me: NodeId,
@@ -266,7 +266,7 @@ impl RegistrySet {
     }
 
     /// The first plants of config records, for a whole state (in parts of at most
-    /// [`NOTES_PER_FRAGMENT`]).
+    /// `NOTES_PER_FRAGMENT`).
     pub fn planted(&self) -> Vec<Vec<Planted>> {
         let all: Vec<Planted> = self.planted.iter().collect();
         all.chunks(NOTES_PER_FRAGMENT)
@@ -473,7 +473,7 @@ impl RegistrySet {
 
     /// The whole registry as deltas (a snapshot; a repair): per router, a fragment per add
     /// present, holding it and the dots seen from the router's previous present add up to
-    /// it (then one for the dots seen above its last), at most [`SPANS_PER_FRAGMENT`] spans
+    /// it (then one for the dots seen above its last), at most `SPANS_PER_FRAGMENT` spans
     /// each. Each fragment is a part of this state that merges correctly on its own; like a
     /// local add, it carries one record (the mesh packs deltas by count).
     pub fn deltas(&self) -> Vec<RegistryDelta> {

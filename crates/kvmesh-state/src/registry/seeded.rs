@@ -58,11 +58,11 @@ pub(super) struct SeededLog {
     notes: BTreeMap<(u64, u64), u64>,
     /// (time, engine, record digest) of every note.
     by_time: BTreeSet<(u64, u64, u64)>,
-    /// (engine, record digest) → the earliest time this node has seen it noted. Local: not on
-    /// the wire (a note travels with its newest time) nor in the digest; it only decreases,
-    /// and goes with its note when the note is cut. A plant of a record noted before it is
-    /// void ([`super::planted`]), also when the earlier note was made by a build before
-    /// plants were told.
+    /// (engine, record digest) → the earliest time this node has seen it noted. Not in the
+    /// digest; a whole state sends it as a second note of the key ([`Self::iter_with_earliest`]);
+    /// it only decreases, and goes with its note when the note is cut. A plant of a record
+    /// noted before it is void ([`super::planted`]), also when the earlier note was made by a
+    /// build before plants were told.
     earliest: BTreeMap<(u64, u64), u64>,
 }
 
