@@ -65,7 +65,12 @@ fn settled(s: &mut Sim, want: &BTreeMap<u64, EngineRecord>, except: &[usize]) ->
 /// Three routers of [`config`], settled. Router 0 is the first (no seeds): warm at once, its
 /// config waits for the cluster's registry like every router's.
 fn three_of_one_config(seed: u64) -> Sim {
-    let mut s = Sim::new(3, 0, cfg(), NetConfig::default(), seed);
+    three_of_one_config_with(cfg(), seed)
+}
+
+/// [`three_of_one_config`] with the nodes' configuration `c`.
+fn three_of_one_config_with(c: CoreConfig, seed: u64) -> Sim {
+    let mut s = Sim::new(3, 0, c, NetConfig::default(), seed);
     start(&mut s, 0, None, config());
     start(&mut s, 1, Some(0), config());
     start(&mut s, 2, Some(0), config());
@@ -332,21 +337,13 @@ fn two_routers_restarted_together_do_not_undo_run_time_changes() {
 #[test]
 fn two_routers_restarted_together_after_an_upgrade_do_not_undo_run_time_changes() {
     for seed in 1..=8 {
-        let mut s = Sim::new(
-            3,
-            0,
-            CoreConfig {
-                wire_version: 1,
-                ..cfg()
-            },
-            NetConfig::default(),
-            seed,
-        );
-        start(&mut s, 0, None, config());
-        start(&mut s, 1, Some(0), config());
-        start(&mut s, 2, Some(0), config());
+        let v1 = CoreConfig {
+            wire_version: 1,
+            ..cfg()
+        };
+        let mut s = three_of_one_config_with(v1, seed);
         let both: BTreeMap<u64, EngineRecord> = config().into_iter().collect();
-        let what = format!("seed {seed}: the cluster did not settle");
+        let what = format!("seed {seed}: the cluster did not hold its config");
         holds(&mut s, &both, &[], 30_000_000, &what);
         let changed = change(&mut s, 1, 2);
         let what = format!("seed {seed}: the changes did not spread");

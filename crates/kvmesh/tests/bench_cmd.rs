@@ -28,18 +28,24 @@ fn run_bench(args: &[&str], out: &std::path::Path) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start kvmesh bench");
+    let status = wait_bounded(&mut child);
+    let mut err = String::new();
+    let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+    let mut so = String::new();
+    let _ = child.stdout.take().map(|mut e| e.read_to_string(&mut so));
+    assert!(
+        status.success(),
+        "kvmesh bench failed: {status}\n{err}\n{so}"
+    );
+    so
+}
+
+/// Waits for the bench to end, killing it (and failing) after 240 s.
+fn wait_bounded(child: &mut std::process::Child) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("wait") {
-            let mut err = String::new();
-            let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
-            let mut so = String::new();
-            let _ = child.stdout.take().map(|mut e| e.read_to_string(&mut so));
-            assert!(
-                status.success(),
-                "kvmesh bench failed: {status}\n{err}\n{so}"
-            );
-            return so;
+            return status;
         }
         if start.elapsed() > Duration::from_secs(240) {
             let _ = child.kill();
@@ -323,18 +329,7 @@ fn bench_runs_on_when_its_output_pipes_are_closed() {
         .stderr(err_w)
         .spawn()
         .expect("start kvmesh bench");
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if start.elapsed() > Duration::from_secs(240) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("kvmesh bench did not finish within 240 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = wait_bounded(&mut child);
     assert!(status.success(), "{status}");
     assert!(dir.join("report.json").exists(), "report written");
     let _ = std::fs::remove_dir_all(&dir);

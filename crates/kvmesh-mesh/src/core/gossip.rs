@@ -84,22 +84,14 @@ impl MeshCore {
             Delta::Registry(r) => {
                 // A delta may touch several engines (a whole state's fragment).
                 let mut touched = BTreeSet::new();
-                if self.st.registry.merge_noting(&r, &mut touched) {
-                    self.counters.deltas_applied += 1;
-                }
-                for engine in touched {
-                    self.tell_engine(engine);
-                }
+                let changed = self.st.registry.merge_noting(&r, &mut touched);
+                self.registry_merged(changed, touched);
             }
             Delta::Planted(ps) => {
                 // A plant may void a router's add of its config record (see the registry).
                 let mut touched = BTreeSet::new();
-                if self.st.registry.merge_planted(&ps, &mut touched) {
-                    self.counters.deltas_applied += 1;
-                }
-                for engine in touched {
-                    self.tell_engine(engine);
-                }
+                let changed = self.st.registry.merge_planted(&ps, &mut touched);
+                self.registry_merged(changed, touched);
             }
             Delta::FeedBatches(g) => {
                 for b in g.batches() {
@@ -122,6 +114,17 @@ impl MeshCore {
                 self.counters.ownership_moves += moves;
                 self.out.extend(applies.into_iter().map(Output::Apply));
             }
+        }
+    }
+
+    /// A registry merge done: counted if it `changed` the set, and the router told what the
+    /// registry now holds of each engine it `touched`.
+    fn registry_merged(&mut self, changed: bool, touched: BTreeSet<u64>) {
+        if changed {
+            self.counters.deltas_applied += 1;
+        }
+        for engine in touched {
+            self.tell_engine(engine);
         }
     }
 

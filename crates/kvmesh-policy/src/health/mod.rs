@@ -72,7 +72,7 @@ pub fn auto_weight_factor(
     if !cfg.enabled {
         return 1.0;
     }
-    let f_err = (1.0 - error_rate / cfg.error_rate_zero).clamp(0.0, 1.0);
+    let f_err = error_term(cfg, error_rate);
     let f_lat = if latency_ratio.is_finite() && latency_ratio > 0.0 {
         ((1.0 + cfg.latency_tolerance) / latency_ratio).min(1.0)
     } else {
@@ -85,6 +85,12 @@ pub fn auto_weight_factor(
         _ => 1.0,
     };
     (f_err * f_lat * f_util).clamp(cfg.min_factor, 1.0)
+}
+
+/// The automatic weight's error term, `1 − rate / error_rate_zero` in `[0, 1]`
+/// ([`auto_weight_factor`]; alone, [`EngineView::error_factor`]).
+fn error_term(cfg: &AutoWeightConfig, rate: f64) -> f64 {
+    (1.0 - rate / cfg.error_rate_zero).clamp(0.0, 1.0)
 }
 
 /// The fleet's reference latency for [`auto_weight_factor`]: the median of the engines'
@@ -239,23 +245,19 @@ impl EngineTracker {
     /// Automatic factor × slow-start factor, given the fleet's median latency
     /// ([`fleet_reference_latency`]; 0 = unknown) and the engine's KV usage.
     pub fn weight_factor(&self, now_us: u64, fleet_latency_us: f64, kv_usage: Option<f32>) -> f64 {
+        let rate = self.errors.value(now_us);
+        self.factor_at(now_us, rate, fleet_latency_us, kv_usage)
+    }
+
+    /// [`EngineTracker::weight_factor`] at the error rate `rate` (read once per view).
+    fn factor_at(&self, now_us: u64, rate: f64, fleet_latency_us: f64, kv: Option<f32>) -> f64 {
         let ratio = if fleet_latency_us > 0.0 {
             self.latency.latency_us(now_us) / fleet_latency_us
         } else {
             1.0
         };
-        let auto = auto_weight_factor(&self.auto_cfg, self.errors.value(now_us), ratio, kv_usage);
+        let auto = auto_weight_factor(&self.auto_cfg, rate, ratio, kv);
         auto * self.slow_start.factor(&self.slow_cfg, now_us)
-    }
-
-    /// The automatic weight's error term alone (see [`EngineView::error_factor`]).
-    pub fn error_factor(&self, now_us: u64) -> f64 {
-        let cfg = &self.auto_cfg;
-        if !cfg.enabled {
-            return 1.0;
-        }
-        let f = 1.0 - self.errors.value(now_us) / cfg.error_rate_zero;
-        f.clamp(cfg.min_factor, 1.0)
     }
 
     /// The view of this engine for a policy. `in_flight`: the routers' count of requests in
@@ -269,10 +271,16 @@ impl EngineTracker {
         kv_usage: Option<f32>,
         fleet_latency_us: f64,
     ) -> EngineView {
-        let mut v =
-            EngineView::new(base_weight * self.weight_factor(now_us, fleet_latency_us, kv_usage));
+        let rate = self.errors.value(now_us);
+        let factor = self.factor_at(now_us, rate, fleet_latency_us, kv_usage);
+        let mut v = EngineView::new(base_weight * factor);
         v.base_weight = base_weight;
-        v.error_factor = self.error_factor(now_us);
+        let cfg = &self.auto_cfg;
+        v.error_factor = if cfg.enabled {
+            error_term(cfg, rate).max(cfg.min_factor)
+        } else {
+            1.0
+        };
         v.eligible = self.eligible(now_us);
         v.in_flight = in_flight;
         v.engine_load = engine_load;
