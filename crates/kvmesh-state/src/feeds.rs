@@ -206,6 +206,17 @@ impl FeedOut {
         f
     }
 
+    /// The same feed numbered from `n`: its snapshot is `n` and its first batch `n + 1`. A
+    /// router that owns an engine again under the same [`FeedId`] starts past everything its
+    /// earlier feed of that id numbered: a receiver still following the earlier one (its view
+    /// of the members never moved it away) then takes the new feed's snapshot, or pulls it at
+    /// the first gap, instead of ignoring the new numbers it had already applied and adding
+    /// the new feed's batches to the earlier feed's blocks.
+    pub fn numbered_from(mut self, n: u64) -> FeedOut {
+        self.n = n;
+        self
+    }
+
     /// The last batch number.
     pub fn head(&self) -> u64 {
         self.n

@@ -15,7 +15,7 @@
 //!   instead of tombstones (memory: the engines present + a counter interval per router run),
 //!   beside it the notes of the config records routers seeded (bounded, grow-only).
 //! * [`ownership`]: which `r` routers read an engine's KV events (rendezvous hashing over the
-//!   live routers' stable ids).
+//!   live routers' stable ids, with bounded loads).
 //! * [`feeds`]: precise prefix feeds — an engine's KV-event ops as its ingest owner derived
 //!   them, numbered without gaps, a bounded log and snapshots for receivers that lost some.
 //! * [`wire`]: the versioned envelope (`Envelope::V1`, and `V2` whose every delta and
@@ -42,7 +42,7 @@ pub use feeds::{
 pub use ids::{NodeId, Version};
 pub use load::{LoadBatch, LoadDelta, LoadMap};
 pub use marks::{MARK_WINDOW, MarkDelta, MarkMap, covering_keys, window_top};
-pub use ownership::{owners, owns};
+pub use ownership::{Ownership, owners};
 pub use registry::{
     Dot, EngineRecord, PLANTED_MAX, Planted, RegistryAdd, RegistryDelta, RegistrySet, SEEDED_MAX,
     Seeded, Span, Stamp,

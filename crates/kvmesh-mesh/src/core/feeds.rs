@@ -1,7 +1,7 @@
 //! Ingest ownership and the precise feeds, as one node sees them.
 //!
-//! Each engine with KV events is read by its owners (`r` routers by rendezvous hashing over
-//! the live members, every router when `r = 0`). An owner keeps a [`FeedOut`] and follows its
+//! Each engine with KV events is read by its owners (`r` routers by rendezvous hashing with
+//! bounded loads over the live members, [`Ownership`]; every router when `r = 0`). An owner keeps a [`FeedOut`] and follows its
 //! own feed; every other router follows the engine's first live owner. A router that becomes
 //! an owner asks the engine's other owners (and the source it followed) for a handover
 //! snapshot — the blocks with the engine's own hashes and the seq to resume at — and starts
@@ -13,7 +13,7 @@
 use super::Apply;
 use kvmesh_state::{
     Delta, FeedApply, FeedBatch, FeedHead, FeedId, FeedIn, FeedOut, FeedPull, FeedSnapshot, NodeId,
-    WireOp, owners,
+    Ownership, WireOp, ownership::sorted,
 };
 use std::collections::{BTreeSet, HashMap};
 
@@ -24,6 +24,9 @@ pub const HANDOVER_WAIT_US: u64 = 3_000_000;
 pub const RETIRED_TICKS: u32 = 5;
 /// Owners asked for a handover at most.
 const HANDOVER_ASKED: usize = 2;
+/// Routers remembered per engine that asked for its feed while this node waited for its
+/// handover (answered once it starts), at most.
+const ASKED_WHILE_WAITING: usize = 1_024;
 /// A feed's head is announced to its receivers when it has settled (not moved for a whole
 /// period: every batch up to it has been flushed, so a receiver behind it lost one), once more
 /// [`SETTLED_AGAIN_TICKS`] periods later, and every `HEAD_REFRESH_TICKS` periods the head it
@@ -99,6 +102,18 @@ pub(super) struct Feeds {
     /// Per engine: the source of the last head heard of its feeds (a router that held the
     /// engine's feed then: a new owner asks it for a handover too).
     holders: HashMap<u64, NodeId>,
+    /// The owners of every engine, for the members in `table_for` (as last given) and the
+    /// engines of `engines`; recomputed when either changes ([`Feeds::refresh`]).
+    table: Ownership,
+    table_for: Vec<NodeId>,
+    /// Per engine this node owned under its current feed id and no longer holds a feed of:
+    /// the last number that feed gave (a new feed of the same id starts past it).
+    numbered: HashMap<u64, u64>,
+    /// Per engine this node waits to be handed: the routers that asked for its feed
+    /// meanwhile (their pull had nothing to answer; they get its snapshot once it starts).
+    asked: HashMap<u64, BTreeSet<NodeId>>,
+    /// Those snapshots, to send.
+    answers: Vec<(NodeId, Delta)>,
 }
 
 impl Feeds {
@@ -115,6 +130,11 @@ impl Feeds {
             retired: HashMap::new(),
             announced: HashMap::new(),
             holders: HashMap::new(),
+            table: Ownership::default(),
+            table_for: Vec::new(),
+            numbered: HashMap::new(),
+            asked: HashMap::new(),
+            answers: Vec::new(),
         }
     }
 
@@ -125,8 +145,30 @@ impl Feeds {
         }
     }
 
+    /// The owners of every engine for the members `live` (the table is recomputed only when
+    /// they or the engines changed).
+    pub(super) fn refresh(&mut self, live: &[NodeId]) {
+        if self.table_for == live {
+            return;
+        }
+        let engines: Vec<u64> = self.engines.iter().copied().collect();
+        let members = sorted(live);
+        if !self.table.is_for(&engines, &members, self.r) {
+            self.table = Ownership::new(&engines, &members, self.r);
+        }
+        self.table_for = live.to_vec();
+    }
+
+    /// The owners of `engine` among the members `live`, first owner first (from the table
+    /// when [`Feeds::refresh`] was given these members last; computed afresh otherwise).
     pub(super) fn owners_of(&self, engine: u64, live: &[NodeId]) -> Vec<NodeId> {
-        owners(engine, live, self.r)
+        if self.table_for == live {
+            return self.table.owners(engine).to_vec();
+        }
+        let engines: Vec<u64> = self.engines.iter().copied().collect();
+        Ownership::new(&engines, live, self.r)
+            .owners(engine)
+            .to_vec()
     }
 
     pub(super) fn owned(&self) -> impl Iterator<Item = u64> + '_ {
@@ -155,6 +197,7 @@ impl Feeds {
     /// follow the new one and resynchronise from its snapshot).
     pub(super) fn renew(&mut self, incarnation: u64, applies: &mut Vec<Apply>) {
         self.incarnation = incarnation;
+        self.numbered.clear();
         let feed = self.my_feed();
         let engines: Vec<u64> = self.outs.keys().copied().collect();
         for e in engines {
@@ -181,8 +224,11 @@ impl Feeds {
             self.handover.remove(e);
             self.retired.remove(e);
             self.holders.remove(e);
+            self.numbered.remove(e);
+            self.asked.remove(e);
         }
         self.engines = engines;
+        self.table_for.clear();
     }
 
     /// Ownership and following after a membership or engine change. Returns the moves.
@@ -194,6 +240,7 @@ impl Feeds {
         applies: &mut Vec<Apply>,
     ) -> u64 {
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+        self.refresh(&ids);
         let mut moves = 0;
         let engines: Vec<u64> = self.engines.iter().copied().collect();
         for engine in engines {
@@ -219,6 +266,7 @@ impl Feeds {
                 }
             } else if !should && has {
                 self.handover.remove(&engine);
+                self.asked.remove(&engine);
                 if let Some(out) = self.outs.remove(&engine) {
                     self.retired.insert(engine, (out, RETIRED_TICKS));
                     applies.push(Apply::Disown { engine });
@@ -288,7 +336,8 @@ impl Feeds {
             .entry(engine)
             .or_insert_with(|| FeedIn::new(engine));
         if let Some(out) = self.outs.get(&engine) {
-            if fin.follow(mine).is_some() {
+            // A new feed of this id (owned again) is numbered past the earlier one's.
+            if fin.follow(mine).is_some() || fin.applied() < out.head() {
                 let mut a = Vec::new();
                 fin.on_snapshot(&out.snapshot(), &mut a);
                 applies.extend(a.into_iter().map(Apply::Feed));
@@ -318,6 +367,24 @@ impl Feeds {
             Some(s) => FeedOut::resume(feed, self.capacity, s),
             None => FeedOut::new(engine, feed, self.capacity),
         };
+        // Past every number an earlier feed of this id gave the engine (see
+        // `FeedOut::numbered_from`).
+        let before = self
+            .retired
+            .get(&engine)
+            .map(|r| r.0.head())
+            .max(self.numbered.get(&engine).copied());
+        let out = match before {
+            Some(n) => out.numbered_from(n + 1),
+            None => out,
+        };
+        if let Some(who) = self.asked.remove(&engine) {
+            let snap = out.snapshot();
+            self.answers.extend(
+                who.into_iter()
+                    .map(|n| (n, Delta::FeedSnapshot(snap.clone()))),
+            );
+        }
         self.outs.insert(engine, out);
         self.handover.remove(&engine);
         applies.push(Apply::Own {
@@ -370,6 +437,7 @@ impl Feeds {
             self.start(engine, Some(s.clone()), applies);
             moves += 1;
             let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+            self.refresh(&ids);
             let owners = self.owners_of(engine, &ids);
             let mut pulls = Vec::new();
             self.follow(engine, &owners, live, &mut pulls, applies);
@@ -389,13 +457,24 @@ impl Feeds {
         self.ins.get_mut(&engine)?.on_head(feed, head)
     }
 
-    /// What a pull asks of this node: batches from the log, or a snapshot.
-    pub(super) fn serve_pull(&self, p: &FeedPull) -> Vec<Delta> {
+    /// What a pull from `from` asks of this node: batches from the log, or a snapshot. A
+    /// node that waits to be handed the engine remembers who asked, and answers with its
+    /// snapshot once it starts ([`Feeds::take_answers`]): the asker follows it as the engine's
+    /// owner and would otherwise wait for the next anti-entropy period to ask again.
+    pub(super) fn serve_pull(&mut self, from: NodeId, p: &FeedPull) -> Vec<Delta> {
         let out = match self.outs.get(&p.engine) {
             Some(o) => o,
             None => match self.retired.get(&p.engine) {
                 Some((o, _)) => o,
-                None => return Vec::new(),
+                None => {
+                    if self.handover.contains_key(&p.engine) && from != self.me {
+                        let who = self.asked.entry(p.engine).or_default();
+                        if who.len() < ASKED_WHILE_WAITING {
+                            who.insert(from);
+                        }
+                    }
+                    return Vec::new();
+                }
             },
         };
         if !p.snapshot
@@ -419,11 +498,12 @@ impl Feeds {
     /// The heads of every owned feed that `to` receive (they do not own its engine): what
     /// routers that just joined are told at once.
     pub(super) fn heads_for(
-        &self,
+        &mut self,
         live: &[Live],
         to: &BTreeSet<NodeId>,
     ) -> Vec<(NodeId, FeedHead)> {
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+        self.refresh(&ids);
         let mut v = Vec::new();
         for (&engine, out) in &self.outs {
             let owners = self.owners_of(engine, &ids);
@@ -450,6 +530,7 @@ impl Feeds {
         live: &[Live],
     ) -> (Vec<(Vec<NodeId>, FeedHead)>, Vec<(NodeId, FeedPull)>) {
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+        self.refresh(&ids);
         let mut heads = Vec::new();
         self.announced.retain(|e, _| self.outs.contains_key(e));
         for (&engine, out) in &self.outs {
@@ -501,8 +582,13 @@ impl Feeds {
                 pulls.push((o, handover_pull(e, o)));
             }
         }
-        self.retired.retain(|_, (_, t)| {
+        let numbered = &mut self.numbered;
+        self.retired.retain(|&e, (out, t)| {
             *t = t.saturating_sub(1);
+            if *t == 0 {
+                let n = numbered.entry(e).or_default();
+                *n = (*n).max(out.head());
+            }
             *t > 0
         });
         (heads, pulls)
@@ -527,12 +613,18 @@ impl Feeds {
             .map(|(&e, _)| e)
             .collect();
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+        self.refresh(&ids);
         for e in late {
             self.start(e, None, applies);
             let owners = self.owners_of(e, &ids);
             let mut p = Vec::new();
             self.follow(e, &owners, live, &mut p, applies);
         }
+    }
+
+    /// Snapshots owed to routers that asked while this node waited for a handover.
+    pub(super) fn take_answers(&mut self) -> Vec<(NodeId, Delta)> {
+        std::mem::take(&mut self.answers)
     }
 
     /// Whether a handover waits.
@@ -552,3 +644,7 @@ fn handover_pull(engine: u64, from: NodeId) -> FeedPull {
         snapshot: true,
     }
 }
+
+#[cfg(test)]
+#[path = "feeds_tests.rs"]
+mod tests;

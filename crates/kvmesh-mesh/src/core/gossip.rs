@@ -113,6 +113,7 @@ impl MeshCore {
                 let moves = self.feeds.on_snapshot(s, &live, &mut applies);
                 self.counters.ownership_moves += moves;
                 self.out.extend(applies.into_iter().map(Output::Apply));
+                self.send_feed_answers();
             }
         }
     }
@@ -219,7 +220,7 @@ impl MeshCore {
                 }
             }
             Control::Pull(p) => {
-                let d = self.feeds.serve_pull(&p);
+                let d = self.feeds.serve_pull(sender, &p);
                 if !d.is_empty() {
                     self.direct.entry(from).or_default().0.extend(d);
                 }

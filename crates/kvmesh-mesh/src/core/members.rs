@@ -206,5 +206,6 @@ impl MeshCore {
         self.counters.ownership_moves += moves;
         self.out.extend(applies.into_iter().map(Output::Apply));
         self.send_pulls(pulls, now_us);
+        self.send_feed_answers();
     }
 }

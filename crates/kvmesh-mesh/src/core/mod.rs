@@ -650,6 +650,7 @@ impl MeshCore {
                 .filter(|a| matches!(a, Apply::Own { .. }))
                 .count() as u64;
             self.out.extend(applies.into_iter().map(Output::Apply));
+            self.send_feed_answers();
         }
         if now_us >= self.next_flush {
             self.next_flush = now_us + self.flush_period();
@@ -705,6 +706,16 @@ impl MeshCore {
                     .or_default()
                     .1
                     .push(Control::Pull(p));
+            }
+        }
+    }
+
+    /// The snapshots owed to routers that asked for a feed while this node waited for its
+    /// handover (see `Feeds::serve_pull`).
+    fn send_feed_answers(&mut self) {
+        for (to, d) in self.feeds.take_answers() {
+            if let Some(m) = self.peers.get(&to) {
+                self.direct.entry(m.addr).or_default().0.push(d);
             }
         }
     }
