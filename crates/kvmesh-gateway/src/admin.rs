@@ -101,6 +101,29 @@ async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>
     let body = admin_body(gw, req).await?;
     let entry: EngineEntry = parse_body(&body)?;
     entry.validate("engine").map_err(entry_error)?;
+    // The same engine posted again with the same settings (a retry, or the same change made
+    // through another router once it arrived) is done already: 200, nothing changes. With
+    // other settings it is a 409 that says which.
+    let url = engine_url(&entry.url)?;
+    if let Some(have) = gw.registry.get(EngineId::from_url(&url))
+        && !matches!(have.source, Source::Dns(_))
+    {
+        let differs = entry_difference(&have.entry(), &entry);
+        if differs.is_empty() {
+            return Ok(json(
+                200,
+                serde_json::json!({ "url": have.url, "models": have.models() }).to_string(),
+            ));
+        }
+        return Err(ApiError::with_status(
+            409,
+            format!(
+                "engine {} is already registered with other settings ({}): set its weight with PATCH, or DELETE it and POST it again",
+                have.url,
+                differs.join(", ")
+            ),
+        ));
+    }
     let e = probe::add_engine(gw, &entry, Source::Admin, true)
         .map_err(|m| ApiError::with_status(409, m))?;
     if let Some(m) = gw.mesh.get() {
@@ -112,6 +135,33 @@ async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>
         201,
         serde_json::json!({ "url": e.url, "models": e.models() }).to_string(),
     ))
+}
+
+/// How a posted entry differs from the registered one, field by field (the URL is the same
+/// engine's; weights as the mesh carries them, in thousandths).
+fn entry_difference(have: &EngineEntry, posted: &EngineEntry) -> Vec<String> {
+    let mut d = Vec::new();
+    if kvmesh_config::weight_milli(have.weight) != kvmesh_config::weight_milli(posted.weight) {
+        d.push(format!(
+            "weight {} here, {} posted",
+            have.weight, posted.weight
+        ));
+    }
+    for (field, h, p) in [
+        ("kv_events", &have.kv_events, &posted.kv_events),
+        ("kv_replay", &have.kv_replay, &posted.kv_replay),
+    ] {
+        if h != p {
+            d.push(format!("{field} {h:?} here, {p:?} posted"));
+        }
+    }
+    if have.models != posted.models {
+        d.push(format!(
+            "models {:?} here, {:?} posted",
+            have.models, posted.models
+        ));
+    }
+    d
 }
 
 /// An engine entry's refusal, with the field it names as `param`.

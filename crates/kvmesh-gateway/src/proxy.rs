@@ -290,12 +290,13 @@ fn decide_step(
             // `max_prompt_tokens`, so a long enough engine is never judged short.
             let completion = parsed.and_then(ParsedRequest::max_tokens).unwrap_or(1);
             let need = l.prompt_tokens.saturating_add(completion.max(1));
-            if route.context_differs {
-                view.need_tokens = need;
-            }
-            // Longer than every engine holds: routed all the same (the engine's own 400 tells
-            // the client), but not remembered as cached where it will be refused.
+            // Longer than every engine holds: routed all the same, to an engine of the longest
+            // context (its own 400 tells the client the longest window there is), but not
+            // remembered as cached where it will be refused.
             let refused = route.context_max > 0 && need > route.context_max;
+            if route.context_differs {
+                view.need_tokens = if refused { route.context_max } else { need };
+            }
             let depth = route.policy_cfg.prefix.cold_prefix_blocks as usize;
             let cold_key = s.keys.get(s.keys.len().min(depth).wrapping_sub(1));
             let cold_key = cold_key.map_or(0, |k| k.0);

@@ -151,11 +151,22 @@ async fn admin_api_lists_adds_and_removes_engines() {
     let body = json!({"url": "http://127.0.0.1:1", "models": [""]}).to_string();
     let r = admin(&c, &base, "POST", body).await;
     assert_eq!(r.json()["error"]["param"], "models", "{}", r.body);
+    // An engine posted again: with the same settings it is done already (a retry: 200,
+    // nothing changes; QA found a 409 where the README says the calls are idempotent), with
+    // others a 409 that says which.
     let r = admin(&c, &base, "POST", json!({"url": engines[0]}).to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["url"], engines[0].as_str(), "{}", r.body);
+    let body = json!({"url": engines[0], "weight": 2}).to_string();
+    let r = admin(&c, &base, "POST", body).await;
     assert_openai_error(&r, 409);
+    assert!(r.body.contains("weight 1 here, 2 posted"), "{}", r.body);
     // Another spelling of the same engine is the same engine (found by QA: it was added).
     let shouted = engines[0].replace("http://127.0.0.1:", "HTTP://127.0.0.1:0");
     let r = admin(&c, &base, "POST", json!({ "url": shouted }).to_string()).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let body = json!({ "url": shouted, "models": ["other"] }).to_string();
+    let r = admin(&c, &base, "POST", body).await;
     assert_openai_error(&r, 409);
     for body in ["not json", "{\"uri\": \"x\"}"] {
         let r = admin(&c, &base, "DELETE", body).await;

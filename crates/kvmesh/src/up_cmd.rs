@@ -398,10 +398,22 @@ fn try_it(c: &Cluster) -> String {
         .or_else(|| c.engine_urls().first().cloned())
         .unwrap_or_default();
     let model = SimConfig::default().model;
+    // With no router, the first engine answers: it has no status page and no mesh.
+    let (who, pages) = if c.routers.is_empty() {
+        (
+            "no router: this is the first engine",
+            format!("metrics {base}/metrics"),
+        )
+    } else {
+        (
+            "any router answers; the status page shows members, engines and decisions",
+            format!("status page {base}/    metrics {base}/metrics    mesh {base}/admin/cluster"),
+        )
+    };
     // Flush left: pasted as is into a shell (the heredoc's EOF and Python's indentation).
     format!(
         r#"
-serving. Try it (any router answers; the status page shows members, engines and decisions):
+serving. Try it ({who}):
 
 curl -s {base}/v1/chat/completions -H 'content-type: application/json' \
   -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 16}}'
@@ -414,7 +426,7 @@ r = client.chat.completions.create(model="{model}", max_tokens=16,
 print(r.choices[0].message.content, r.usage)
 EOF
 
-status page {base}/    metrics {base}/metrics    mesh {base}/admin/cluster
+{pages}
 Ctrl-C stops everything.
 "#
     )

@@ -244,10 +244,12 @@ pub async fn run(a: &UpArgs, c: &Cluster, wl: &SharedPrefixWorkload) -> Result<(
             .get()
             .map(|m| {
                 let s = m.status(r.gateway.registry.router_slot());
+                let peers = s["members"].as_array().map_or(0, Vec::len);
+                let owned = s["ingest"]["owned"].as_u64().unwrap_or(0);
                 format!(
-                    "; meshed with {} peers, reads the KV events of {} engines",
-                    s["members"].as_array().map_or(0, Vec::len),
-                    s["ingest"]["owned"].as_u64().unwrap_or(0)
+                    "; meshed with {peers} peer{}, reads the KV events of {owned} engine{}",
+                    if peers == 1 { "" } else { "s" },
+                    if owned == 1 { "" } else { "s" },
                 )
             })
             .unwrap_or_default();
