@@ -218,16 +218,14 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
             .map(|c| format!("{:.2}", c / total * 2.0))
             .collect::<Vec<_>>()
     );
-    // A router decodes batches exactly when it reads some engine (rendezvous over 4 engines
-    // may leave one router none).
+    // Every router reads 2 or 3 of the 4 engines (8 ownerships over 3 routers: rendezvous
+    // hashing with bounded loads; rendezvous alone could give one router all 4 or none), and
+    // decodes their batches.
     assert!(total > 0.0);
     for (b, c) in bases.iter().zip(&counts) {
-        assert_eq!(
-            *c > 0.0,
-            !reads(b).is_empty(),
-            "{b}: decoded {c}, reads {:?}",
-            reads(b)
-        );
+        let r = reads(b);
+        assert!((2..=3).contains(&r.len()), "{b} reads {r:?}");
+        assert!(*c > 0.0, "{b}: decoded {c}, reads {r:?}");
     }
 
     // SIGKILL router c under load from a client that retries on another router.

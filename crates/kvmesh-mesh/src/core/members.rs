@@ -194,6 +194,10 @@ impl MeshCore {
     /// second). It waits for the members (then the engines' owners hand their feeds over) or
     /// for the warm-up time to pass without any (then it is the cluster: [`MeshCore::tick`]).
     pub(super) fn rebalance(&mut self, now_us: u64) {
+        // The owners table follows the members even while this node takes none (what
+        // `MeshCore::owners` reads).
+        let ids = self.live_ids();
+        self.feeds.refresh(&ids);
         if self.peers.is_empty() && !self.alone_over {
             return;
         }
