@@ -1,14 +1,14 @@
 //! Ingest ownership and the precise feeds, as one node sees them.
 //!
 //! Each engine with KV events is read by its owners (`r` routers by rendezvous hashing with
-//! bounded loads over the live members, [`Ownership`]; every router when `r = 0`). An owner keeps a [`FeedOut`] and follows its
-//! own feed; every other router follows the engine's first live owner. A router that becomes
-//! an owner asks the engine's other owners (and the source it followed) for a handover
-//! snapshot — the blocks with the engine's own hashes and the seq to resume at — and starts
-//! reading the engine with it ([`Apply::Own`]); with nobody to ask, or nobody answering within
-//! [`HANDOVER_WAIT_US`], it starts afresh (the engine is stale until its
-//! stream is exact again). A router that stops owning keeps its feed for
-//! [`RETIRED_TICKS`] periods to serve the next owner's handover.
+//! bounded loads over the live members, [`Ownership`]; every router when `r = 0`). An owner
+//! keeps a [`FeedOut`] and follows its own feed; every other router follows the engine's first
+//! live owner. A router that becomes an owner asks the engine's other owners (and the source it
+//! followed) for a handover snapshot — the blocks with the engine's own hashes and the seq to
+//! resume at — and starts reading the engine with it ([`Apply::Own`]); with nobody to ask, or
+//! nobody answering within [`HANDOVER_WAIT_US`], it starts afresh (the engine is stale until
+//! its stream is exact again). A router that stops owning keeps its feed for [`RETIRED_TICKS`]
+//! periods to serve the next owner's handover.
 
 use super::Apply;
 use kvmesh_state::{
