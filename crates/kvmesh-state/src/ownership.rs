@@ -3,13 +3,15 @@
 //! Each engine is owned by `r` live routers chosen by rendezvous hashing (highest random
 //! weight over stable ids) **with bounded loads**: the engines, taken in the order of their
 //! ids, pick their owners rank by rank (first owners, then second owners, ...), each the best
-//! scored router that has fewer than its fair share of that rank and of all ranks, plus a
-//! quarter (rounded down) of it. So every router computes the same owners from the same
-//! membership and engines; with many engines per router the bounds never bind and ownership is
-//! plain rendezvous hashing (a router joining or leaving moves only the engines it wins or held,
-//! about `r / n` of them); with few (4 engines over 3 routers) no router owns more than its
-//! share rounded up (rendezvous alone gave one router all four, its peers two each). `r = 0`
-//! means every router reads every engine.
+//! scored router that holds less than its fair share (rounded up) of that rank plus a half of
+//! it, and of all ranks plus a quarter (the extra rounded down). So every router computes the
+//! same owners from the same membership and engines; with many engines per router the bounds
+//! seldom bind and ownership is nearly plain rendezvous hashing (a router leaving moves little
+//! more than the engines it held: 66 ownerships a router at 128 routers × 4,096 engines,
+//! against 64 for rendezvous alone); with few, no router owns far more than its share (4
+//! engines over 3 routers: 2 or 3 each, where rendezvous alone can give one router all four;
+//! 24 over 8: at most 7 and 4 of them first, where rendezvous gave 8 and 8). `r = 0` means
+//! every router reads every engine.
 
 use crate::ids::NodeId;
 use std::collections::HashMap;
@@ -56,16 +58,19 @@ impl Ownership {
         let (engines, members) = (sorted(engines), sorted(live));
         let m = members.len();
         let k = if r == 0 { m } else { r.min(m) };
-        // Fair shares rounded up, plus a quarter rounded down: per rank, and over all ranks.
-        let bound = |total: usize| total.div_ceil(m.max(1)) + total / m.max(1) / 4;
+        // Fair shares rounded up, plus a half (per rank) or a quarter (over all ranks),
+        // rounded down: the tighter per-rank bound moved about a quarter more engines when a
+        // router left (every rank's placements cascade), for first owners little more even.
+        let fair = |total: usize| total.div_ceil(m.max(1));
+        let slack = |total: usize, part: usize| total / m.max(1) / part;
         let mut a = Assign {
             engines: &engines,
             members: &members,
             picks: vec![Vec::with_capacity(k); engines.len()],
             rank_load: vec![0; m],
             all_load: vec![0; m],
-            rank_cap: bound(engines.len()),
-            all_cap: bound(engines.len() * k),
+            rank_cap: fair(engines.len()) + slack(engines.len(), 2),
+            all_cap: fair(engines.len() * k) + slack(engines.len() * k, 4),
         };
         for rank in 0..k {
             a.rank_load.iter_mut().for_each(|l| *l = 0);
@@ -267,7 +272,8 @@ mod tests {
         assert!(all.iter().all(|&l| (2..=3).contains(&l)), "{all:?}");
         assert!(first.iter().all(|&l| (1..=2).contains(&l)), "{first:?}");
         // Every shape up to 40 engines over 9 routers: nobody above its share rounded up plus
-        // a quarter, first owners likewise, every engine with its r distinct owners.
+        // a quarter, nor its share of first owners plus a half, every engine with its r
+        // distinct owners.
         for m in 1..=9 {
             let live = nodes(m);
             for n in 1..=40u64 {
@@ -282,15 +288,51 @@ mod tests {
                         assert_eq!(d.len(), k, "{n} engines, {m} routers, r {r}");
                     }
                     let (all, first) = loads(&o, &es, &live);
-                    let bound = |t: usize| t.div_ceil(m) + t / m / 4;
+                    let bound = |t: usize, part: usize| t.div_ceil(m) + t / m / part;
                     let (n, worst) = (n as usize, *all.iter().max().expect("routers"));
-                    assert!(
-                        worst <= bound(n * k),
-                        "{n} engines, {m} routers, r {r}: {all:?}"
-                    );
+                    assert!(worst <= bound(n * k, 4), "{n}, {m}, r {r}: {all:?}");
                     let worst_first = *first.iter().max().expect("routers");
-                    assert!(worst_first <= bound(n), "{n}, {m}, r {r}: first {first:?}");
+                    assert!(
+                        worst_first <= bound(n, 2),
+                        "{n}, {m}, r {r}: first {first:?}"
+                    );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_router_leaving_moves_little_more_than_what_it_held() {
+        // (routers, engines, moved at most per ownership held, in hundredths)
+        for (m, n, most) in [(32, 1_024, 115), (8, 24, 200)] {
+            let live = nodes(m);
+            let es = engines(n);
+            let before = Ownership::new(&es, &live, 2);
+            for gone in 0..m {
+                let fewer: Vec<NodeId> =
+                    live.iter().copied().filter(|&x| x != live[gone]).collect();
+                let after = Ownership::new(&es, &fewer, 2);
+                let (mut held, mut moved) = (0, 0);
+                for &e in &es {
+                    held += usize::from(before.owners(e).contains(&live[gone]));
+                    moved += after
+                        .owners(e)
+                        .iter()
+                        .filter(|x| !before.owners(e).contains(x))
+                        .count();
+                }
+                // Each ownership it held moves (the least possible); a few more follow where
+                // a bound binds (measured, a router leaving: 66 against 64 for rendezvous
+                // alone at 32 × 1,024, 8.0 against 6.0 at 8 × 24; with the per-rank bound a
+                // quarter instead of a half, 69 and 12.9).
+                assert!(
+                    moved >= held,
+                    "{m} × {n}, router {gone}: {moved} moved, {held} held"
+                );
+                assert!(
+                    moved * 100 <= held * most,
+                    "{m} × {n}, router {gone}: {moved} moved, {held} held"
+                );
             }
         }
     }
