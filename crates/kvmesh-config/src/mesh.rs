@@ -37,8 +37,9 @@ pub struct MeshConfig {
     /// the pod name) share one pair signed by the cluster CA.
     pub cert_name: String,
     /// Routers reading each engine's KV events, chosen by rendezvous hashing over the live
-    /// routers with bounded loads (no router reads more than its fair share plus a quarter:
-    /// 4 engines over 3 routers, 2 or 3 each); they send the engine's index changes to the others (0 = every router reads
+    /// routers with bounded loads (no router reads more than its fair share rounded up plus a
+    /// quarter of it rounded down: 4 engines over 3 routers, 2 or 3 each; with few engines an
+    /// engine added or removed can move a few others, each by hand-over); they send the engine's index changes to the others (0 = every router reads
     /// every engine: small clusters). A new owner takes an engine over from a live owner
     /// (hand-over); when every owner of an engine is lost within one failure-detection time
     /// (about 5 s), the engine's map of its own block hashes is lost with them, and the new

@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::num::{NonZeroU32, NonZeroUsize};
+use std::num::{NonZeroU8, NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
 /// The largest SWIM packet (bytes): below a QUIC datagram's payload on a 1,280-byte path.
@@ -167,8 +167,22 @@ impl Membership {
         self.timers.iter().map(|t| t.0).min()
     }
 
-    /// Leaves the cluster (tells the others) — on shutdown.
+    /// Leaves the cluster (tells the others) — on shutdown. The leave goes to every member at
+    /// once (foca's gossip picks `num_indirect_probes` of them; the others would learn it from
+    /// their next exchanges with those, or, missed by every copy, from their own probes
+    /// seconds later).
     pub fn leave(&mut self, now_us: u64) {
+        let mut c = config(self.size_hint);
+        let members = self.live.len().max(1);
+        c.num_indirect_probes = NonZeroUsize::new(members).unwrap_or(NonZeroUsize::MIN);
+        // Each message carries an update at most `max_transmissions` times.
+        let times = u8::try_from(members).unwrap_or(u8::MAX);
+        c.max_transmissions = c
+            .max_transmissions
+            .max(NonZeroU8::new(times).unwrap_or(NonZeroU8::MIN));
+        if self.foca.set_config(c).is_err() {
+            self.errors += 1;
+        }
         if self.foca.leave_cluster(&mut self.rt).is_err() {
             self.errors += 1;
         }

@@ -110,16 +110,20 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
     .await
     .expect("within the bound");
     assert_eq!(got, 7, "b sees a's load");
-    // Graceful leave: the others see it down quickly.
+    // Graceful leave: the others see it down from its leave, well before failure detection
+    // would (5.5 s here: the crash below). QA saw a SIGTERM'd router's leave lost now and then:
+    // the endpoint closed before the leave's datagrams were written.
+    let t = tokio::time::Instant::now();
     c.leave().await;
     assert!(
-        wait_for(&a, 1, Duration::from_secs(10)).await,
+        wait_for(&a, 1, Duration::from_secs(3)).await,
         "a saw c leave"
     );
     assert!(
-        wait_for(&b, 1, Duration::from_secs(10)).await,
+        wait_for(&b, 1, Duration::from_secs(3)).await,
         "b saw c leave"
     );
+    println!("leave seen in {:?} on loopback", t.elapsed());
     // Crash: detected by failure detection.
     let t = tokio::time::Instant::now();
     b.kill();

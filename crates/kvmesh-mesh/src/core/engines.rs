@@ -62,7 +62,8 @@ impl MeshCore {
                 }
             }
         }
-        self.feeds.set_engines(events);
+        // An engine gone that this node read is an ownership move too (it stops reading it).
+        self.counters.ownership_moves += self.feeds.set_engines(events);
         self.rebalance(now_us);
     }
 

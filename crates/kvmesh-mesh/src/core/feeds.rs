@@ -215,12 +215,14 @@ impl Feeds {
         }
     }
 
-    /// The engines with events changed: the feeds of those gone go.
-    pub(super) fn set_engines(&mut self, engines: BTreeSet<u64>) {
+    /// The engines with events changed: the feeds of those gone go. Returns how many of them
+    /// this node read.
+    pub(super) fn set_engines(&mut self, engines: BTreeSet<u64>) -> u64 {
         let gone: Vec<u64> = self.engines.difference(&engines).copied().collect();
+        let mut stopped = 0;
         for e in &gone {
             self.ins.remove(e);
-            self.outs.remove(e);
+            stopped += u64::from(self.outs.remove(e).is_some());
             self.handover.remove(e);
             self.retired.remove(e);
             self.holders.remove(e);
@@ -229,6 +231,7 @@ impl Feeds {
         }
         self.engines = engines;
         self.table_for.clear();
+        stopped
     }
 
     /// Ownership and following after a membership or engine change. Returns the moves.

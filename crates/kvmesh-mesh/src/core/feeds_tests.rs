@@ -131,3 +131,19 @@ fn a_pull_that_reaches_an_owner_before_its_handover_is_answered_when_it_starts()
     assert_eq!(s.blocks.len(), 2);
     assert!(n.take_answers().is_empty(), "answered once");
 }
+
+#[test]
+fn an_engine_removed_that_this_node_read_counts_as_a_move() {
+    let e = engine();
+    let (mut a, mut pulls, mut applies) = (feeds(A, e), Vec::new(), Vec::new());
+    let two = [(A, 1), (F, 1)];
+    a.rebalance(0, &two, &mut pulls, &mut applies);
+    a.expire_handovers(u64::MAX, &two, &mut applies);
+    assert!(a.feed_out(e).is_some(), "A reads it");
+    // QA: a DELETE of an engine left `kvmesh_mesh_ownership_moves` as it was.
+    assert_eq!(a.set_engines(BTreeSet::new()), 1);
+    assert!(a.feed_out(e).is_none());
+    let mut f = feeds(F, e);
+    f.rebalance(0, &two, &mut pulls, &mut applies);
+    assert_eq!(f.set_engines(BTreeSet::new()), 0, "F only followed it");
+}

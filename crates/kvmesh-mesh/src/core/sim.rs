@@ -336,6 +336,17 @@ impl Sim {
         }
     }
 
+    /// Node `i` leaves the cluster (what a router does on shutdown): its leave goes out, then
+    /// it is gone.
+    pub fn leave(&mut self, i: usize) {
+        let now = self.now;
+        if let Some(n) = self.nodes[i].as_mut() {
+            n.core.leave(now);
+            self.collect(i);
+        }
+        self.nodes[i] = None;
+    }
+
     /// Kills node `i` without a word.
     pub fn kill(&mut self, i: usize) {
         self.nodes[i] = None;
