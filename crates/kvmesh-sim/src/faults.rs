@@ -59,8 +59,7 @@ impl Faults {
         if let Some(v) = patch.drop_events {
             next.drop_events = v;
         }
-        next.validate("faults")
-            .map_err(|e| ApiError::bad_request("invalid_value", e.to_string()))?;
+        next.validate("faults").map_err(refusal)?;
         self.cfg = next.clone();
         Ok(next)
     }
@@ -84,6 +83,28 @@ impl Faults {
         z ^= z >> 31;
         let u = (z >> 11) as f64 / (1u64 << 53) as f64;
         (u < self.cfg.error_rate).then_some(self.cfg.error_status)
+    }
+}
+
+/// A refused fault setting, with the field it names as `param`.
+fn refusal(e: kvmesh_config::ConfigError) -> ApiError {
+    const FIELDS: [&str; 6] = [
+        "error_rate",
+        "error_status",
+        "added_latency_ms",
+        "slowdown",
+        "hang",
+        "drop_events",
+    ];
+    let param = match &e {
+        kvmesh_config::ConfigError::Invalid { key, .. } => FIELDS
+            .into_iter()
+            .find(|f| key.strip_prefix("faults.") == Some(f)),
+        _ => None,
+    };
+    match param {
+        Some(p) => ApiError::invalid_param(p, e.to_string()),
+        None => ApiError::bad_request("invalid_value", e.to_string()),
     }
 }
 

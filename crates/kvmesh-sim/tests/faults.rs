@@ -34,6 +34,10 @@ async fn error_faults_slowdown_and_clear() {
     // A bad patch is refused and changes nothing.
     let (s, v) = post(&c, &faults, json!({"error_rate": 7})).await;
     assert_eq!(s, 400, "{v}");
+    assert_eq!(
+        v["error"]["param"], "error_rate",
+        "the field refused is named: {v}"
+    );
     let (s, v) = post(&c, &faults, json!({"no_such_fault": true})).await;
     assert_eq!(s, 400, "{v}");
     let (_, now) = get(&c, &faults).await;
