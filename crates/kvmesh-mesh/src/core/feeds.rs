@@ -103,8 +103,8 @@ pub(super) struct Feeds {
     /// engine's feed then: a new owner asks it for a handover too).
     holders: HashMap<u64, NodeId>,
     /// The owners of every engine, for the members in `table_for` (as last given) and the
-    /// engines of `engines`; recomputed when either changes ([`Feeds::refresh`]).
-    table: Ownership,
+    /// engines of `engines` (none since they changed): [`Feeds::refresh`].
+    table: Option<Ownership>,
     table_for: Vec<NodeId>,
     /// Per engine this node owned under its current feed id and no longer holds a feed of:
     /// the last number that feed gave (a new feed of the same id starts past it).
@@ -130,7 +130,7 @@ impl Feeds {
             retired: HashMap::new(),
             announced: HashMap::new(),
             holders: HashMap::new(),
-            table: Ownership::default(),
+            table: None,
             table_for: Vec::new(),
             numbered: HashMap::new(),
             asked: HashMap::new(),
@@ -145,16 +145,17 @@ impl Feeds {
         }
     }
 
-    /// The owners of every engine for the members `live` (the table is recomputed only when
-    /// they or the engines changed).
+    /// The owners of every engine for the members `live`: what the node calls whenever its
+    /// members or engines change (the table is recomputed only when the set of members or
+    /// the engines did).
     pub(super) fn refresh(&mut self, live: &[NodeId]) {
-        if self.table_for == live {
+        if self.table.is_some() && self.table_for == live {
             return;
         }
-        let engines: Vec<u64> = self.engines.iter().copied().collect();
         let members = sorted(live);
-        if !self.table.is_for(&engines, &members, self.r) {
-            self.table = Ownership::new(&engines, &members, self.r);
+        if self.table.as_ref().is_none_or(|t| t.members() != members) {
+            let engines: Vec<u64> = self.engines.iter().copied().collect();
+            self.table = Some(Ownership::new(&engines, &members, self.r));
         }
         self.table_for = live.to_vec();
     }
@@ -162,8 +163,10 @@ impl Feeds {
     /// The owners of `engine` among the members `live`, first owner first (from the table
     /// when [`Feeds::refresh`] was given these members last; computed afresh otherwise).
     pub(super) fn owners_of(&self, engine: u64, live: &[NodeId]) -> Vec<NodeId> {
-        if self.table_for == live {
-            return self.table.owners(engine).to_vec();
+        if let Some(t) = &self.table
+            && self.table_for == live
+        {
+            return t.owners(engine).to_vec();
         }
         let engines: Vec<u64> = self.engines.iter().copied().collect();
         Ownership::new(&engines, live, self.r)
@@ -229,8 +232,10 @@ impl Feeds {
             self.numbered.remove(e);
             self.asked.remove(e);
         }
+        if engines != self.engines {
+            self.table = None;
+        }
         self.engines = engines;
-        self.table_for.clear();
         stopped
     }
 
@@ -243,7 +248,6 @@ impl Feeds {
         applies: &mut Vec<Apply>,
     ) -> u64 {
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
-        self.refresh(&ids);
         let mut moves = 0;
         let engines: Vec<u64> = self.engines.iter().copied().collect();
         for engine in engines {
@@ -440,7 +444,6 @@ impl Feeds {
             self.start(engine, Some(s.clone()), applies);
             moves += 1;
             let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
-            self.refresh(&ids);
             let owners = self.owners_of(engine, &ids);
             let mut pulls = Vec::new();
             self.follow(engine, &owners, live, &mut pulls, applies);
@@ -501,12 +504,11 @@ impl Feeds {
     /// The heads of every owned feed that `to` receive (they do not own its engine): what
     /// routers that just joined are told at once.
     pub(super) fn heads_for(
-        &mut self,
+        &self,
         live: &[Live],
         to: &BTreeSet<NodeId>,
     ) -> Vec<(NodeId, FeedHead)> {
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
-        self.refresh(&ids);
         let mut v = Vec::new();
         for (&engine, out) in &self.outs {
             let owners = self.owners_of(engine, &ids);
@@ -533,7 +535,6 @@ impl Feeds {
         live: &[Live],
     ) -> (Vec<(Vec<NodeId>, FeedHead)>, Vec<(NodeId, FeedPull)>) {
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
-        self.refresh(&ids);
         let mut heads = Vec::new();
         self.announced.retain(|e, _| self.outs.contains_key(e));
         for (&engine, out) in &self.outs {
@@ -616,7 +617,6 @@ impl Feeds {
             .map(|(&e, _)| e)
             .collect();
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
-        self.refresh(&ids);
         for e in late {
             self.start(e, None, applies);
             let owners = self.owners_of(e, &ids);

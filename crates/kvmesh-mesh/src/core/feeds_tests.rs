@@ -22,6 +22,24 @@ fn feeds(me: NodeId, engine: u64) -> Feeds {
     f
 }
 
+/// A membership change as the node makes it: the owners table follows the members, then
+/// ownership.
+fn members_changed(f: &mut Feeds, now_us: u64, live: &[Live], applies: &mut Vec<Apply>) {
+    let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+    f.refresh(&ids);
+    f.rebalance(now_us, live, &mut Vec::new(), applies);
+}
+
+/// `me` reading `engine` among `live`: nobody answered its handover asks, so it reads the
+/// engine afresh.
+fn reading(me: NodeId, engine: u64, live: &[Live]) -> Feeds {
+    let (mut f, mut applies) = (feeds(me, engine), Vec::new());
+    members_changed(&mut f, 0, live, &mut applies);
+    f.expire_handovers(u64::MAX, live, &mut applies);
+    assert!(f.feed_out(engine).is_some(), "{me:?} reads the engine");
+    f
+}
+
 fn stored(keys: &[u64]) -> Vec<WireOp> {
     keys.iter().map(|&k| WireOp::Stored(k)).collect()
 }
@@ -29,12 +47,8 @@ fn stored(keys: &[u64]) -> Vec<WireOp> {
 #[test]
 fn a_router_that_owns_an_engine_again_numbers_its_new_feed_past_the_old_one() {
     let e = engine();
-    let (mut a, mut pulls, mut applies) = (feeds(A, e), Vec::new(), Vec::new());
     let two = [(A, 1), (F, 1)];
-    a.rebalance(0, &two, &mut pulls, &mut applies);
-    // Nobody answers its handover asks: it reads the engine afresh.
-    a.expire_handovers(u64::MAX, &two, &mut applies);
-    assert!(a.feed_out(e).is_some(), "A owns the engine");
+    let (mut a, mut applies) = (reading(A, e, &two), Vec::new());
     // A follower of A's feed, at its head.
     let mut fin = FeedIn::new(e);
     let _ = fin.follow(a.feed_out(e).expect("owned").id());
@@ -48,9 +62,9 @@ fn a_router_that_owns_an_engine_again_numbers_its_new_feed_past_the_old_one() {
     assert_eq!(old_head, 5);
     // N comes and takes the engine; it goes again before the follower's view moved, and A
     // reads the engine afresh (nobody to hand it over).
-    a.rebalance(1, &[(A, 1), (F, 1), (N, 1)], &mut pulls, &mut applies);
+    members_changed(&mut a, 1, &[(A, 1), (F, 1), (N, 1)], &mut applies);
     assert!(a.feed_out(e).is_none(), "N owns it");
-    a.rebalance(2, &two, &mut pulls, &mut applies);
+    members_changed(&mut a, 2, &two, &mut applies);
     a.expire_handovers(u64::MAX, &two, &mut applies);
     let out = a.feed_out(e).expect("A owns it again");
     assert_eq!(out.id(), fin.feed().expect("followed"), "the same feed id");
@@ -94,6 +108,7 @@ fn a_pull_that_reaches_an_owner_before_its_handover_is_answered_when_it_starts()
     let all = [(A, 1), (F, 1), (N, 1)];
     // N has just come: it owns the engine and waits for A to hand it over.
     let (mut n, mut pulls, mut applies) = (feeds(N, e), Vec::new(), Vec::new());
+    n.refresh(&[A, F, N]);
     n.rebalance(0, &all, &mut pulls, &mut applies);
     assert!(pulls.iter().any(|(to, _)| *to == A), "N asks A: {pulls:?}");
     assert!(n.feed_out(e).is_none(), "waiting");
@@ -135,15 +150,12 @@ fn a_pull_that_reaches_an_owner_before_its_handover_is_answered_when_it_starts()
 #[test]
 fn an_engine_removed_that_this_node_read_counts_as_a_move() {
     let e = engine();
-    let (mut a, mut pulls, mut applies) = (feeds(A, e), Vec::new(), Vec::new());
     let two = [(A, 1), (F, 1)];
-    a.rebalance(0, &two, &mut pulls, &mut applies);
-    a.expire_handovers(u64::MAX, &two, &mut applies);
-    assert!(a.feed_out(e).is_some(), "A reads it");
+    let mut a = reading(A, e, &two);
     // QA: a DELETE of an engine left `kvmesh_mesh_ownership_moves` as it was.
     assert_eq!(a.set_engines(BTreeSet::new()), 1);
     assert!(a.feed_out(e).is_none());
     let mut f = feeds(F, e);
-    f.rebalance(0, &two, &mut pulls, &mut applies);
+    members_changed(&mut f, 0, &two, &mut Vec::new());
     assert_eq!(f.set_engines(BTreeSet::new()), 0, "F only followed it");
 }

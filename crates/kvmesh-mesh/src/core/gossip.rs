@@ -113,7 +113,6 @@ impl MeshCore {
                 let moves = self.feeds.on_snapshot(s, &live, &mut applies);
                 self.counters.ownership_moves += moves;
                 self.out.extend(applies.into_iter().map(Output::Apply));
-                self.send_feed_answers();
             }
         }
     }
@@ -281,6 +280,7 @@ impl MeshCore {
     pub(super) fn flush(&mut self, now_us: u64) {
         self.load_news = false;
         let deltas = std::mem::take(&mut self.outbox);
+        self.send_feed_answers();
         let direct = std::mem::take(&mut self.direct);
         let addrs: Vec<SocketAddr> = self.peers.values().map(|m| m.addr).collect();
         // What every member gets is encoded once; what only some need goes separately.

@@ -120,7 +120,6 @@ impl MeshCore {
         next_seq: Option<u64>,
     ) {
         let live = self.live_ids();
-        self.feeds.refresh(&live);
         let mut applies = Vec::new();
         if let Some(b) = self
             .feeds

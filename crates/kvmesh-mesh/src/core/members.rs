@@ -128,6 +128,9 @@ impl MeshCore {
             }
         }
         self.peers = live;
+        // The owners table follows the members (what `meet` below and `rebalance` read).
+        let ids = self.live_ids();
+        self.feeds.refresh(&ids);
         self.out.push(Output::Apply(Apply::Members));
         for engine in touched {
             let others = self.st.load.others(self.me, engine);
@@ -194,8 +197,8 @@ impl MeshCore {
     /// second). It waits for the members (then the engines' owners hand their feeds over) or
     /// for the warm-up time to pass without any (then it is the cluster: [`MeshCore::tick`]).
     pub(super) fn rebalance(&mut self, now_us: u64) {
-        // The owners table follows the members even while this node takes none (what
-        // `MeshCore::owners` reads).
+        // The owners table follows the engines (and the members), even while this node
+        // takes none (what `MeshCore::owners` reads).
         let ids = self.live_ids();
         self.feeds.refresh(&ids);
         if self.peers.is_empty() && !self.alone_over {
@@ -210,6 +213,5 @@ impl MeshCore {
         self.counters.ownership_moves += moves;
         self.out.extend(applies.into_iter().map(Output::Apply));
         self.send_pulls(pulls, now_us);
-        self.send_feed_answers();
     }
 }

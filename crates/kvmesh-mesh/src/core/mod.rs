@@ -650,7 +650,6 @@ impl MeshCore {
                 .filter(|a| matches!(a, Apply::Own { .. }))
                 .count() as u64;
             self.out.extend(applies.into_iter().map(Output::Apply));
-            self.send_feed_answers();
         }
         if now_us >= self.next_flush {
             self.next_flush = now_us + self.flush_period();
@@ -711,8 +710,8 @@ impl MeshCore {
     }
 
     /// The snapshots owed to routers that asked for a feed while this node waited for its
-    /// handover (see `Feeds::serve_pull`).
-    fn send_feed_answers(&mut self) {
+    /// handover (see `Feeds::serve_pull`), with the other direct messages of the flush.
+    pub(super) fn send_feed_answers(&mut self) {
         for (to, d) in self.feeds.take_answers() {
             if let Some(m) = self.peers.get(&to) {
                 self.direct.entry(m.addr).or_default().0.push(d);
