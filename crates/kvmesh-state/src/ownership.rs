@@ -307,7 +307,7 @@ mod tests {
                         .count();
                 }
                 // Each ownership it held moves (the least possible); a few more follow where
-                // a bound binds (measured, a router leaving: 66 against 64 for rendezvous
+                // a bound binds (measured, a router leaving: 66 against 63 for rendezvous
                 // alone at 32 × 1,024, 8.0 against 6.0 at 8 × 24; with the per-rank bound a
                 // quarter instead of a half, 69 and 12.9).
                 assert!(
