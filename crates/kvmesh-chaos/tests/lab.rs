@@ -11,10 +11,33 @@ use std::time::Duration;
 
 static ONE_LAB_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-fn lab(routers: usize, tag: &str) -> Lab {
+fn lab(routers: usize, tag: &str) -> TestLab {
     let dir = std::env::temp_dir().join(format!("kvmesh-chaos-lab-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    Lab::new(routers, dir, "/bin/false".into()).expect("the lab needs root, iproute2, nftables")
+    TestLab(Some(
+        Lab::new(routers, dir, "/bin/false".into())
+            .expect("the lab needs root, iproute2, nftables"),
+    ))
+}
+
+/// A lab whose directory (its rule files) goes when it does.
+struct TestLab(Option<Lab>);
+
+impl std::ops::Deref for TestLab {
+    type Target = Lab;
+    fn deref(&self) -> &Lab {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl Drop for TestLab {
+    fn drop(&mut self) {
+        if let Some(lab) = self.0.take() {
+            let dir = lab.dir.clone();
+            drop(lab);
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 /// How many of `n` UDP datagrams router 0 gets through to router 1.
@@ -105,8 +128,10 @@ fn partitions_drop_real_packets_loss_drops_some_and_the_lab_leaves_nothing() {
     );
     l.heal().unwrap();
     assert_eq!(delivered(&l, 200), 200);
+    let dir = l.dir.clone();
     drop(l);
     assert_eq!(resources_of(pid), Vec::<String>::new());
+    assert!(!dir.exists(), "{} left", dir.display());
 
     // A panic while the lab is up: unwinding tears it down.
     let r = std::panic::catch_unwind(|| {
