@@ -37,10 +37,11 @@ pub struct MeshConfig {
     /// the pod name) share one pair signed by the cluster CA.
     pub cert_name: String,
     /// Routers reading each engine's KV events, chosen by rendezvous hashing over the live
-    /// routers with bounded loads (no router reads more than its fair share rounded up plus a
-    /// quarter of it rounded down: 4 engines over 3 routers, 2 or 3 each; with few engines an
-    /// engine added or removed can move a few others, each by hand-over); they send the engine's index changes to the others (0 = every router reads
-    /// every engine: small clusters). A new owner takes an engine over from a live owner
+    /// routers with bounded loads (no router reads more than 1.25 times its fair share,
+    /// rounded down, or its share rounded up if that is more: 4 engines over 3 routers, 2 or 3
+    /// each; 8 engines over 3 routers, 5 or 6 each; with few engines an engine added or
+    /// removed can move a few others, each by hand-over); they send the engine's index
+    /// changes to the others (0 = every router reads every engine: small clusters). A new owner takes an engine over from a live owner
     /// (hand-over); when every owner of an engine is lost within one failure-detection time
     /// (about 5 s), the engine's map of its own block hashes is lost with them, and the new
     /// owner reads the engine afresh: with more than `prefix.replay_max_batches` batches of
