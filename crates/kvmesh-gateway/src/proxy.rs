@@ -34,6 +34,8 @@ use kvmesh_route::{
 };
 use serde::Deserialize;
 
+#[path = "proxy/retried.rs"]
+mod retried;
 #[path = "proxy/views.rs"]
 mod views;
 use std::sync::Arc;
@@ -132,7 +134,8 @@ pub async fn handle(
     } else {
         Wait::Until(started + Duration::from_millis(gw.cfg.timeouts.total_ms))
     };
-    let resp = attempt_step(
+    let body_len = body.len();
+    let (resp, served) = attempt_step(
         gw,
         parts,
         body,
@@ -144,6 +147,9 @@ pub async fn handle(
         wait,
     )
     .await;
+    if let Some(served) = served {
+        retried::mark_served(gw, &route, &decision, served, parsed, body_len);
+    }
     if !resp.status().is_success() {
         gw.metrics.error_response(resp.status().as_u16());
     }
@@ -331,8 +337,11 @@ fn decide_step(
             // (concurrent with other lookups), then the mark under a brief write lock.
             let warm = decide_on(&state.index(), s, out, true);
             let (d, r) = match warm {
-                Some(d) => {
-                    if let Some(m) = d.mark.filter(|_| !refused) {
+                Some(mut d) => {
+                    if refused {
+                        d.mark = None;
+                    }
+                    if let Some(m) = d.mark {
                         let known = d.predicted_blocks[0] as usize;
                         state.mark(
                             route.engines[m.engine].target(),
@@ -349,12 +358,15 @@ fn decide_step(
                 // reservation again under the write lock, so that siblings of a new prefix
                 // arriving together see each other's mark and land on one engine.
                 None => state.exclusive(|x| {
-                    let Some(d) =
+                    let Some(mut d) =
                         decide_on(x.index(), s, Vec::with_capacity(MAX_CANDIDATES), false)
                     else {
                         unreachable!("a decision is made when no match is required")
                     };
-                    if let Some(m) = d.mark.filter(|_| !refused) {
+                    if refused {
+                        d.mark = None;
+                    }
+                    if let Some(m) = d.mark {
                         let known = d.predicted_blocks[0] as usize;
                         x.mark(
                             route.engines[m.engine].target(),
@@ -387,7 +399,8 @@ enum Wait {
     Until(tokio::time::Instant),
 }
 
-/// Steps 4 and 5: attempts until one is delivered or the machine gives up.
+/// Steps 4 and 5: attempts until one is delivered or the machine gives up; with the route
+/// index of the engine whose success was delivered.
 #[allow(clippy::too_many_arguments)]
 async fn attempt_step(
     gw: &Arc<Gateway>,
@@ -399,7 +412,7 @@ async fn attempt_step(
     lookup: Option<Lookup>,
     request_id: &HeaderValue,
     wait: Wait,
-) -> Response<Body> {
+) -> (Response<Body>, Option<usize>) {
     let mut attempts = Attempts::new(decision, &gw.cfg.retry);
     let mut budget = &gw.retry_budget;
     budget.on_request(gw.clock.now_us());
@@ -412,7 +425,7 @@ async fn attempt_step(
             // over with none of it left.
             tracing::warn!(request_id = ?request_id, model = %route.model, last_failure = %f.detail, "request given up: its total timeout passed");
             let g = GiveUp::Exhausted { last: f.kind };
-            return give_up(g, last, &route.model);
+            return (give_up(g, last, &route.model), None);
         }
         let u = unit_f64(gw.next_seed());
         let next = attempts.next(
@@ -422,7 +435,7 @@ async fn attempt_step(
             gw.clock.now_us(),
             u,
         );
-        let (pos, engine, permit) = match next {
+        let (pos, index, permit) = match next {
             Next::Send {
                 pos,
                 engine,
@@ -434,7 +447,7 @@ async fn attempt_step(
                     gw.metrics.retries.inc();
                     tokio::time::sleep(Duration::from_micros(backoff_us)).await;
                 }
-                (pos, &route.engines[engine], permit)
+                (pos, engine, permit)
             }
             Next::GiveUp(g) => {
                 if matches!(g, GiveUp::BudgetExhausted { .. }) {
@@ -442,9 +455,10 @@ async fn attempt_step(
                 }
                 let last_failure = last.as_ref().map_or("", |f| f.detail.as_str());
                 tracing::warn!(request_id = ?request_id, model = %route.model, verdict = ?g, last_failure, "request given up");
-                return give_up(g, last, &route.model);
+                return (give_up(g, last, &route.model), None);
             }
         };
+        let engine = &route.engines[index];
         // The first attempt on the reserved engine takes the reservation's count over; any
         // other attempt counts itself (and the reservation ends).
         let counted = reservation.take().is_some_and(|r| r.hand_over(engine));
@@ -479,7 +493,8 @@ async fn attempt_step(
                         HeaderValue::from(predicted),
                     );
                 }
-                return r;
+                let served = r.status().is_success().then_some(index);
+                return (r, served);
             }
             Sent::Failed(mut f, attempt) => {
                 if gw.cfg.hide_engine_urls {

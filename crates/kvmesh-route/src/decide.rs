@@ -24,6 +24,20 @@ pub struct TtlPlan {
     pub approximate_us: u64,
 }
 
+impl TtlPlan {
+    /// The life of a mark on an engine under a policy of `kind`: the short one when the
+    /// policy reads KV events and the engine's are live (they soon confirm its blocks), else
+    /// the approximate one.
+    pub fn for_mark(&self, kind: PolicyKind, events_live: bool) -> u64 {
+        let reads_events = matches!(kind, PolicyKind::Precise | PolicyKind::Scored);
+        if reads_events && events_live {
+            self.speculative_us
+        } else {
+            self.approximate_us
+        }
+    }
+}
+
 /// The prefix input of a cache-aware decision.
 pub struct PrefixPlan<'a, P: ?Sized> {
     /// Blocks of the prompt an engine could serve from cache.
@@ -116,12 +130,7 @@ where
             *slot = p.probe.held_blocks(c).min(p.total_blocks);
         }
         if let Some(&first) = out.first() {
-            let reads_events = matches!(policy.kind(), PolicyKind::Precise | PolicyKind::Scored);
-            let ttl = if reads_events && p.probe.events_live(first) {
-                p.ttl.speculative_us
-            } else {
-                p.ttl.approximate_us
-            };
+            let ttl = p.ttl.for_mark(policy.kind(), p.probe.events_live(first));
             mark = Some(Mark {
                 engine: first,
                 expiry_us: ctx.now_us.saturating_add(ttl),
