@@ -18,10 +18,7 @@ async fn a_request_too_long_for_some_engines_goes_to_one_that_holds_it() {
         c
     })
     .await;
-    let engines = urls(&sims);
-    let mut cfg = serve_cfg(&engines);
-    cfg.routing.policy.policy = PolicyKind::CacheAware;
-    let router = start_router_with(cfg, "m", 2).await;
+    let (router, engines) = cache_aware_router(&sims).await;
     let base = router.base_url();
     let chat = format!("{base}/v1/chat/completions");
     let completions = format!("{base}/v1/completions");

@@ -7,7 +7,6 @@
 mod common;
 
 use common::*;
-use kvmesh_policy::PolicyKind;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,10 +17,7 @@ async fn requests_no_engine_serves_leave_the_index_and_the_figures_alone() {
         c
     })
     .await;
-    let engines = urls(&sims);
-    let mut cfg = serve_cfg(&engines);
-    cfg.routing.policy.policy = PolicyKind::CacheAware;
-    let router = start_router_with(cfg, "m", 2).await;
+    let (router, engines) = cache_aware_router(&sims).await;
     let base = router.base_url();
     let chat = format!("{base}/v1/chat/completions");
     let c = client();

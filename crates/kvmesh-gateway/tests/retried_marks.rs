@@ -5,17 +5,13 @@
 mod common;
 
 use common::*;
-use kvmesh_policy::PolicyKind;
 use serde_json::json;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_request_is_remembered_on_the_engine_that_served_it() {
     let sims = start_sims(2, |_| instant_sim_cfg("m")).await;
-    let engines = urls(&sims);
-    let mut cfg = serve_cfg(&engines);
-    cfg.routing.policy.policy = PolicyKind::CacheAware;
-    let router = start_router_with(cfg, "m", 2).await;
+    let (router, engines) = cache_aware_router(&sims).await;
     let base = router.base_url();
     let chat = format!("{base}/v1/chat/completions");
     let c = client();

@@ -6,15 +6,11 @@
 mod common;
 
 use common::*;
-use kvmesh_policy::PolicyKind;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_json_shows_engines_and_the_last_decisions() {
     let sims = start_sims(2, |_| instant_sim_cfg("m")).await;
-    let engines = urls(&sims);
-    let mut cfg = serve_cfg(&engines);
-    cfg.routing.policy.policy = PolicyKind::CacheAware;
-    let router = start_router_with(cfg, "m", 2).await;
+    let (router, engines) = cache_aware_router(&sims).await;
     let base = router.base_url();
     let c = client();
 

@@ -119,6 +119,16 @@ pub async fn start_router_with(cfg: ServeConfig, model: &str, n: usize) -> Gatew
     router
 }
 
+/// A `cache_aware` router in front of `sims` (all serving model `m`), once it routes to every
+/// one of them; with the engines' URLs.
+pub async fn cache_aware_router(sims: &[SimServer]) -> (GatewayServer, Vec<String>) {
+    let engines = urls(sims);
+    let mut cfg = serve_cfg(&engines);
+    cfg.routing.policy.policy = kvmesh_policy::PolicyKind::CacheAware;
+    let router = start_router_with(cfg, "m", engines.len()).await;
+    (router, engines)
+}
+
 /// Waits until `model` is routed to `n` engines.
 pub async fn wait_routable(router: &GatewayServer, model: &str, n: usize) {
     let gw = router.gateway.clone();
