@@ -21,8 +21,8 @@ pub struct PrefixConfig {
     /// KV-cache size in blocks (`num_gpu_blocks`) for `precise` routing. About 50 bytes each.
     pub engine_capacity_blocks: u32,
     /// How long a routing decision marks the chosen engine as holding the request's blocks
-    /// under `precise` and `scored` (until its KV events confirm them), ms. llm-d uses 2 s,
-    /// Dynamo 5 s.
+    /// under `precise` and `scored` (until its KV events confirm them), ms; a block the engine
+    /// reports removed loses its mark at once. llm-d uses 2 s, Dynamo 5 s.
     pub speculative_ttl_ms: u64,
     /// How long a routing decision is remembered under `cache_aware` (which learns only from
     /// its own decisions), and for engines whose event stream is stale, ms. Dynamo's

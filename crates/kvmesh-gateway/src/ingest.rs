@@ -255,6 +255,11 @@ async fn apply_loop(
             a.apply(version);
             a.e.ingest.restarts.fetch_add(1, Relaxed);
             tracing::info!(engine = %a.e.url, "engine restarted (new process start time): its blocks are dropped");
+            // What the new process published before this hint — batches the subscription
+            // missed while it reconnected, or ones applied already that this clear just
+            // dropped (its first batch comes as seq 0, which after an earlier clear starts no
+            // epoch of its own) — comes back from its replay socket, from seq 0 (QA).
+            a.catch_up().await;
         }
         a.publish();
         a.flush_to_mesh().await;

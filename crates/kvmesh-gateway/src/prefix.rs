@@ -144,9 +144,17 @@ impl PrefixState {
         }
     }
 
-    /// Everything known of an engine is void (a restart seen outside its events).
-    pub fn clear(&self, t: Target) {
-        self.with_sink(|s| s.clear(t));
+    /// Takes back one decision's mark (the engine refused the request): see
+    /// [`PrefixIndex::unmark`]. Local: peers keep the copy the mesh carried until it expires.
+    pub fn unmark(&self, t: Target, keys: &[BlockKey], expiry_us: u64) {
+        self.index_mut().unmark(t.slot, keys, expiry_us);
+    }
+
+    /// The routing decisions' marks for an engine are void (it restarted); its confirmed
+    /// blocks stay for its events, or its owners' feed of them, to clear. Local: each router
+    /// sees the restart itself.
+    pub fn clear_marks(&self, t: Target) {
+        self.index_mut().clear_marks(t.slot);
     }
 
     /// Runs `f` holding the write lock: a lookup, decision and mark that must not interleave

@@ -180,8 +180,12 @@ fn note_start_time(gw: &Gateway, e: &Engine, t: Option<f64>) {
             // The applier decides: it knows whether the events already told it.
             e.ingest.hint_restart(prev_epoch);
         } else {
-            // Only routing decisions were remembered for it; they are all wrong now.
-            gw.registry.prefix.clear(e.target());
+            // What routing decisions expected of the old process is void. Blocks its owners'
+            // feed brought stay: the owners see the restart (from the events, or this same
+            // hint) and the feed carries the clear and the new process's blocks, some of
+            // which may be here already; clearing them here would lose them for good, the
+            // feed counting them as applied (QA).
+            gw.registry.prefix.clear_marks(e.target());
         }
     }
 }

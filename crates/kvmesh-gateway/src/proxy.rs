@@ -34,8 +34,8 @@ use kvmesh_route::{
 };
 use serde::Deserialize;
 
-#[path = "proxy/retried.rs"]
-mod retried;
+#[path = "proxy/answered.rs"]
+mod answered;
 #[path = "proxy/views.rs"]
 mod views;
 use std::sync::Arc;
@@ -135,7 +135,7 @@ pub async fn handle(
         Wait::Until(started + Duration::from_millis(gw.cfg.timeouts.total_ms))
     };
     let body_len = body.len();
-    let (resp, served) = attempt_step(
+    let (resp, answered) = attempt_step(
         gw,
         parts,
         body,
@@ -147,8 +147,16 @@ pub async fn handle(
         wait,
     )
     .await;
-    if let Some(served) = served {
-        retried::mark_served(gw, &route, &decision, served, parsed, body_len);
+    if let Some(engine) = answered {
+        answered::settle_mark(
+            gw,
+            &route,
+            &decision,
+            engine,
+            resp.status(),
+            parsed,
+            body_len,
+        );
     }
     if !resp.status().is_success() {
         gw.metrics.error_response(resp.status().as_u16());
@@ -400,7 +408,7 @@ enum Wait {
 }
 
 /// Steps 4 and 5: attempts until one is delivered or the machine gives up; with the route
-/// index of the engine whose success was delivered.
+/// index of the engine whose answer (a success or its own refusal) was delivered.
 #[allow(clippy::too_many_arguments)]
 async fn attempt_step(
     gw: &Arc<Gateway>,
@@ -493,8 +501,7 @@ async fn attempt_step(
                         HeaderValue::from(predicted),
                     );
                 }
-                let served = r.status().is_success().then_some(index);
-                return (r, served);
+                return (r, Some(index));
             }
             Sent::Failed(mut f, attempt) => {
                 if gw.cfg.hide_engine_urls {

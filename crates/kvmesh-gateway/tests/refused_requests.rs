@@ -1,8 +1,9 @@
 //! A request no engine would serve changes nothing on a cache-aware route: what every
 //! OpenAI server rejects (no messages, `max_tokens` below 1, `n` below 1) is answered by the
 //! router itself before any decision — no speculative entry, no attempt; and what the engine
-//! refuses (a prompt past its context) is passed through with the engine's own 4xx but left
-//! out of the prompt and predicted-token figures and of the engine's latency.
+//! refuses (a prompt past its context, a parameter it does not serve) is passed through with
+//! the engine's own 4xx, its routing mark taken back, and left out of the prompt and
+//! predicted-token figures and of the engine's latency.
 
 mod common;
 
@@ -53,14 +54,25 @@ async fn requests_no_engine_serves_leave_the_index_and_the_figures_alone() {
         assert!(r.engine.is_none(), "answered by the router: {r:?}");
     }
     // `n` above 1 is an engine's to serve or refuse (vLLM serves it; the simulator refuses).
+    // The decision marked the engine with the prompt; the refusal takes the mark back (QA:
+    // the same prompt was then predicted 704 tokens cached where the engine had none).
     let r = post_json(
         &c,
         &chat,
-        &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}),
+        &json!({"model": "m", "messages": [{"role": "user", "content": long}], "n": 2}),
     )
     .await;
     assert_openai_error(&r, 400);
     assert!(r.engine.is_some(), "the engine's refusal: {r:?}");
+    wait_until(
+        "the refused request's mark is taken back",
+        std::time::Duration::from_secs(5),
+        || async {
+            let page = scrape(&c, &base).await;
+            metric(&page, "kvmesh_prefix_index_speculative_entries") == 0.0
+        },
+    )
+    .await;
 
     // What the engine refuses: a prompt past its context (512 tokens here).
     let too_long = "far too long for this engine ".repeat(200);

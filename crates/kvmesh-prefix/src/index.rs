@@ -377,8 +377,12 @@ impl PrefixIndex {
         }
     }
 
-    /// One confirmed copy of `key` on `engine` fewer (a `BlockRemoved`). The entry goes when no
-    /// copy and no speculative mark remain. False when there was no confirmed copy.
+    /// One confirmed copy of `key` on `engine` fewer (a `BlockRemoved`). The last copy takes
+    /// the entry with it, speculative mark and all: a mark says the engine will compute the
+    /// block, and the engine has now said that it holds it no more (a mark left to its expiry
+    /// predicted an evicted block for up to its whole life: QA measured 23–32% of predictions
+    /// above what an evicting engine had cached, and misroutes). False when there was no
+    /// confirmed copy (a mark alone stays).
     pub fn remove(&mut self, engine: Slot, key: BlockKey) -> bool {
         let Some(i) = self.find(engine, key.0) else {
             return false;
@@ -389,12 +393,9 @@ impl PrefixIndex {
         }
         e.count -= 1;
         if e.count == 0 {
-            let spec = e.expiry != 0;
             self.n_confirmed -= 1;
             self.engines[engine as usize].confirmed -= 1;
-            if !spec {
-                self.free_entry(i);
-            }
+            self.free_entry(i);
         }
         true
     }
@@ -762,3 +763,4 @@ impl PrefixIndex {
 
 mod check;
 mod lookup;
+mod marks;

@@ -101,7 +101,8 @@ impl Model {
             && e.count > 0
         {
             e.count -= 1;
-            if e.count == 0 && e.expiry == 0 {
+            // The last copy goes with any mark: the engine said it holds the block no more.
+            if e.count == 0 {
                 m.drop_key(k);
             }
         }
@@ -368,6 +369,62 @@ fn duplicate_copies_are_counted() {
             blocks: 2
         }]
     );
+    idx.check_invariants().unwrap();
+}
+
+#[test]
+fn an_evicted_block_takes_its_mark_with_it_and_a_restart_takes_only_marks() {
+    let mut keys = Vec::new();
+    block_keys(&[1, 2, 3, 4, 5, 6, 7, 8], 2, ExtraKeys::NONE, &mut keys);
+    let mut idx = PrefixIndex::new();
+    idx.add_engine(0, 100).unwrap();
+    let mut out = Vec::new();
+    // A decision marks the 4 blocks for 2 s; the engine computes them (its events), then
+    // evicts the last two.
+    idx.insert_speculative(0, &keys, 2_000_000, 0);
+    for k in &keys {
+        idx.store(0, *k);
+    }
+    assert!(idx.remove(0, keys[3]));
+    assert!(idx.remove(0, keys[2]));
+    idx.lookup(&keys, 0, &mut out);
+    assert_eq!(
+        out,
+        vec![Match {
+            engine: 0,
+            blocks: 2
+        }],
+        "not the mark's 4"
+    );
+    assert!(!idx.holds(0, keys[2], 1_000));
+    // A mark alone stays through a removal it has no copy for.
+    idx.insert_speculative(0, &keys, 3_000_000, 1_000);
+    assert!(!idx.remove(0, keys[3]), "no copy of it");
+    assert!(idx.holds(0, keys[3], 2_000));
+    idx.check_invariants().unwrap();
+    // The engine restarted: marks go, confirmed copies stay for its events to clear.
+    idx.clear_marks(0);
+    idx.lookup(&keys, 0, &mut out);
+    assert_eq!(
+        out,
+        vec![Match {
+            engine: 0,
+            blocks: 2
+        }]
+    );
+    assert!(!idx.holds(0, keys[3], 2_000));
+    assert_eq!(idx.stats().speculative, 0);
+    assert_eq!(idx.stats().confirmed, 2);
+    idx.check_invariants().unwrap();
+    // A refused request's decision is taken back: its marks (by their expiry), not a later
+    // decision's, nor the confirmed copies.
+    idx.insert_speculative(0, &keys, 5_000_000, 2_000);
+    idx.insert_speculative(0, &keys[..1], 7_000_000, 2_500);
+    idx.unmark(0, &keys, 5_000_000);
+    assert!(idx.holds(0, keys[0], 3_000), "a later mark and a copy");
+    assert!(idx.holds(0, keys[1], 3_000), "a confirmed copy");
+    assert!(!idx.holds(0, keys[2], 3_000) && !idx.holds(0, keys[3], 3_000));
+    assert_eq!(idx.stats().speculative, 1);
     idx.check_invariants().unwrap();
 }
 

@@ -4,7 +4,9 @@
 //! through a router that does not read the engine still finds its prefix from the owner's
 //! feed. Then one router is killed with SIGKILL under load: the others mark it down, every
 //! engine has a live reader again, the survivors' digests agree, its load leaves their view,
-//! and a client that retries on another router loses nothing. Bounded waits and loops.
+//! and a client that retries on another router loses nothing. And an engine restarted: a
+//! router that follows its owners' feed keeps the new process's blocks when it sees the new
+//! process start time (it used to clear them for good). Bounded waits and loops.
 
 mod common;
 
@@ -77,80 +79,110 @@ fn chat(system: &str, i: usize) -> String {
     .to_string()
 }
 
+/// Three routers (`precise`, `--ingest-replicas 2`, meshed) in front of `engines` simulated
+/// engines publishing KV events with replay, once the mesh has formed.
+struct Cluster {
+    dir: std::path::PathBuf,
+    sims: Vec<Proc>,
+    routers: Vec<Option<Proc>>,
+    bases: Vec<String>,
+}
+
+impl Cluster {
+    fn start(tag: &str, engines: usize) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("kvmesh-{tag}-{}", std::process::id()));
+        let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+            .args([
+                "cert",
+                "--out",
+                dir.to_str().expect("utf8"),
+                "--nodes",
+                "a,b,c",
+            ])
+            .output()
+            .expect("kvmesh cert");
+        assert!(out.status.success());
+        // Engines publishing KV events (with replay); their entries name the endpoints.
+        let mut sims = Vec::new();
+        let mut entries = Vec::new();
+        for i in 0..engines {
+            let ev = format!("tcp://127.0.0.1:{}", free_port());
+            let rp = format!("tcp://127.0.0.1:{}", free_port());
+            let seed = (i + 1).to_string();
+            let p = Proc::start(&[
+                "--model",
+                "m",
+                "--time-scale",
+                "0.02",
+                "--seed",
+                &seed,
+                "--kv-events",
+                &ev,
+                "--kv-events-replay",
+                &rp,
+            ]);
+            entries.push(format!("url={},kv_events={ev},kv_replay={rp}", p.base()));
+            sims.push(p);
+        }
+        let mesh_ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+        let tls = dir.to_str().expect("utf8").to_string();
+        let routers: Vec<Option<Proc>> = ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let listen = format!("127.0.0.1:{}", mesh_ports[i]);
+                let seed = format!("127.0.0.1:{}", mesh_ports[0]);
+                let mut args: Vec<&str> = Vec::new();
+                for e in &entries {
+                    args.extend(["--engine", e.as_str()]);
+                }
+                args.extend([
+                    "--policy",
+                    "precise",
+                    "--node-id",
+                    name,
+                    "--tls-dir",
+                    &tls,
+                    "--mesh-listen",
+                    &listen,
+                    "--cluster-id",
+                    tag,
+                    "--ingest-replicas",
+                    "2",
+                ]);
+                if i > 0 {
+                    args.extend(["--seed", &seed]);
+                }
+                Some(Proc::spawn("serve", &args))
+            })
+            .collect();
+        let bases: Vec<String> = routers.iter().flatten().map(Proc::base).collect();
+        for b in &bases {
+            wait("the mesh forms", Duration::from_secs(30), || {
+                cluster(b)["members"].as_array().map(Vec::len) == Some(2)
+            });
+        }
+        Cluster {
+            dir,
+            sims,
+            routers,
+            bases,
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.routers.clear();
+        self.sims.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
 fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
-    let dir = std::env::temp_dir().join(format!("kvmesh-mesh-faults-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
-        .args([
-            "cert",
-            "--out",
-            dir.to_str().expect("utf8"),
-            "--nodes",
-            "a,b,c",
-        ])
-        .output()
-        .expect("kvmesh cert");
-    assert!(out.status.success());
-    // Four engines publishing KV events (with replay); their entries name the endpoints.
-    let mut sims = Vec::new();
-    let mut entries = Vec::new();
-    for i in 0..4 {
-        let ev = format!("tcp://127.0.0.1:{}", free_port());
-        let rp = format!("tcp://127.0.0.1:{}", free_port());
-        let seed = (i + 1).to_string();
-        let p = Proc::start(&[
-            "--model",
-            "m",
-            "--time-scale",
-            "0.02",
-            "--seed",
-            &seed,
-            "--kv-events",
-            &ev,
-            "--kv-events-replay",
-            &rp,
-        ]);
-        entries.push(format!("url={},kv_events={ev},kv_replay={rp}", p.base()));
-        sims.push(p);
-    }
-    let mesh_ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
-    let tls = dir.to_str().expect("utf8").to_string();
-    let mut routers: Vec<Option<Proc>> = ["a", "b", "c"]
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            let listen = format!("127.0.0.1:{}", mesh_ports[i]);
-            let seed = format!("127.0.0.1:{}", mesh_ports[0]);
-            let mut args: Vec<&str> = Vec::new();
-            for e in &entries {
-                args.extend(["--engine", e.as_str()]);
-            }
-            args.extend([
-                "--policy",
-                "precise",
-                "--node-id",
-                name,
-                "--tls-dir",
-                &tls,
-                "--mesh-listen",
-                &listen,
-                "--cluster-id",
-                "faults",
-                "--ingest-replicas",
-                "2",
-            ]);
-            if i > 0 {
-                args.extend(["--seed", &seed]);
-            }
-            Some(Proc::spawn("serve", &args))
-        })
-        .collect();
-    let bases: Vec<String> = routers.iter().flatten().map(Proc::base).collect();
-    for b in &bases {
-        wait("the mesh forms", Duration::from_secs(30), || {
-            cluster(b)["members"].as_array().map(Vec::len) == Some(2)
-        });
-    }
+    let mut c = Cluster::start("mesh-faults", 4);
+    let bases = c.bases.clone();
     // Every engine read by exactly two routers.
     wait("ownership settles", Duration::from_secs(10), || {
         let all: Vec<Vec<String>> = bases.iter().map(|b| reads(b)).collect();
@@ -266,7 +298,7 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
     wait("the client is under way", Duration::from_secs(20), || {
         ok.load(Relaxed) >= 20
     });
-    let killed = routers[2].take().expect("c");
+    let killed = c.routers[2].take().expect("c");
     drop(killed); // SIGKILL
     let t0 = Instant::now();
     for b in &bases[..2] {
@@ -320,7 +352,78 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
         "a client retrying on another router loses nothing"
     );
     assert!(ok.load(Relaxed) > 0);
-    drop(routers);
-    drop(sims);
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `GET URL` as JSON (`Null` when it fails).
+fn get_json(url: &str) -> serde_json::Value {
+    http("GET", url, &[], "", Duration::from_secs(5))
+        .and_then(|r| serde_json::from_str(&r.body).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+#[test]
+fn a_router_that_follows_a_restarted_engine_keeps_the_new_process_s_blocks() {
+    let c = Cluster::start("mesh-restart", 2);
+    wait("ownership settles", Duration::from_secs(10), || {
+        c.bases.iter().map(|b| reads(b).len()).sum::<usize>() == 4
+    });
+    let t = Duration::from_secs(30);
+    let system = "You answer questions about one shared operations handbook. ".repeat(40);
+    let body = chat(&system, 0);
+    let r = http(
+        "POST",
+        &format!("{}/v1/chat/completions", c.bases[0]),
+        &[],
+        &body,
+        t,
+    )
+    .expect("first");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let url = r.header("x-kvmesh-engine").expect("engine").to_string();
+    let id = get_json(&format!("{}/status.json", c.bases[0]))["engines"]
+        .as_array()
+        .and_then(|v| v.iter().find(|e| e["url"] == url.as_str()))
+        .and_then(|e| e["id"].as_str().map(str::to_string))
+        .expect("the engine's id");
+    // The router that does not read that engine: its blocks come from the owners' feed.
+    let readers: Vec<bool> = c.bases.iter().map(|b| reads(b).contains(&id)).collect();
+    assert_eq!(readers.iter().filter(|r| **r).count(), 2, "{readers:?}");
+    let follower = &c.bases[readers.iter().position(|r| !r).expect("a follower")];
+
+    // The engine restarts (empty cache, a new process start time) and, at once, computes the
+    // prompt again for a client of its own: its owners read that from its events and feed it
+    // to the follower, whose probe sees the new start time up to a second later.
+    let restarted = http("POST", &format!("{url}/admin/restart"), &[], "", t).expect("restart");
+    assert_eq!(restarted.status, 200, "{}", restarted.body);
+    let direct =
+        http("POST", &format!("{url}/v1/chat/completions"), &[], &body, t).expect("direct");
+    assert_eq!(direct.status, 200, "{}", direct.body);
+    let cached = get_json(&format!("{url}/admin/kv_cache"))["blocks"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(cached > 0);
+    // Past the follower's next reads of the engine's page (one a second).
+    std::thread::sleep(Duration::from_millis(2_500));
+    let r = http(
+        "POST",
+        &format!("{follower}/v1/chat/completions"),
+        &[],
+        &body,
+        t,
+    )
+    .expect("through the follower");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let predicted: u64 = r
+        .header("x-kvmesh-predicted-cached-tokens")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert_eq!(
+        r.header("x-kvmesh-engine"),
+        Some(url.as_str()),
+        "to the engine holding it"
+    );
+    assert!(
+        predicted > 0,
+        "the follower predicts the blocks the engine holds ({cached} blocks): it predicted {predicted} tokens"
+    );
 }
