@@ -158,12 +158,12 @@ fn peer_entry(engine: u64, record: &EngineRecord) -> Result<EngineEntry, String>
 /// router's admin API or config sets the cluster's). Its endpoints and models are each
 /// router's own once it has the engine: a difference is logged, not applied (the admin
 /// API removes and adds an engine to change them).
-fn upsert(gw: &Arc<Gateway>, engine: u64, record: &EngineRecord) {
+fn upsert(gw: &Arc<Gateway>, engine: u64, record: &EngineRecord) -> bool {
     let entry = match peer_entry(engine, record) {
         Ok(e) => e,
         Err(err) => {
             tracing::warn!(error = %err, "engine from a peer refused");
-            return;
+            return false;
         }
     };
     if let Some(e) = gw.registry.get(EngineId(engine)) {
@@ -177,15 +177,19 @@ fn upsert(gw: &Arc<Gateway>, engine: u64, record: &EngineRecord) {
         {
             tracing::warn!(engine = %e.url, kv_events = %entry.kv_events, kv_replay = %entry.kv_replay, models = ?entry.models, "the cluster's record of this engine has other endpoints or models than this router's: this router keeps its own");
         }
-        return;
+        return false;
     }
     match probe::add_engine(gw, &entry, Source::Mesh, true) {
         Ok(e) => {
             tracing::info!(engine = %e.url, "engine added by a peer");
             let g = gw.clone();
             tokio::spawn(async move { probe::discover(&g, &e).await });
+            true
         }
-        Err(err) => tracing::warn!(error = %err, "engine from a peer refused"),
+        Err(err) => {
+            tracing::warn!(error = %err, "engine from a peer refused");
+            false
+        }
     }
 }
 
@@ -497,7 +501,31 @@ impl Cluster {
                     apply_mark(&gw, &mark);
                 }
                 Apply::PeerLoad { engine, others } => set_peer_load(&gw, engine, others),
-                Apply::EngineUpsert { engine, record } => upsert(&gw, engine, &record),
+                Apply::EngineUpsert { engine, record } => {
+                    // An engine removed and added back by peers (two routers' config plants
+                    // crossing) is a new engine here, without the reader the old one had;
+                    // its owners did not change, so no `Own` follows: read it again if it is
+                    // this router's (QA: a router read nothing while reporting it did).
+                    let reads = upsert(&gw, engine, &record)
+                        && lock(&self.core).owned().any(|o| o == engine);
+                    if let Some(e) = gw.registry.get(EngineId(engine)).filter(|_| reads) {
+                        tracing::info!(engine = %e.url, "reading this engine's kv events again");
+                        // The reader starts over from the engine's replay: its feed starts
+                        // over too, so that a follower that kept the engine does not count
+                        // its blocks twice.
+                        let clear = Input::Feed {
+                            engine,
+                            ops: vec![WireOp::Cleared],
+                            meta: Vec::new(),
+                            stale: false,
+                            next_seq: None,
+                        };
+                        if self.input.send(clear).await.is_err() {
+                            return;
+                        }
+                        ingest::spawn(&ctx, &gw.tasks, &e, None);
+                    }
+                }
                 Apply::EngineRemoved { engine } => {
                     let Some(e) = gw.registry.get(EngineId(engine)) else {
                         continue;

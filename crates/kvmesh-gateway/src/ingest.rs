@@ -242,10 +242,21 @@ async fn apply_loop(
         if a.e.ingest.catch_up.swap(false, Relaxed) {
             a.catch_up().await;
         }
-        // A restart hint from the probe (a new process start time) at the epoch it saw.
-        if let Some(epoch) = a.e.ingest.take_restart_hint()
-            && a.ingest.epoch() == epoch
-        {
+        // A restart hint from the probe (a new process start time) at the epoch it saw. When
+        // the epoch moved on since, the events showed a restart, but maybe not this one (a
+        // second, whose batches all went by while the subscription came back: QA): the
+        // replay socket tells.
+        let hinted = match a.e.ingest.take_restart_hint() {
+            Some(epoch) if a.ingest.epoch() == epoch => true,
+            // Nothing exact held for the new epoch (its first batches lost with the process
+            // that published them): start over from the new process's replay rather than
+            // keep what may be another process's blocks. Else the replay tells whether the
+            // epoch's stream is this process's.
+            Some(_) if a.ingest.next_seq().is_none() || a.ingest.is_stale() => true,
+            Some(_) => a.stream_replaced().await,
+            None => false,
+        };
+        if hinted {
             a.ops.clear();
             a.ingest.on_restart(&mut a.ops);
             let version = OpVersion {
@@ -442,6 +453,30 @@ impl Applier {
     }
 
     /// Replayed batches decoded, up to the first that does not decode (counted).
+    /// Whether the engine's stream, as its replay socket holds it from seq 0, is not the one
+    /// applied in this epoch (see `EngineIngest::is_another_stream`). Without a replay socket,
+    /// no: the events' restart is taken to be this one. With one that cannot tell (no
+    /// answer, or a history longer than `replay_max_batches`, unlikely for a process that
+    /// started since the previous read of its page), yes: blocks to read again rather than
+    /// another process's kept.
+    async fn stream_replaced(&self) -> bool {
+        if self.e.kv_replay.is_empty() {
+            return false;
+        }
+        let max = usize::try_from(self.ctx.cfg.prefix.replay_max_batches).unwrap_or(usize::MAX);
+        let timeout = Duration::from_millis(self.ctx.cfg.prefix.replay_timeout_ms);
+        match replay_at_most(&self.e.kv_replay, 0, max, timeout).await {
+            Ok((batches, true)) => {
+                let decoded = self.decode_all(&batches);
+                decoded.len() < batches.len()
+                    || self
+                        .ingest
+                        .is_another_stream(decoded.iter().map(|(s, d)| (*s, &d.batch)))
+            }
+            _ => true,
+        }
+    }
+
     fn decode_all(&self, batches: &[kvmesh_kvevents::ReplayedBatch]) -> Vec<(u64, DecodedBatch)> {
         let mut out = Vec::with_capacity(batches.len());
         for b in batches {

@@ -309,6 +309,34 @@ impl EngineIngest {
         self.next_seq
     }
 
+    /// Whether the engine's stream as its replay socket holds it now (`replayed`: the whole
+    /// history from seq 0, in order) is another than the one applied in this epoch: it is
+    /// shorter than what was applied, or a batch of a seq applied here differs (each batch
+    /// carries its publication time). A restart whose batches never arrived here (published
+    /// before the subscription came back) after one the events did show: the restart hint
+    /// then finds the epoch already moved on.
+    pub fn is_another_stream<'a>(
+        &self,
+        replayed: impl IntoIterator<Item = (u64, &'a EventBatch)>,
+    ) -> bool {
+        let Some(next) = self.next_seq else {
+            return false;
+        };
+        let mut last = None;
+        for (seq, b) in replayed {
+            last = Some(seq);
+            let slot = seq as usize % RECENT_BATCHES;
+            if self
+                .recent
+                .get(slot)
+                .is_some_and(|&(s, fp)| s == seq && fp != fingerprint(b))
+            {
+                return true;
+            }
+        }
+        last.is_none_or(|l| l.saturating_add(1) < next)
+    }
+
     /// The open gap `(from, to)`, if any.
     pub fn pending_gap(&self) -> Option<(u64, u64)> {
         self.gap

@@ -283,6 +283,44 @@ fn gap_replay_duplicates_and_give_up() {
 }
 
 #[test]
+fn a_replayed_stream_that_is_not_the_applied_one_is_told_apart() {
+    let mut r = Rig::new(100);
+    let t = toks(8);
+    let b = |seq: u64, ts: f64| EventBatch {
+        ts,
+        events: vec![stored(&[seq + 1], None, &t[..4])],
+        data_parallel_rank: None,
+    };
+    // Nothing applied in this epoch: nothing to tell apart.
+    assert!(!r.ing.is_another_stream([(0, &b(0, 5.0))]));
+    for seq in 0..3 {
+        r.feed(seq, vec![stored(&[seq + 1], None, &t[..4])]);
+    }
+    // The same stream, longer or as long: the applied one (feed stamps ts 1000 + seq).
+    let same: Vec<EventBatch> = (0..5).map(|s| b(s, 1000.0 + s as f64)).collect();
+    assert!(
+        !r.ing
+            .is_another_stream(same.iter().enumerate().map(|(s, x)| (s as u64, x)))
+    );
+    assert!(
+        !r.ing
+            .is_another_stream(same[..3].iter().enumerate().map(|(s, x)| (s as u64, x)))
+    );
+    // Shorter than what was applied, or empty: a new process's.
+    assert!(
+        r.ing
+            .is_another_stream(same[..2].iter().enumerate().map(|(s, x)| (s as u64, x)))
+    );
+    assert!(r.ing.is_another_stream(std::iter::empty()));
+    // As long, but a batch published at another time: another process's.
+    let other: Vec<EventBatch> = (0..4).map(|s| b(s, 2000.0 + s as f64)).collect();
+    assert!(
+        r.ing
+            .is_another_stream(other.iter().enumerate().map(|(s, x)| (s as u64, x)))
+    );
+}
+
+#[test]
 fn seq_regression_is_a_restart() {
     let mut r = Rig::new(100);
     let t = toks(8);
