@@ -11,7 +11,6 @@
 mod common;
 
 use common::*;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -90,18 +89,7 @@ struct Cluster {
 
 impl Cluster {
     fn start(tag: &str, engines: usize) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("kvmesh-{tag}-{}", std::process::id()));
-        let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
-            .args([
-                "cert",
-                "--out",
-                dir.to_str().expect("utf8"),
-                "--nodes",
-                "a,b,c",
-            ])
-            .output()
-            .expect("kvmesh cert");
-        assert!(out.status.success());
+        let dir = certs_abc(tag);
         // Engines publishing KV events (with replay); their entries name the endpoints.
         let mut sims = Vec::new();
         let mut entries = Vec::new();

@@ -7,7 +7,6 @@
 mod common;
 
 use common::*;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn members(base: &str) -> usize {
@@ -33,18 +32,7 @@ fn wait(what: &str, within: Duration, mut ok: impl FnMut() -> bool) {
 
 #[test]
 fn three_serve_processes_share_prefixes_and_engines() {
-    let dir = std::env::temp_dir().join(format!("kvmesh-mesh-proc-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
-        .args([
-            "cert",
-            "--out",
-            dir.to_str().expect("utf8"),
-            "--nodes",
-            "a,b,c",
-        ])
-        .output()
-        .expect("kvmesh cert");
-    assert!(out.status.success());
+    let dir = certs_abc("mesh-proc");
     let sims: Vec<Proc> = (0..4)
         .map(|i| {
             Proc::start(&[

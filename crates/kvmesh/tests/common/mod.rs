@@ -165,6 +165,28 @@ pub fn http(
     })
 }
 
+/// Certificates for routers `a`, `b` and `c` (`kvmesh cert`) in a new temporary directory
+/// named after `tag`: the directory.
+pub fn certs_abc(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvmesh-{tag}-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args([
+            "cert",
+            "--out",
+            dir.to_str().expect("utf8"),
+            "--nodes",
+            "a,b,c",
+        ])
+        .output()
+        .expect("kvmesh cert");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
 /// A free UDP port on loopback (for a mesh address).
 pub fn free_udp_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0")
