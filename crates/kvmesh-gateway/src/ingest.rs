@@ -452,7 +452,6 @@ impl Applier {
         }
     }
 
-    /// Replayed batches decoded, up to the first that does not decode (counted).
     /// Whether the engine's stream, as its replay socket holds it from seq 0, is not the one
     /// applied in this epoch (see `EngineIngest::is_another_stream`). Without a replay socket,
     /// no: the events' restart is taken to be this one. With one that cannot tell (no
@@ -477,6 +476,7 @@ impl Applier {
         }
     }
 
+    /// Replayed batches decoded, up to the first that does not decode (counted).
     fn decode_all(&self, batches: &[kvmesh_kvevents::ReplayedBatch]) -> Vec<(u64, DecodedBatch)> {
         let mut out = Vec::with_capacity(batches.len());
         for b in batches {
