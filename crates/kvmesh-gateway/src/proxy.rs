@@ -338,17 +338,17 @@ fn decide_step(
                     probe: &probe,
                     ttl,
                 };
-                let d = decide(&route.policy, &view, ctx, Some(plan), out);
+                let mut d = decide(&route.policy, &view, ctx, Some(plan), out);
+                if refused {
+                    d.mark = None;
+                }
                 Some(d)
             };
             // Most prompts match an engine: lookup and decision under the shared lock
             // (concurrent with other lookups), then the mark under a brief write lock.
             let warm = decide_on(&state.index(), s, out, true);
             let (d, r) = match warm {
-                Some(mut d) => {
-                    if refused {
-                        d.mark = None;
-                    }
+                Some(d) => {
                     if let Some(m) = d.mark {
                         let known = d.predicted_blocks[0] as usize;
                         state.mark(
@@ -366,14 +366,11 @@ fn decide_step(
                 // reservation again under the write lock, so that siblings of a new prefix
                 // arriving together see each other's mark and land on one engine.
                 None => state.exclusive(|x| {
-                    let Some(mut d) =
+                    let Some(d) =
                         decide_on(x.index(), s, Vec::with_capacity(MAX_CANDIDATES), false)
                     else {
                         unreachable!("a decision is made when no match is required")
                     };
-                    if refused {
-                        d.mark = None;
-                    }
                     if let Some(m) = d.mark {
                         let known = d.predicted_blocks[0] as usize;
                         x.mark(

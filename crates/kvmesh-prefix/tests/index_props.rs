@@ -378,7 +378,6 @@ fn an_evicted_block_takes_its_mark_with_it_and_a_restart_takes_only_marks() {
     block_keys(&[1, 2, 3, 4, 5, 6, 7, 8], 2, ExtraKeys::NONE, &mut keys);
     let mut idx = PrefixIndex::new();
     idx.add_engine(0, 100).unwrap();
-    let mut out = Vec::new();
     // A decision marks the 4 blocks for 2 s; the engine computes them (its events), then
     // evicts the last two.
     idx.insert_speculative(0, &keys, 2_000_000, 0);
@@ -387,15 +386,7 @@ fn an_evicted_block_takes_its_mark_with_it_and_a_restart_takes_only_marks() {
     }
     assert!(idx.remove(0, keys[3]));
     assert!(idx.remove(0, keys[2]));
-    idx.lookup(&keys, 0, &mut out);
-    assert_eq!(
-        out,
-        vec![Match {
-            engine: 0,
-            blocks: 2
-        }],
-        "not the mark's 4"
-    );
+    assert_eq!(idx.held_prefix(0, &keys, 1_000), 2, "not the mark's 4");
     assert!(!idx.holds(0, keys[2], 1_000));
     // A mark alone stays through a removal it has no copy for.
     idx.insert_speculative(0, &keys, 3_000_000, 1_000);
@@ -404,14 +395,7 @@ fn an_evicted_block_takes_its_mark_with_it_and_a_restart_takes_only_marks() {
     idx.check_invariants().unwrap();
     // The engine restarted: marks go, confirmed copies stay for its events to clear.
     idx.clear_marks(0);
-    idx.lookup(&keys, 0, &mut out);
-    assert_eq!(
-        out,
-        vec![Match {
-            engine: 0,
-            blocks: 2
-        }]
-    );
+    assert_eq!(idx.held_prefix(0, &keys, 2_000), 2);
     assert!(!idx.holds(0, keys[3], 2_000));
     assert_eq!(idx.stats().speculative, 0);
     assert_eq!(idx.stats().confirmed, 2);

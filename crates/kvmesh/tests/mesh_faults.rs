@@ -112,38 +112,13 @@ impl Cluster {
             entries.push(format!("url={},kv_events={ev},kv_replay={rp}", p.base()));
             sims.push(p);
         }
-        let mesh_ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
-        let tls = dir.to_str().expect("utf8").to_string();
-        let routers: Vec<Option<Proc>> = ["a", "b", "c"]
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let listen = format!("127.0.0.1:{}", mesh_ports[i]);
-                let seed = format!("127.0.0.1:{}", mesh_ports[0]);
-                let mut args: Vec<&str> = Vec::new();
-                for e in &entries {
-                    args.extend(["--engine", e.as_str()]);
-                }
-                args.extend([
-                    "--policy",
-                    "precise",
-                    "--node-id",
-                    name,
-                    "--tls-dir",
-                    &tls,
-                    "--mesh-listen",
-                    &listen,
-                    "--cluster-id",
-                    tag,
-                    "--ingest-replicas",
-                    "2",
-                ]);
-                if i > 0 {
-                    args.extend(["--seed", &seed]);
-                }
-                Some(Proc::spawn("serve", &args))
-            })
-            .collect();
+        let mut args: Vec<&str> = Vec::new();
+        for e in &entries {
+            args.extend(["--engine", e.as_str()]);
+        }
+        args.extend(["--policy", "precise", "--ingest-replicas", "2"]);
+        let routers: Vec<Option<Proc>> =
+            meshed_abc(&dir, tag, &args).into_iter().map(Some).collect();
         let bases: Vec<String> = routers.iter().flatten().map(Proc::base).collect();
         for b in &bases {
             wait("the mesh forms", Duration::from_secs(30), || {

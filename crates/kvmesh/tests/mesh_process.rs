@@ -49,39 +49,9 @@ fn three_serve_processes_share_prefixes_and_engines() {
         .iter()
         .flat_map(|s| ["--engine".to_string(), s.base()])
         .collect();
-    let mesh_ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
-    let tls = dir.to_str().expect("utf8").to_string();
-    let routers: Vec<Proc> = ["a", "b", "c"]
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            let listen = format!("127.0.0.1:{}", mesh_ports[i]);
-            let seed = format!("127.0.0.1:{}", mesh_ports[0]);
-            let mut args: Vec<&str> = engine_args.iter().map(String::as_str).collect();
-            args.extend([
-                "--policy",
-                "cache_aware",
-                "--node-id",
-                name,
-                "--tls-dir",
-                &tls,
-                "--mesh-listen",
-                &listen,
-                "--cluster-id",
-                "proc-test",
-                "--admin-token",
-                "t",
-            ]);
-            if i > 0 {
-                args.extend(["--seed", &seed]);
-            }
-            // Healthy = joined and warm (a peer's whole state received) for B and C.
-            let t = Instant::now();
-            let p = Proc::spawn("serve", &args);
-            println!("router {name}: started and ready in {:?}", t.elapsed());
-            p
-        })
-        .collect();
+    let mut args: Vec<&str> = engine_args.iter().map(String::as_str).collect();
+    args.extend(["--policy", "cache_aware", "--admin-token", "t"]);
+    let routers = meshed_abc(&dir, "proc-test", &args);
     let (a, b, c) = (routers[0].base(), routers[1].base(), routers[2].base());
     for r in [&a, &b, &c] {
         wait("the mesh forms", Duration::from_secs(30), || {

@@ -252,22 +252,7 @@ fn serve_startup_errors_name_the_problem() {
 
 #[test]
 fn cert_writes_a_ca_and_a_pair_per_node_that_load() {
-    let dir = std::env::temp_dir().join(format!("kvmesh-cert-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_kvmesh"))
-        .args([
-            "cert",
-            "--out",
-            dir.to_str().expect("utf8"),
-            "--nodes",
-            "a,b,c",
-        ])
-        .output()
-        .expect("run kvmesh cert");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dir = certs_abc("cert");
     for f in [
         "ca.pem", "ca.key", "a.pem", "a.key", "b.pem", "b.key", "c.pem", "c.key",
     ] {

@@ -187,6 +187,40 @@ pub fn certs_abc(tag: &str) -> PathBuf {
     dir
 }
 
+/// Routers `a`, `b` and `c` (`kvmesh serve` with `args`: engines, policy, ...) meshed over
+/// loopback with the certificates in `tls` ([`certs_abc`]) as cluster `cluster_id`, `b` and
+/// `c` seeded by `a`; each returned once healthy (for `b` and `c`: joined and warm).
+pub fn meshed_abc(tls: &std::path::Path, cluster_id: &str, args: &[&str]) -> Vec<Proc> {
+    let tls = tls.to_str().expect("utf8");
+    let mesh_ports: Vec<u16> = (0..3).map(|_| free_udp_port()).collect();
+    let seed = format!("127.0.0.1:{}", mesh_ports[0]);
+    ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let listen = format!("127.0.0.1:{}", mesh_ports[i]);
+            let mut all = args.to_vec();
+            all.extend([
+                "--node-id",
+                name,
+                "--tls-dir",
+                tls,
+                "--mesh-listen",
+                &listen,
+                "--cluster-id",
+                cluster_id,
+            ]);
+            if i > 0 {
+                all.extend(["--seed", &seed]);
+            }
+            let t = Instant::now();
+            let p = Proc::spawn("serve", &all);
+            println!("router {name}: started and ready in {:?}", t.elapsed());
+            p
+        })
+        .collect()
+}
+
 /// A free UDP port on loopback (for a mesh address).
 pub fn free_udp_port() -> u16 {
     std::net::UdpSocket::bind("127.0.0.1:0")
