@@ -150,14 +150,15 @@ pub struct Engine {
     /// See `prompt_tokens`.
     pub predicted_cached_tokens: AtomicU64,
     /// The engine's own `vllm:prefix_cache_hits_total` / `queries_total` at the last scrape
-    /// (NaN bits = unknown), and the predicted-token count then (for the drift gauge).
+    /// (NaN bits = unknown).
     pub(crate) engine_hits_bits: AtomicU64,
     pub(crate) engine_queries_bits: AtomicU64,
-    /// The router's predicted hit rate over the engine's reported one, in the last scrape
-    /// interval with prompts on both sides (f64 bits; NaN = none yet).
+    /// The router's predicted hit rate over the engine's reported one, over the last window
+    /// with prompts on both sides and a hit on the engine's (f64 bits; NaN = none yet).
     pub(crate) prediction_ratio_bits: AtomicU64,
-    pub(crate) predicted_at_scrape: AtomicU64,
-    pub(crate) prompt_at_scrape: AtomicU64,
+    /// Where the open window of that ratio starts: the engine's hits and queries (f64 bits;
+    /// NaN = no scrape yet) and this router's predicted and prompt tokens.
+    pub(crate) ratio_base: [AtomicU64; 4],
     /// The engine's `vllm:generation_tokens_total` at the last scrape (f64 bits; NaN =
     /// unknown), and when (cluster µs) a scrape last found it grown: the engine was
     /// generating then.
@@ -231,8 +232,12 @@ impl Engine {
             engine_hits_bits: AtomicU64::new(f64::NAN.to_bits()),
             engine_queries_bits: AtomicU64::new(f64::NAN.to_bits()),
             prediction_ratio_bits: AtomicU64::new(f64::NAN.to_bits()),
-            predicted_at_scrape: AtomicU64::new(0),
-            prompt_at_scrape: AtomicU64::new(0),
+            ratio_base: [
+                AtomicU64::new(f64::NAN.to_bits()),
+                AtomicU64::new(f64::NAN.to_bits()),
+                AtomicU64::new(0),
+                AtomicU64::new(0),
+            ],
             generation_bits: AtomicU64::new(f64::NAN.to_bits()),
             generated_at_us: AtomicU64::new(0),
         })

@@ -579,7 +579,7 @@ impl Snapshot {
             enc,
             engines,
             "kvmesh_engine_prefix_prediction_ratio",
-            "The router's predicted hit rate on the engine (predicted cached / prompt tokens it routed there) over the engine's own (vllm:prefix_cache_hits / queries, all its traffic), over the last scrape interval with prompts on both sides (1 = the index matches the engine; above 1 it over-predicts)",
+            "The router's predicted hit rate on the engine (predicted cached / prompt tokens it routed there) over the engine's own (vllm:prefix_cache_hits / queries, all its traffic), over the last window (one scrape interval or more) with prompts on both sides and a hit on the engine's (1 = the index matches the engine; above 1 it over-predicts)",
             G,
             &|e| finite(&e.prediction_ratio_bits).map(Value::GaugeF),
         )?;

@@ -119,7 +119,7 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
 const PEER_SETTLE: Duration = Duration::from_millis(20);
 
 /// Records the engine's own prefix-cache counters and the predicted-vs-actual ratio of cached
-/// tokens over the interval since the previous scrape.
+/// tokens over the window since the last ratio (see [`RatioWindow`]).
 fn note_prefix_counters(e: &Engine, page: &str) {
     let (Some(hits), Some(queries)) = (
         scrape(page, "vllm:prefix_cache_hits_total")
@@ -129,25 +129,68 @@ fn note_prefix_counters(e: &Engine, page: &str) {
     ) else {
         return;
     };
-    let prev_hits = f64::from_bits(e.engine_hits_bits.swap(hits.to_bits(), Ordering::Relaxed));
-    let prev_queries = f64::from_bits(
-        e.engine_queries_bits
-            .swap(queries.to_bits(), Ordering::Relaxed),
-    );
-    let predicted = e.predicted_cached_tokens.load(Ordering::Relaxed);
-    let prev_predicted = e.predicted_at_scrape.swap(predicted, Ordering::Relaxed);
-    let prompt = e.prompt_tokens.load(Ordering::Relaxed);
-    let prev_prompt = e.prompt_at_scrape.swap(prompt, Ordering::Relaxed);
-    let ratio = prediction_ratio(
-        (hits - prev_hits, queries - prev_queries),
-        (
-            predicted.saturating_sub(prev_predicted),
-            prompt.saturating_sub(prev_prompt),
-        ),
-    );
+    e.engine_hits_bits.store(hits.to_bits(), Ordering::Relaxed);
+    e.engine_queries_bits
+        .store(queries.to_bits(), Ordering::Relaxed);
+    let [b_hits, b_queries, b_pred, b_prompt] = &e.ratio_base;
+    let base = RatioWindow {
+        hits: f64::from_bits(b_hits.load(Ordering::Relaxed)),
+        queries: f64::from_bits(b_queries.load(Ordering::Relaxed)),
+        predicted: b_pred.load(Ordering::Relaxed),
+        prompt: b_prompt.load(Ordering::Relaxed),
+    };
+    let now = RatioWindow {
+        hits,
+        queries,
+        predicted: e.predicted_cached_tokens.load(Ordering::Relaxed),
+        prompt: e.prompt_tokens.load(Ordering::Relaxed),
+    };
+    let (ratio, rebase) = base.close(&now);
     if let Some(r) = ratio {
         e.prediction_ratio_bits
             .store(r.to_bits(), Ordering::Relaxed);
+    }
+    if rebase {
+        b_hits.store(now.hits.to_bits(), Ordering::Relaxed);
+        b_queries.store(now.queries.to_bits(), Ordering::Relaxed);
+        b_pred.store(now.predicted, Ordering::Relaxed);
+        b_prompt.store(now.prompt, Ordering::Relaxed);
+    }
+}
+
+/// The four counters a prediction ratio compares, read at one scrape: the engine's own
+/// prefix-cache hits and queries, and the predicted cached and prompt tokens this router
+/// routed there.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct RatioWindow {
+    hits: f64,
+    queries: f64,
+    predicted: u64,
+    prompt: u64,
+}
+
+impl RatioWindow {
+    /// The ratio over the window from `self` (its start) to `now`, and whether `now` starts
+    /// the next window. A window stays open across scrapes until both sides saw prompts and
+    /// the engine a hit: a request the router counted just before a scrape is served (and
+    /// counted by the engine) just after it, so scrape intervals alone would split most
+    /// windows of light traffic into a half with prompts only and a half with hits only,
+    /// and never give a ratio. A first scrape or counters that went back (a restart) start
+    /// a new window without a ratio.
+    fn close(&self, now: &RatioWindow) -> (Option<f64>, bool) {
+        let fresh = !(self.hits.is_finite() && self.queries.is_finite())
+            || now.hits < self.hits
+            || now.queries < self.queries
+            || now.predicted < self.predicted
+            || now.prompt < self.prompt;
+        if fresh {
+            return (None, true);
+        }
+        let ratio = prediction_ratio(
+            (now.hits - self.hits, now.queries - self.queries),
+            (now.predicted - self.predicted, now.prompt - self.prompt),
+        );
+        (ratio, ratio.is_some())
     }
 }
 
@@ -439,5 +482,31 @@ mod tests {
         assert_eq!(prediction_ratio((0.0, 4500.0), (1000, 1500)), None);
         assert_eq!(prediction_ratio((f64::NAN, f64::NAN), (1000, 1500)), None);
         assert_eq!(prediction_ratio((-10.0, -20.0), (1000, 1500)), None);
+    }
+
+    #[test]
+    fn a_window_split_by_a_scrape_stays_open_until_both_sides_saw_prompts() {
+        use super::RatioWindow;
+        let at = |hits: f64, queries: f64, predicted: u64, prompt: u64| RatioWindow {
+            hits,
+            queries,
+            predicted,
+            prompt,
+        };
+        // The first scrape only starts a window.
+        let first = at(f64::NAN, f64::NAN, 0, 0);
+        assert_eq!(first.close(&at(0.0, 0.0, 0, 0)), (None, true));
+        // The router routed a 1,500-token prompt (1,000 predicted cached) just before a
+        // scrape; the engine served it just after: the window stays open...
+        let base = at(0.0, 0.0, 0, 0);
+        assert_eq!(base.close(&at(0.0, 0.0, 1000, 1500)), (None, false));
+        // ...and the next scrape closes it with the whole request on both sides.
+        assert_eq!(
+            base.close(&at(1000.0, 1500.0, 1000, 1500)),
+            (Some(1.0), true)
+        );
+        // Counters that went back (an engine restart) start a new window, without a ratio.
+        let base = at(5000.0, 9000.0, 1000, 1500);
+        assert_eq!(base.close(&at(10.0, 20.0, 1100, 1600)), (None, true));
     }
 }
