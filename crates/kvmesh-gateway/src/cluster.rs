@@ -502,8 +502,9 @@ impl Cluster {
                 }
                 Apply::PeerLoad { engine, others } => set_peer_load(&gw, engine, others),
                 Apply::EngineUpsert { engine, record } => {
-                    // An engine removed and added back by peers (two routers' config plants
-                    // crossing) is a new engine here, without the reader the old one had;
+                    // An engine removed and added back by peers (through the admin API, or
+                    // a peer's record of it removed and its config's planted again) is a
+                    // new engine here, without the reader the old one had;
                     // its owners did not change, so no `Own` follows: read it again if it is
                     // this router's (QA: a router read nothing while reporting it did).
                     let reads = upsert(&gw, engine, &record)

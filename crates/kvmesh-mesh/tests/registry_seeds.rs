@@ -326,6 +326,12 @@ fn two_routers_restarted_together_do_not_undo_run_time_changes() {
         restart_two_together(&mut s, seed);
         let what = format!("seed {seed}: two routers restarted together undid the changes");
         holds(&mut s, &changed, &[2], 60_000_000, &what);
+        // Each restarted router was told to remove X (removed at run time), and nothing else:
+        // Y, whose weight changed, was updated in place.
+        let removals: Vec<u64> = (0..2)
+            .map(|i| s.nodes[i].as_ref().expect("alive").index.removals)
+            .collect();
+        assert_eq!(removals, [1, 1], "seed {seed}: removals told");
     }
 }
 
@@ -361,5 +367,49 @@ fn two_routers_restarted_together_after_an_upgrade_do_not_undo_run_time_changes(
         restart_two_together(&mut s, seed);
         let what = format!("seed {seed}: two routers restarted together undid the changes");
         holds(&mut s, &changed, &[], 60_000_000, &what);
+    }
+}
+
+/// Routers of one config started together plant it concurrently; the plants after the first
+/// are void. A router whose own plant a peer's voids still holds the engine (the peer's add
+/// comes with it), so it is never told to remove a config engine: that drops the router's
+/// engine object (its breaker, latency and slow start, the reader of its KV events) to add
+/// it back a moment later. (QA: routers cold-started together removed and re-added their
+/// config engines as they warmed.)
+#[test]
+fn routers_started_together_never_drop_their_config_engines() {
+    for seed in 1..=32 {
+        let s = three_of_one_config(seed);
+        let removals: Vec<u64> = (0..3)
+            .map(|i| s.nodes[i].as_ref().expect("alive").index.removals)
+            .collect();
+        assert_eq!(
+            removals,
+            [0, 0, 0],
+            "seed {seed}: config engines told removed"
+        );
+    }
+    // A config of 1,500 engines: a router's plants fill more than one envelope, and the
+    // envelopes of a flush arrive in any order.
+    let big: Vec<(u64, EngineRecord)> = (0..1_500).map(|i| (X + i, record(X + i, 1_000))).collect();
+    let want: BTreeMap<u64, EngineRecord> = big.iter().cloned().collect();
+    for seed in 1..=4 {
+        let mut s = Sim::new(3, 0, cfg(), NetConfig::default(), seed);
+        start(&mut s, 0, None, big.clone());
+        start(&mut s, 1, Some(0), big.clone());
+        start(&mut s, 2, Some(0), big.clone());
+        assert!(
+            s.until(30_000_000, |s| settled(s, &want, &[])).is_some(),
+            "seed {seed}: the cluster did not settle\n{}",
+            s.explain()
+        );
+        let removals: Vec<u64> = (0..3)
+            .map(|i| s.nodes[i].as_ref().expect("alive").index.removals)
+            .collect();
+        assert_eq!(
+            removals,
+            [0, 0, 0],
+            "seed {seed}: 1,500 config engines: told removed"
+        );
     }
 }

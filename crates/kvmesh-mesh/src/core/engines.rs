@@ -103,16 +103,21 @@ impl MeshCore {
                 }
                 continue;
             }
-            if let Some(d) = self.st.registry.note_seeded(now_us, engine, &record) {
-                self.outbox.push(Delta::Registry(d));
-            }
+            let note = self.st.registry.note_seeded(now_us, engine, &record);
             if held {
+                self.outbox.extend(note.map(Delta::Registry));
                 continue;
             }
-            let (d, p) = self
+            let (mut d, p) = self
                 .st
                 .registry
                 .plant(self.me, now_us, engine, record.clone());
+            // The note travels in the add's delta (a receiver merges the add first): a peer
+            // that met the note alone would void its own, later plant of the record, before
+            // this add reached it.
+            if let Some(n) = note {
+                d.seeded.extend(n.seeded);
+            }
             self.outbox.push(Delta::Registry(d));
             self.outbox.push(Delta::Planted(vec![p]));
             self.counters.engines_seeded += 1;

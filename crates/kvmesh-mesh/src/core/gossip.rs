@@ -123,9 +123,8 @@ impl MeshCore {
         if changed {
             self.counters.deltas_applied += 1;
         }
-        for engine in touched {
-            self.tell_engine(engine);
-        }
+        // Told once the whole envelope is in (see `touched`).
+        self.touched.extend(touched);
     }
 
     /// A control message from peer `sender` at `from`.
@@ -486,6 +485,15 @@ impl MeshCore {
         let mut cur = Vec::new();
         let mut weight = 0usize;
         for d in deltas {
+            // A plant stays with the add before it: a receiver that met a peer's plant
+            // without its add would void its own add of the record and tell its router the
+            // engine gone, to add it back when the peer's add came.
+            let plant_after_add = matches!(d, Delta::Planted(_))
+                && matches!(cur.last(), Some(Delta::Registry(r)) if !r.adds.is_empty());
+            if weight >= DELTAS_PER_ENVELOPE && !plant_after_add {
+                chunks.push(std::mem::take(&mut cur));
+                weight = 0;
+            }
             // Large deltas count for what they carry.
             weight += match &d {
                 Delta::FeedSnapshot(s) => 1 + s.blocks.len() / 8,
@@ -496,10 +504,6 @@ impl MeshCore {
                 _ => 1,
             };
             cur.push(d);
-            if weight >= DELTAS_PER_ENVELOPE {
-                chunks.push(std::mem::take(&mut cur));
-                weight = 0;
-            }
         }
         if !cur.is_empty() || chunks.is_empty() {
             chunks.push(cur);

@@ -252,6 +252,11 @@ pub struct MeshCore {
     /// the cluster's registry (a peer's repair of it, or digests that agree), or they would be
     /// new writes over the cluster's run-time changes once it meets the cluster.
     seeds_wait: bool,
+    /// Engines whose registry record the envelope being received changed: the router is told
+    /// each once, what the registry holds after the whole envelope (a peer's plant voids this
+    /// router's add of the same record in one delta and brings its own in the next: told
+    /// one by one, the router would drop the engine and add it back).
+    touched: BTreeSet<u64>,
     warm: bool,
     warm_at: u64,
     /// `warm_at` has passed: a node that knows no member is the cluster and reads every
@@ -320,6 +325,7 @@ impl MeshCore {
             // still wait for the cluster's registry: a first router restarted into a running
             // cluster must not plant them as new writes over the run-time changes there.
             seeds_wait: warm,
+            touched: BTreeSet::new(),
             warm,
             now: now_us,
             welcome: BTreeMap::new(),
@@ -619,6 +625,9 @@ impl MeshCore {
         }
         for c in env.control {
             self.control(from, env.from, c, now_us);
+        }
+        for engine in std::mem::take(&mut self.touched) {
+            self.tell_engine(engine);
         }
         Ok(())
     }

@@ -153,6 +153,9 @@ pub struct SimIndex {
     pub order: std::collections::VecDeque<(u8, u64)>,
     /// The registry's engines as the node told them (upserts and removals applied).
     pub registry: BTreeMap<u64, EngineRecord>,
+    /// Removals told of engines the registry above held (a router drops the engine's object,
+    /// its breaker and latency with it).
+    pub removals: u64,
 }
 
 impl SimIndex {
@@ -455,7 +458,9 @@ impl Sim {
                         n.index.registry.insert(engine, record);
                     }
                     Apply::EngineRemoved { engine } => {
-                        n.index.registry.remove(&engine);
+                        if n.index.registry.remove(&engine).is_some() {
+                            n.index.removals += 1;
+                        }
                     }
                     Apply::Members => {}
                 },
