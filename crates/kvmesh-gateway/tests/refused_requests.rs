@@ -119,3 +119,65 @@ async fn requests_no_engine_serves_leave_the_index_and_the_figures_alone() {
     assert!(served > 0.0, "the served prompt is counted");
     stop_sims(sims).await;
 }
+
+/// A refused request whose prompt extends one an engine served: the decision found the
+/// engine holding the served prompt's blocks (marked by the earlier decision) and extended
+/// their marks; the refusal takes back only the blocks it marked anew, and the served
+/// prompt's stay (the unmark used to drop every key of the refused prompt with its expiry,
+/// the served prompt's marks it had extended among them: the engine was taken for holding
+/// nothing of what it had just computed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_leaves_the_marks_of_what_was_served_before_it() {
+    let sims = start_sims(2, |_| instant_sim_cfg("m")).await;
+    let (router, engines) = cache_aware_router(&sims).await;
+    let base = router.base_url();
+    let chat = format!("{base}/v1/chat/completions");
+    let c = client();
+    let system = "a long shared system prompt that an engine serves first ".repeat(30);
+    let served = json!({"model": "m", "max_tokens": 2, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "the first question"},
+    ]});
+    let r = post_json(&c, &chat, &served).await;
+    assert!(r.ok(), "{r:?}");
+    let marked = metric(
+        &scrape(&c, &base).await,
+        "kvmesh_prefix_index_speculative_entries",
+    );
+    assert!(marked > 0.0, "the served prompt is marked");
+
+    // The same conversation, one turn on, with a parameter the simulator refuses.
+    let refused = json!({"model": "m", "max_tokens": 2, "n": 2, "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "the first question"},
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": "a second question, with some more words to it"},
+    ]});
+    let r = post_json(&c, &chat, &refused).await;
+    assert_openai_error(&r, 400);
+    assert!(r.engine.is_some(), "the engine's refusal: {r:?}");
+    // Its new blocks go (the count falls back, off the request's path); the served prompt's
+    // stay, extended or not.
+    wait_until(
+        "the refused request's new blocks are taken back, the served prompt's kept",
+        std::time::Duration::from_secs(5),
+        || async {
+            let page = scrape(&c, &base).await;
+            metric(&page, "kvmesh_prefix_index_speculative_entries") == marked
+        },
+    )
+    .await;
+    // And a follow-up of the served prompt is still predicted cached.
+    let r = post_json(&c, &chat, &served).await;
+    assert!(r.ok(), "{r:?}");
+    let page = scrape(&c, &base).await;
+    let predicted: f64 = engines
+        .iter()
+        .map(|e| engine_metric(&page, "kvmesh_engine_predicted_cached_tokens_total", e))
+        .sum();
+    assert!(
+        predicted > 0.0,
+        "the served prompt's follow-up predicted cached"
+    );
+    stop_sims(sims).await;
+}

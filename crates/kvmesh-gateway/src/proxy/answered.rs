@@ -14,10 +14,12 @@ enum Settle {
     /// marked as the first was, with the life the policy gives a mark on it.
     MarkServed { known: usize },
     /// The marked engine refused the request (its own 4xx): it will not compute the prompt,
-    /// so the decision's mark is taken back here (those with its exact expiry: a later
+    /// so the decision's mark is taken back here, of the keys past the `known` leading ones
+    /// the decision found the engine holding (those were there before it: an earlier
+    /// request's, which this decision only extended), with its exact expiry (a later
     /// decision's stays). Peers keep the copy the mesh carried until it expires: a mark is
     /// a grow-only, newest-expiry entry across the mesh.
-    Unmark { expiry_us: u64 },
+    Unmark { expiry_us: u64, known: usize },
 }
 
 /// Settles the decision's mark after `engine` answered with `status`. Off the request's path:
@@ -45,6 +47,8 @@ pub(super) fn settle_mark(
     } else if status.is_client_error() && m.engine == engine {
         Settle::Unmark {
             expiry_us: m.expiry_us,
+            // The mark is of the first choice, with what the decision found it holding.
+            known: decision.predicted(0) as usize,
         }
     } else {
         return;
@@ -71,7 +75,10 @@ pub(super) fn settle_mark(
                     let ttl = prefix::ttl_plan(state.config()).for_mark(rp.kind, e.events_live());
                     state.mark(e.target(), &s.keys, known, now.saturating_add(ttl), now);
                 }
-                Settle::Unmark { expiry_us } => state.unmark(e.target(), &s.keys, expiry_us),
+                Settle::Unmark { expiry_us, known } => {
+                    let new = s.keys.get(known..).unwrap_or_default();
+                    state.unmark(e.target(), new, expiry_us);
+                }
             }
         });
     });

@@ -21,8 +21,9 @@ impl PrefixIndex {
 
     /// Takes back one decision's mark: of `keys` on `engine`, the marks expiring at exactly
     /// `expiry_us` (the decision's; a later decision's mark expires later and stays). The
-    /// engine refused the request, so it will not compute the blocks. An earlier mark that
-    /// this one extended goes with it.
+    /// engine refused the request, so it will not compute the blocks. An earlier mark of one
+    /// of `keys` that this one extended goes with it: the caller passes the keys the decision
+    /// did not find the engine holding.
     pub fn unmark(&mut self, engine: Slot, keys: &[BlockKey], expiry_us: u64) {
         if expiry_us == 0 || self.slot(engine).is_none() {
             return;
