@@ -126,6 +126,14 @@ impl MeshCore {
         }
     }
 
+    /// Tells the router what the registry holds of each engine a run of registry deltas
+    /// changed (see `touched`).
+    pub(super) fn tell_touched(&mut self) {
+        for engine in std::mem::take(&mut self.touched) {
+            self.tell_engine(engine);
+        }
+    }
+
     /// Tells the router what the registry holds of `engine`: its record, or its removal.
     pub(super) fn tell_engine(&mut self, engine: u64) {
         let a = match self.st.registry.get(engine) {

@@ -123,7 +123,7 @@ impl MeshCore {
         if changed {
             self.counters.deltas_applied += 1;
         }
-        // Told once the whole envelope is in (see `touched`).
+        // Told once the run of registry deltas is in (see `touched`).
         self.touched.extend(touched);
     }
 

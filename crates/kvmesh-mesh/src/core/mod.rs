@@ -252,10 +252,10 @@ pub struct MeshCore {
     /// the cluster's registry (a peer's repair of it, or digests that agree), or they would be
     /// new writes over the cluster's run-time changes once it meets the cluster.
     seeds_wait: bool,
-    /// Engines whose registry record the envelope being received changed: the router is told
-    /// each once, what the registry holds after the whole envelope (a peer's plant voids this
-    /// router's add of the same record in one delta and brings its own in the next: told
-    /// one by one, the router would drop the engine and add it back).
+    /// Engines whose registry record the run of registry deltas being received changed: the
+    /// router is told each once, what the registry holds after the run (a peer's plant voids
+    /// this router's add of the same record in one delta and brings its own in the next:
+    /// told one by one, the router would drop the engine and add it back).
     touched: BTreeSet<u64>,
     warm: bool,
     warm_at: u64,
@@ -600,8 +600,14 @@ impl MeshCore {
         let registry_repair = env.kind == kvmesh_state::EnvelopeKind::Repair
             && env.deltas.iter().any(|d| matches!(d, Delta::Registry(_)));
         for d in env.deltas {
+            // A run of registry deltas is told as one; what follows it (an engine's marks,
+            // its feed) finds the router told of the engine.
+            if !matches!(d, Delta::Registry(_) | Delta::Planted(_)) {
+                self.tell_touched();
+            }
             self.merge(env.from, d, live, now_us);
         }
+        self.tell_touched();
         if registry_repair {
             // A peer sent its registry (its digest differed): the cluster's is here now.
             self.plant_waiting_seeds(now_us);
@@ -625,9 +631,6 @@ impl MeshCore {
         }
         for c in env.control {
             self.control(from, env.from, c, now_us);
-        }
-        for engine in std::mem::take(&mut self.touched) {
-            self.tell_engine(engine);
         }
         Ok(())
     }
