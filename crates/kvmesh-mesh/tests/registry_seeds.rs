@@ -70,17 +70,30 @@ fn three_of_one_config(seed: u64) -> Sim {
 
 /// [`three_of_one_config`] with the nodes' configuration `c`.
 fn three_of_one_config_with(c: CoreConfig, seed: u64) -> Sim {
+    three_started_together(c, seed, config())
+}
+
+/// Three routers with `engines` as their config, started together (router 0 without seeds,
+/// the others seeded by it), settled.
+fn three_started_together(c: CoreConfig, seed: u64, engines: Vec<(u64, EngineRecord)>) -> Sim {
     let mut s = Sim::new(3, 0, c, NetConfig::default(), seed);
-    start(&mut s, 0, None, config());
-    start(&mut s, 1, Some(0), config());
-    start(&mut s, 2, Some(0), config());
-    let both: BTreeMap<u64, EngineRecord> = config().into_iter().collect();
+    start(&mut s, 0, None, engines.clone());
+    start(&mut s, 1, Some(0), engines.clone());
+    start(&mut s, 2, Some(0), engines.clone());
+    let all: BTreeMap<u64, EngineRecord> = engines.into_iter().collect();
     assert!(
-        s.until(30_000_000, |s| settled(s, &both, &[])).is_some(),
+        s.until(30_000_000, |s| settled(s, &all, &[])).is_some(),
         "seed {seed}: the cluster did not settle\n{}",
         s.explain()
     );
     s
+}
+
+/// Per router of the first `n`, the removals its node told it of engines it held.
+fn removals(s: &Sim, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|i| s.nodes[i].as_ref().expect("alive").index.removals)
+        .collect()
 }
 
 /// At run time, X removed through router `remove_at` and Y's weight set to 2.5 through
@@ -328,10 +341,7 @@ fn two_routers_restarted_together_do_not_undo_run_time_changes() {
         holds(&mut s, &changed, &[2], 60_000_000, &what);
         // Each restarted router was told to remove X (removed at run time), and nothing else:
         // Y, whose weight changed, was updated in place.
-        let removals: Vec<u64> = (0..2)
-            .map(|i| s.nodes[i].as_ref().expect("alive").index.removals)
-            .collect();
-        assert_eq!(removals, [1, 1], "seed {seed}: removals told");
+        assert_eq!(removals(&s, 2), [1, 1], "seed {seed}: removals told");
     }
 }
 
@@ -380,36 +390,15 @@ fn two_routers_restarted_together_after_an_upgrade_do_not_undo_run_time_changes(
 fn routers_started_together_never_drop_their_config_engines() {
     for seed in 1..=32 {
         let s = three_of_one_config(seed);
-        let removals: Vec<u64> = (0..3)
-            .map(|i| s.nodes[i].as_ref().expect("alive").index.removals)
-            .collect();
-        assert_eq!(
-            removals,
-            [0, 0, 0],
-            "seed {seed}: config engines told removed"
-        );
+        let what = format!("seed {seed}: config engines told removed");
+        assert_eq!(removals(&s, 3), [0, 0, 0], "{what}");
     }
     // A config of 1,500 engines: a router's plants fill more than one envelope, and the
     // envelopes of a flush arrive in any order.
     let big: Vec<(u64, EngineRecord)> = (0..1_500).map(|i| (X + i, record(X + i, 1_000))).collect();
-    let want: BTreeMap<u64, EngineRecord> = big.iter().cloned().collect();
     for seed in 1..=4 {
-        let mut s = Sim::new(3, 0, cfg(), NetConfig::default(), seed);
-        start(&mut s, 0, None, big.clone());
-        start(&mut s, 1, Some(0), big.clone());
-        start(&mut s, 2, Some(0), big.clone());
-        assert!(
-            s.until(30_000_000, |s| settled(s, &want, &[])).is_some(),
-            "seed {seed}: the cluster did not settle\n{}",
-            s.explain()
-        );
-        let removals: Vec<u64> = (0..3)
-            .map(|i| s.nodes[i].as_ref().expect("alive").index.removals)
-            .collect();
-        assert_eq!(
-            removals,
-            [0, 0, 0],
-            "seed {seed}: 1,500 config engines: told removed"
-        );
+        let s = three_started_together(cfg(), seed, big.clone());
+        let what = format!("seed {seed}: 1,500 config engines: told removed");
+        assert_eq!(removals(&s, 3), [0, 0, 0], "{what}");
     }
 }
