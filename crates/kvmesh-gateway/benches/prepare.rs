@@ -15,13 +15,18 @@
 //!
 //! `phases/32KB` splits `same/32KB` into its steps (parse, render, tokenize with every piece
 //! cached, block keys).
+//!
+//! `mark/<open>`: the decision's speculative mark as `proxy.rs` makes it after the decision
+//! (a 512-block prompt of which 500 were found held, under the index's write lock, then its
+//! hold dropped as the answer settles it), with 0 and 96 other decisions awaiting their
+//! engine's answer across 8 engines (the ledger of `prefix::pending`).
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use kvmesh_config::ServeConfig;
 use kvmesh_gateway::memo::PromptMemo;
 use kvmesh_gateway::prefix::{Endpoint, ParsedRequest, PrefixState, RoutePrefix, Scratch, prepare};
 use kvmesh_policy::PolicyKind;
-use kvmesh_prefix::{ExtraKeys, block_keys};
+use kvmesh_prefix::{BlockKey, EngineId, ExtraKeys, Target, block_keys};
 use kvmesh_tokenize::{ChatRenderRequest, SegmentCache};
 use serde_json::json;
 use std::cell::Cell;
@@ -119,6 +124,7 @@ fn benches(c: &mut Criterion) {
             phases(c, &warm, &turn1);
         }
     }
+    mark(c, &state);
 }
 
 /// The steps of `same/32KB` one by one.
@@ -152,6 +158,38 @@ fn phases(c: &mut Criterion, rp: &RoutePrefix, body: &[u8]) {
             black_box(keys.len())
         })
     });
+    g.finish();
+}
+
+fn mark(c: &mut Criterion, state: &PrefixState) {
+    let targets: Vec<Target> = (0..8)
+        .map(|i| Target {
+            slot: state.alloc_slot(),
+            engine: EngineId(i),
+        })
+        .collect();
+    let prompt =
+        |salt: u64| -> Vec<BlockKey> { (0..512).map(|i| BlockKey(salt << 20 | i)).collect() };
+    let keys = prompt(1 << 30);
+    let mut g = c.benchmark_group("mark");
+    for open in [0usize, 96] {
+        // Other conversations' decisions awaiting their answers, each with 12 new blocks.
+        let held: Vec<_> = (0..open)
+            .filter_map(|i| {
+                let k = prompt(i as u64 + 1);
+                state.mark(targets[i % 8], &k, 500, u64::MAX / 2, 1)
+            })
+            .collect();
+        let mut now = 1u64;
+        g.bench_function(open.to_string(), |b| {
+            b.iter(|| {
+                now += 1;
+                let hold = state.mark(targets[0], &keys, 500, 120_000_000 + now, now);
+                black_box(hold.map(|h| h.settled()))
+            })
+        });
+        drop(held);
+    }
     g.finish();
 }
 

@@ -8,6 +8,8 @@
 //! routing decisions (speculative marks: `speculative_ttl_ms` under `precise`/`scored`,
 //! `approximate_ttl_ms` under `cache_aware` and for engines whose event stream is not live).
 
+mod pending;
+
 use crate::memo::{self, Memo, PromptMemo};
 use kvmesh_config::{PrefixConfig, ServeConfig};
 use kvmesh_openai::{ApiError, ChatCompletionRequest, CompletionRequest, PromptInput, parse_body};
@@ -18,6 +20,8 @@ use kvmesh_prefix::{
 };
 use kvmesh_route::TtlPlan;
 use kvmesh_tokenize::{ChatRenderRequest, Resume, SegmentCache, Tokenizer};
+pub use pending::Hold;
+use pending::PendingMarks;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
@@ -51,6 +55,8 @@ pub struct PrefixState {
     retired: Mutex<Vec<u32>>,
     /// Where index changes go besides the local index (the mesh's delta buffer).
     delta: Mutex<Option<Box<dyn IndexSink + Send>>>,
+    /// The marks of decisions whose engine has not answered yet.
+    pending: Arc<PendingMarks>,
     tokenizers: Mutex<HashMap<String, Arc<Tokenizer>>>,
     /// Token ids of prompt pieces, shared by every model (keys are text hashes; a piece
     /// tokenized by two tokenizers would collide, so the cache is per tokenizer path).
@@ -76,6 +82,7 @@ impl PrefixState {
             slots: Mutex::new((Vec::new(), 0)),
             retired: Mutex::new(Vec::new()),
             delta: Mutex::new(None),
+            pending: Arc::default(),
             tokenizers: Mutex::new(HashMap::new()),
             segments: Mutex::new(HashMap::new()),
             memos: Mutex::new(HashMap::new()),
@@ -127,12 +134,24 @@ impl PrefixState {
         self.with_sink(|s| s.apply_batch(t, version, ops))
     }
 
-    /// A speculative mark (a brief write lock; lookups are not held up for long); `known`:
-    /// the leading keys the decision found the engine holding.
-    pub fn mark(&self, t: Target, keys: &[BlockKey], known: usize, expiry_us: u64, now_us: u64) {
-        if !keys.is_empty() {
-            self.with_sink(|s| s.mark(t, keys, known, expiry_us, now_us));
+    /// A decision's speculative mark (a brief write lock; lookups are not held up for long);
+    /// `known`: the leading keys the decision found the engine holding. Held until the
+    /// engine answers (see [`Hold`]).
+    pub fn mark(
+        &self,
+        t: Target,
+        keys: &[BlockKey],
+        known: usize,
+        expiry_us: u64,
+        now_us: u64,
+    ) -> Option<Hold> {
+        if keys.is_empty() {
+            return None;
         }
+        Some(self.with_sink(|s| {
+            s.mark(t, keys, known, expiry_us, now_us);
+            self.pending.open(t.slot, keys, known)
+        }))
     }
 
     /// A mark another router made (arrived through the mesh): into the local index only, not
@@ -165,6 +184,7 @@ impl PrefixState {
         let mut x = Exclusive {
             index: &mut index,
             delta: delta.as_deref_mut(),
+            pending: &self.pending,
         };
         f(&mut x)
     }
@@ -319,6 +339,7 @@ impl PrefixState {
 pub struct Exclusive<'a> {
     index: &'a mut PrefixIndex,
     delta: Option<&'a mut (dyn IndexSink + Send + 'static)>,
+    pending: &'a Arc<PendingMarks>,
 }
 
 impl Exclusive<'_> {
@@ -327,7 +348,8 @@ impl Exclusive<'_> {
         self.index
     }
 
-    /// A speculative mark, through the sink (`known`: see [`PrefixState::mark`]).
+    /// A speculative mark, through the sink (`known` and the hold: see
+    /// [`PrefixState::mark`]).
     pub fn mark(
         &mut self,
         t: Target,
@@ -335,14 +357,15 @@ impl Exclusive<'_> {
         known: usize,
         expiry_us: u64,
         now_us: u64,
-    ) {
+    ) -> Option<Hold> {
         if keys.is_empty() {
-            return;
+            return None;
         }
         IndexSink::mark(self.index, t, keys, known, expiry_us, now_us);
         if let Some(d) = self.delta.as_deref_mut() {
             d.mark(t, keys, known, expiry_us, now_us);
         }
+        Some(self.pending.open(t.slot, keys, known))
     }
 }
 

@@ -101,7 +101,8 @@ pub async fn handle(
         }
         (_, parsed) => (parsed, None),
     };
-    let (decision, reservation, lookup) = decide_step(gw, &route, key, parsed.as_ref(), prepared);
+    let (decision, reservation, lookup, hold) =
+        decide_step(gw, &route, key, parsed.as_ref(), prepared);
     if let Some(&first) = decision.candidates.first() {
         let now = gw.clock.now_us();
         if let Some(o) = gw.decision_observer.get() {
@@ -152,6 +153,7 @@ pub async fn handle(
             gw,
             &route,
             &decision,
+            hold,
             engine,
             resp.status(),
             parsed,
@@ -254,7 +256,12 @@ fn decide_step(
     key: Option<u64>,
     parsed: Option<&ParsedRequest>,
     prepared: Option<prefix::Prepared>,
-) -> (Decision, Option<Reservation>, Option<Lookup>) {
+) -> (
+    Decision,
+    Option<Reservation>,
+    Option<Lookup>,
+    Option<prefix::Hold>,
+) {
     let now = gw.clock.now_us();
     let mut view = RouteView {
         engines: &route.engines,
@@ -270,11 +277,11 @@ fn decide_step(
     }
     let out = Vec::with_capacity(MAX_CANDIDATES);
     let t = Instant::now();
-    let (decision, reservation, lookup) = match &route.prefix {
+    let (decision, reservation, lookup, hold) = match &route.prefix {
         None => {
             let d = decide::<_, IndexProbe>(&route.policy, &view, ctx, None, out);
             let r = Reservation::of(route, &d);
-            (d, r, None)
+            (d, r, None, None)
         }
         Some(rp) => prefix::with_scratch(|s| {
             let state = &gw.registry.prefix;
@@ -297,7 +304,7 @@ fn decide_step(
             let Some(l) = lookup else {
                 let d = decide::<_, IndexProbe>(&route.policy, &view, ctx, None, out);
                 let r = Reservation::of(route, &d);
-                return (d, r, None);
+                return (d, r, None, None);
             };
             // As vLLM counts against its context length: the prompt plus `max_tokens`, or
             // one more token when not given; a lower bound when the prompt was cut at
@@ -347,9 +354,9 @@ fn decide_step(
             // Most prompts match an engine: lookup and decision under the shared lock
             // (concurrent with other lookups), then the mark under a brief write lock.
             let warm = decide_on(&state.index(), s, out, true);
-            let (d, r) = match warm {
+            let (d, r, hold) = match warm {
                 Some(d) => {
-                    if let Some(m) = d.mark {
+                    let hold = d.mark.and_then(|m| {
                         let known = d.predicted_blocks[0] as usize;
                         state.mark(
                             route.engines[m.engine].target(),
@@ -357,10 +364,10 @@ fn decide_step(
                             known,
                             m.expiry_us,
                             now,
-                        );
-                    }
+                        )
+                    });
                     let r = Reservation::of(route, &d);
-                    (d, r)
+                    (d, r, hold)
                 }
                 // No engine holds a usable part of the prompt: lookup, decision, mark and
                 // reservation again under the write lock, so that siblings of a new prefix
@@ -371,7 +378,7 @@ fn decide_step(
                     else {
                         unreachable!("a decision is made when no match is required")
                     };
-                    if let Some(m) = d.mark {
+                    let hold = d.mark.and_then(|m| {
                         let known = d.predicted_blocks[0] as usize;
                         x.mark(
                             route.engines[m.engine].target(),
@@ -379,20 +386,20 @@ fn decide_step(
                             known,
                             m.expiry_us,
                             now,
-                        );
-                    }
+                        )
+                    });
                     let r = Reservation::of(route, &d);
-                    (d, r)
+                    (d, r, hold)
                 }),
             };
-            (d, r, Some(l))
+            (d, r, Some(l), hold)
         }),
     };
     gw.metrics
         .decision_time
         .observe_us(t.elapsed().as_micros() as u64);
     route.count_decision(decision.reason);
-    (decision, reservation, lookup)
+    (decision, reservation, lookup, hold)
 }
 
 /// How long an attempt waits for the answer's head and first data.

@@ -2,7 +2,7 @@
 //! as about to hold the prompt, but a retry's engine computed it, or the engine refused it.
 
 use crate::gateway::Gateway;
-use crate::prefix::{self, ParsedRequest};
+use crate::prefix::{self, Hold, ParsedRequest};
 use crate::registry::ModelRoute;
 use http::StatusCode;
 use kvmesh_route::Decision;
@@ -15,26 +15,31 @@ enum Settle {
     MarkServed { known: usize },
     /// The marked engine refused the request (its own 4xx): it will not compute the prompt,
     /// so the decision's mark is taken back here, of the keys past the `known` leading ones
-    /// the decision found the engine holding (those were there before it: an earlier
-    /// request's, which this decision only extended), with its exact expiry (a later
-    /// decision's stays). Peers keep the copy the mesh carried until it expires: a mark is
-    /// a grow-only, newest-expiry entry across the mesh.
+    /// the engine held before the decision (an earlier request's, which this decision only
+    /// extended; not those another decision still awaiting its answer had marked: see
+    /// [`Hold`]), with its exact expiry (a later decision's stays). Peers keep the copy the
+    /// mesh carried until it expires: a mark is a grow-only, newest-expiry entry across the
+    /// mesh.
     Unmark { expiry_us: u64, known: usize },
 }
 
 /// Settles the decision's mark after `engine` answered with `status`. Off the request's path:
 /// the prompt is read again (its keys are not kept past the decision), on the blocking pool
-/// when it is long.
+/// when it is long; the mark's `hold` ends once it is settled.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn settle_mark(
     gw: &Gateway,
     route: &Arc<ModelRoute>,
     decision: &Decision,
+    hold: Option<Hold>,
     engine: usize,
     status: StatusCode,
     parsed: Option<ParsedRequest>,
     body_len: usize,
 ) {
-    let (Some(m), Some(rp), Some(req)) = (decision.mark, route.prefix.clone(), parsed) else {
+    let (Some(m), Some(hold), Some(rp), Some(req)) =
+        (decision.mark, hold, route.prefix.clone(), parsed)
+    else {
         return;
     };
     let settle = if status.is_success() && m.engine != engine {
@@ -47,8 +52,8 @@ pub(super) fn settle_mark(
     } else if status.is_client_error() && m.engine == engine {
         Settle::Unmark {
             expiry_us: m.expiry_us,
-            // The mark is of the first choice, with what the decision found it holding.
-            known: decision.predicted(0) as usize,
+            // The mark is of the first choice, with what it held before the decision.
+            known: hold.settled(),
         }
     } else {
         return;
@@ -81,5 +86,7 @@ pub(super) fn settle_mark(
                 }
             }
         });
+        // Settled: the next decision counts what it finds of this one's marks as held.
+        drop(hold);
     });
 }
