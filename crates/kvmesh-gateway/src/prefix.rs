@@ -134,24 +134,17 @@ impl PrefixState {
         self.with_sink(|s| s.apply_batch(t, version, ops))
     }
 
-    /// A decision's speculative mark (a brief write lock; lookups are not held up for long);
-    /// `known`: the leading keys the decision found the engine holding. Held until the
-    /// engine answers (see [`Hold`]).
+    /// A decision's speculative mark (a brief write lock; lookups are not held up for long):
+    /// [`Exclusive::mark`].
     pub fn mark(
         &self,
         t: Target,
-        keys: &[BlockKey],
+        k: &[BlockKey],
         known: usize,
-        expiry_us: u64,
-        now_us: u64,
+        exp: u64,
+        now: u64,
     ) -> Option<Hold> {
-        if keys.is_empty() {
-            return None;
-        }
-        Some(self.with_sink(|s| {
-            s.mark(t, keys, known, expiry_us, now_us);
-            self.pending.open(t.slot, keys, known)
-        }))
+        self.exclusive(|x| x.mark(t, k, known, exp, now))
     }
 
     /// A mark another router made (arrived through the mesh): into the local index only, not
@@ -348,8 +341,8 @@ impl Exclusive<'_> {
         self.index
     }
 
-    /// A speculative mark, through the sink (`known` and the hold: see
-    /// [`PrefixState::mark`]).
+    /// A decision's speculative mark, through the sink; `known`: the leading keys the
+    /// decision found the engine holding. Held until the engine answers (see [`Hold`]).
     pub fn mark(
         &mut self,
         t: Target,
