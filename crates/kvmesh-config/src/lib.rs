@@ -21,7 +21,8 @@ pub use prefix::{ModelConfig, PrefixConfig};
 pub use reference::reference_markdown;
 pub use serve::{
     BASE_URL_RULE, DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, UpstreamConfig,
-    UpstreamProtocol, WEIGHT_RULE, canonical_base_url, valid_base_url, valid_weight, weight_milli,
+    UpstreamProtocol, WEIGHT_RULE, canonical_base_url, is_listen_address, valid_base_url,
+    valid_weight, weight_milli,
 };
 pub use sim::{
     EngineModelConfig, FaultConfig, KvEventsConfig, KvEventsFormat, SimConfig, TimingOverrides,

@@ -490,26 +490,12 @@ impl ServeConfig {
     /// Whether the engine URL `url` (valid) is this router's listen address: the same port on
     /// the same IP, or on a loopback or named-localhost host when the router listens on every
     /// address.
-    fn is_own_address(&self, url: &str) -> bool {
-        let Ok(listen) = self.listen.parse::<std::net::SocketAddr>() else {
-            return false;
-        };
-        let Some((host, port)) = url
-            .strip_prefix("http://")
-            .and_then(|hp| hp.rsplit_once(':'))
-        else {
-            return false;
-        };
-        if port.parse::<u16>() != Ok(listen.port()) {
-            return false;
-        }
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        match host.parse::<std::net::IpAddr>() {
-            Ok(ip) => ip == listen.ip() || (listen.ip().is_unspecified() && ip.is_loopback()),
-            Err(_) => {
-                host == "localhost" && (listen.ip().is_unspecified() || listen.ip().is_loopback())
-            }
-        }
+    /// Whether `url` (a canonical base URL, `http://host:port`) is this router's own listen
+    /// address: requests sent there would come back to it.
+    pub fn is_own_address(&self, url: &str) -> bool {
+        self.listen
+            .parse()
+            .is_ok_and(|listen| is_listen_address(listen, url))
     }
 
     /// Checks what the configuration names on disk: each tokenizer path given (the default,
@@ -676,6 +662,28 @@ impl ServeConfig {
 fn http_header_name_ok(s: &str) -> bool {
     s.bytes()
         .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Whether `url` (a canonical base URL, `http://host:port`) names the address `listen`: the
+/// same IP and port, or a loopback one (`localhost` too) when `listen` is unspecified or
+/// loopback.
+pub fn is_listen_address(listen: std::net::SocketAddr, url: &str) -> bool {
+    let Some((host, port)) = url
+        .strip_prefix("http://")
+        .and_then(|hp| hp.rsplit_once(':'))
+    else {
+        return false;
+    };
+    if port.parse::<u16>() != Ok(listen.port()) {
+        return false;
+    }
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip == listen.ip() || (listen.ip().is_unspecified() && ip.is_loopback()),
+        Err(_) => {
+            host == "localhost" && (listen.ip().is_unspecified() || listen.ip().is_loopback())
+        }
+    }
 }
 
 #[cfg(test)]

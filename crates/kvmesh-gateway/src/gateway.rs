@@ -79,6 +79,9 @@ pub struct Gateway {
     pub retry_budget: AtomicRetryBudget,
     /// `cfg.request_id_header` parsed once (`None` when it is not a valid header name).
     pub request_id_name: Option<http::HeaderName>,
+    /// This router's mark on what it sends to engines (`x-kvmesh-via`, [`crate::hops`]):
+    /// random per process.
+    pub via: http::HeaderValue,
     seed: AtomicU64,
     pub(crate) started_unix: u64,
     /// Told to stop: `/health` answers 503 so that load balancers take the router out while
@@ -129,6 +132,7 @@ impl Gateway {
             mesh: std::sync::OnceLock::new(),
             decision_observer: std::sync::OnceLock::new(),
             request_id_name: http::HeaderName::from_bytes(cfg.request_id_header.as_bytes()).ok(),
+            via: crate::hops::new_via(),
             seed: AtomicU64::new(seed),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

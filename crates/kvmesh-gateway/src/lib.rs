@@ -18,6 +18,7 @@ mod clock;
 mod cluster;
 mod engine;
 mod gateway;
+pub mod hops;
 pub mod ingest;
 pub mod memo;
 mod metrics;
@@ -200,6 +201,7 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
         addr: gw.cfg.listen.clone(),
         source,
     })?;
+    gw.registry.set_listen(addr);
     let (tx, rx) = oneshot::channel();
     let drain = Duration::from_millis(gw.cfg.drain_timeout_ms);
     let limits = kvmesh_http::ServeLimits {
@@ -289,6 +291,10 @@ fn request_id(gw: &Gateway, req: &Request<Incoming>) -> http::HeaderValue {
 }
 
 async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    if let Some(e) = hops::looped(&gw.via, req.headers()) {
+        gw.metrics.error_response(e.status);
+        return error(&e);
+    }
     // The hot path first, before anything is copied out of the request.
     if req.method() == Method::POST
         && matches!(req.uri().path(), "/v1/chat/completions" | "/v1/completions")

@@ -16,6 +16,7 @@ use std::time::Duration;
 async fn get(gw: &Gateway, url: &str, timeout: Duration) -> Result<(u16, Bytes), String> {
     let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
     let req = http::Request::get(uri)
+        .header(crate::hops::VIA, gw.via.clone())
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
     let fut = async {

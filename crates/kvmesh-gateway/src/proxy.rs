@@ -671,6 +671,7 @@ async fn send(
     if let Some(n) = &gw.request_id_name {
         headers.insert(n.clone(), request_id.clone());
     }
+    headers.append(crate::hops::VIA, gw.via.clone());
     let pq = parts
         .uri
         .path_and_query()

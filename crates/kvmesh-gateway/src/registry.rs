@@ -238,6 +238,8 @@ pub struct Registry {
     mesh_realtime: AtomicBool,
     /// This router's place among the mesh's live routers (see [`Registry::set_router_slot`]).
     router_slot: Mutex<RouterSlot>,
+    /// The address the router's HTTP listener is bound to, once it is.
+    listen: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Registry {
@@ -261,6 +263,22 @@ impl Registry {
             load_signal: Arc::default(),
             mesh_realtime: AtomicBool::new(false),
             router_slot: Mutex::new(RouterSlot::ALONE),
+            listen: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The router's HTTP listener is bound to `addr` (its port chosen by the system when the
+    /// config's is 0).
+    pub fn set_listen(&self, addr: std::net::SocketAddr) {
+        let _ = self.listen.set(addr);
+    }
+
+    /// Whether `url` (a canonical base URL) is this router's own address: refused as an
+    /// engine wherever it comes from (requests would loop).
+    pub fn is_own_address(&self, url: &str) -> bool {
+        match self.listen.get() {
+            Some(&addr) => kvmesh_config::is_listen_address(addr, url),
+            None => self.cfg.is_own_address(url),
         }
     }
 
@@ -309,6 +327,12 @@ impl Registry {
         ramp: bool,
     ) -> Result<Arc<Engine>, String> {
         entry.validate("engine").map_err(|e| e.to_string())?;
+        let url = kvmesh_config::canonical_base_url(&entry.url);
+        if self.is_own_address(&url) {
+            return Err(format!(
+                "{url} is this router's own listen address (requests would loop)"
+            ));
+        }
         let tracker = EngineTracker::new(&self.cfg.routing.health, self.clock.now_us(), ramp);
         // A refused engine drops its lease: the slot is retired and freed by the next sweep.
         let lease = PrefixState::lease(&self.prefix);

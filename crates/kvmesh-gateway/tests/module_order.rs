@@ -5,9 +5,9 @@
 use std::path::Path;
 
 /// Leaves first; a module may import only modules listed before it.
-const ORDER: [&str; 17] = [
-    "clock", "upstream", "tasks", "recent", "memo", "prefix", "engine", "registry", "metrics",
-    "gateway", "ingest", "track", "probe", "cluster", "proxy", "admin", "status",
+const ORDER: [&str; 18] = [
+    "clock", "upstream", "tasks", "hops", "recent", "memo", "prefix", "engine", "registry",
+    "metrics", "gateway", "ingest", "track", "probe", "cluster", "proxy", "admin", "status",
 ];
 
 #[test]

@@ -172,6 +172,17 @@ impl ApiError {
         }
     }
 
+    /// A 508: the request came back to a router it already passed through (a routing loop).
+    pub fn loop_detected(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 508,
+            message: message.into(),
+            kind: "server_error",
+            code: "loop_detected",
+            param: None,
+        }
+    }
+
     /// An error with an arbitrary status (e.g. injected faults); type and code follow the status.
     pub fn with_status(status: u16, message: impl Into<String>) -> Self {
         let (kind, code) = match status {

@@ -1,0 +1,132 @@
+//! Routing loops: an engine whose address is a router's. A router refuses its own address as
+//! an engine wherever one comes from (config, admin API, a peer's record); and a request that
+//! comes back to a router it passed through (`x-kvmesh-via` carries each router's mark) is
+//! refused with a 508 instead of being routed again (QA: a router given its own address as an
+//! engine turned one request into about 10,000 and ran out of file descriptors).
+
+mod common;
+
+use common::*;
+use kvmesh_config::EngineEntry;
+use kvmesh_gateway::Source;
+use serde_json::json;
+use std::time::Duration;
+
+const TOKEN: &str = "loop-test-token";
+
+fn auth() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_refuses_its_own_address_as_an_engine() {
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let mut cfg = serve_cfg(&urls(&sims));
+    cfg.admin_token = TOKEN.into();
+    let router = start_router_with(cfg, "m", 1).await;
+    let base = router.base_url();
+    let c = client();
+    let admin = format!("{base}/admin/engines");
+    let a = auth();
+    for own in [base.clone(), base.replace("127.0.0.1", "localhost")] {
+        let body = json!({ "url": own }).to_string();
+        let r = send(
+            &c,
+            "POST",
+            &admin,
+            &[("authorization", &a)],
+            body,
+            Duration::from_secs(10),
+        )
+        .await;
+        let v = assert_openai_error(&r, 400);
+        assert_eq!(v["error"]["param"], "url", "{}", r.body);
+        assert!(r.body.contains("own listen address"), "{}", r.body);
+    }
+    // A peer's record (or a DNS name) naming it goes through the same registry.
+    let entry = EngineEntry {
+        url: base.clone(),
+        ..EngineEntry::default()
+    };
+    let err = router
+        .gateway
+        .registry
+        .add(&entry, Source::Mesh, true)
+        .err()
+        .expect("its own address refused");
+    assert!(err.contains("own listen address"), "{err}");
+    assert_eq!(router.gateway.registry.len(), 1, "nothing added");
+    stop_sims(sims).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_comes_back_is_refused_not_routed_again() {
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let mut cfg = serve_cfg(&urls(&sims));
+    cfg.admin_token = TOKEN.into();
+    cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+    let a = start_router_with(cfg, "m", 1).await;
+    // B routes to A; A is then given B as an engine: A → B → A is a loop neither router can
+    // see from the addresses alone.
+    let b = start_router_with(serve_cfg(&[a.base_url()]), "m", 1).await;
+    let c = client();
+    let body = json!({ "url": b.base_url() }).to_string();
+    let admin = format!("{}/admin/engines", a.base_url());
+    let r = send(
+        &c,
+        "POST",
+        &admin,
+        &[("authorization", &auth())],
+        body,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    wait_routable(&a, "m", 2).await;
+
+    // Every request is served: the ones A sends through B come back to A, are refused there,
+    // and A tries the engine.
+    let n = 12;
+    let chat = format!("{}/v1/chat/completions", a.base_url());
+    for i in 0..n {
+        let r = post_json(
+            &c,
+            &chat,
+            &chat_body("m", &format!("question {i}"), 2, false),
+        )
+        .await;
+        assert!(r.ok(), "{r:?}");
+    }
+    let page_a = scrape(&c, &a.base_url()).await;
+    let page_b = scrape(&c, &b.base_url()).await;
+    let (routed_a, routed_b) = (
+        metric(&page_a, "kvmesh_requests_total"),
+        metric(&page_b, "kvmesh_requests_total"),
+    );
+    assert!(
+        routed_b >= 1.0,
+        "round robin sent some through B: {routed_b}"
+    );
+    assert_eq!(routed_a, f64::from(n), "no request routed twice by A");
+    assert!(
+        routed_b <= f64::from(n),
+        "B routed each at most once: {routed_b}"
+    );
+
+    // A request carrying the router's own mark is refused before anything is routed.
+    let via = a.gateway.via.to_str().expect("ascii").to_string();
+    let r = send(
+        &c,
+        "POST",
+        &chat,
+        &[("x-kvmesh-via", &via)],
+        chat_body("m", "again", 2, false).to_string(),
+        Duration::from_secs(10),
+    )
+    .await;
+    let v = assert_openai_error(&r, 508);
+    assert_eq!(v["error"]["code"], "loop_detected", "{}", r.body);
+    let page_a = scrape(&c, &a.base_url()).await;
+    assert_eq!(metric(&page_a, "kvmesh_requests_total"), f64::from(n));
+    stop_sims(sims).await;
+}
