@@ -20,7 +20,7 @@ use crate::registry::{ModelRoute, RouteView};
 use crate::track::{Attempt, ReadAhead, TrackedBody};
 use crate::upstream::{BoxError, UpstreamBody};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Frame;
 use hyper::body::Incoming;
@@ -36,8 +36,11 @@ use serde::Deserialize;
 
 #[path = "proxy/answered.rs"]
 mod answered;
+#[path = "proxy/failed.rs"]
+mod failed;
 #[path = "proxy/views.rs"]
 mod views;
+use failed::{Failed, Sent, failed, give_up};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -474,7 +477,8 @@ async fn attempt_step(
         // The first attempt on the reserved engine takes the reservation's count over; any
         // other attempt counts itself (and the reservation ends).
         let counted = reservation.take().is_some_and(|r| r.hand_over(engine));
-        let attempt = Attempt::start(gw.clone(), engine.clone(), permit, counted);
+        let whole = matches!(wait, Wait::Until(_));
+        let attempt = Attempt::start(gw.clone(), engine.clone(), permit, counted, whole);
         let retry_429 = attempts.retries_429();
         match send(
             gw,
@@ -541,44 +545,6 @@ async fn attempt_step(
     }
 }
 
-/// The response when the attempts gave up: the last engine's own error answer (5xx/429) as
-/// it was, else an OpenAI-shaped error with the core's status.
-fn give_up(g: GiveUp, last: Option<Failed>, model: &str) -> Response<Body> {
-    match (g, last) {
-        (
-            GiveUp::BudgetExhausted { .. } | GiveUp::Exhausted { .. },
-            Some(Failed {
-                answer: Some((status, mut headers, b)),
-                ..
-            }),
-        ) => {
-            strip_hop_by_hop(&mut headers);
-            let mut r = Response::new(kvmesh_http::full(b));
-            *r.status_mut() = status;
-            *r.headers_mut() = headers;
-            r
-        }
-        (GiveUp::NoEngines, _) => error(&ApiError::unavailable(format!(
-            "no engine is available for model `{model}`"
-        ))),
-        (GiveUp::AllRefused, _) => error(&ApiError::unavailable(format!(
-            "every engine chosen for model `{model}` is refusing traffic (circuit breakers open or unhealthy)"
-        ))),
-        (g, f) => {
-            let detail = f.map(|f| f.public.unwrap_or(f.detail)).unwrap_or_default();
-            let what = if g.status() == 504 {
-                "upstream timeout"
-            } else {
-                "upstream failure"
-            };
-            error(&ApiError::with_status(
-                g.status(),
-                format!("{what}: {detail}"),
-            ))
-        }
-    }
-}
-
 /// One request counted in flight on an engine between the decision and its attempt.
 struct Reservation(Option<Arc<Engine>>);
 
@@ -616,39 +582,6 @@ impl Drop for Reservation {
             e.end_request();
         }
     }
-}
-
-/// A failed attempt: its kind, the engine's own error answer when it sent one (returned to
-/// the client if no retry is left), and what happened.
-struct Failed {
-    kind: FailKind,
-    answer: Option<(StatusCode, HeaderMap, Bytes)>,
-    /// For the log: the engine's URL and the error.
-    detail: String,
-    /// For the client instead of `detail` under `hide_engine_urls`: the engine's id and the
-    /// kind of failure (an error's text may hold addresses).
-    public: Option<String>,
-}
-
-/// What one attempt produced.
-enum Sent {
-    /// A response to pass to the client (2xx, or a 4xx that is the client's fault), tracked
-    /// to the end of its body.
-    Answer(Response<Body>),
-    /// A failure worth retrying elsewhere; the attempt awaits its accounting.
-    Failed(Failed, Attempt),
-}
-
-fn failed(kind: FailKind, detail: String, attempt: Attempt) -> Sent {
-    Sent::Failed(
-        Failed {
-            kind,
-            answer: None,
-            detail,
-            public: None,
-        },
-        attempt,
-    )
 }
 
 /// One attempt: forward, wait for the response head and, for a success, its body's first
@@ -711,27 +644,7 @@ async fn send(
     };
     let status = resp.status();
     if let Verdict::Failed(kind) = classify_status(status.as_u16(), retry_429) {
-        let (p, b) = resp.into_parts();
-        let bytes = tokio::time::timeout(Duration::from_secs(5), async {
-            http_body_util::Limited::new(b, 64 * 1024)
-                .collect()
-                .await
-                .ok()
-                .map(|c| c.to_bytes())
-        })
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-        return Sent::Failed(
-            Failed {
-                kind,
-                answer: Some((status, p.headers, bytes)),
-                detail: format!("{}: status {status}", engine.url),
-                public: None,
-            },
-            attempt,
-        );
+        return failed::error_answer(engine, kind, resp, attempt).await;
     }
     // Success or the client's own error: stream it through, tracked to the end. A success's
     // head waits for its body's first frame (within the same first-byte timeout): an engine

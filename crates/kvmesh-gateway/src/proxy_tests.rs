@@ -5,6 +5,7 @@ use super::*;
 use crate::engine::Source;
 use crate::gateway::Gateway;
 use crate::upstream::{MockReply, MockUpstream};
+use http::StatusCode;
 use kvmesh_config::{EngineEntry, ServeConfig};
 use kvmesh_policy::{BreakerState, PolicyKind};
 
@@ -103,6 +104,8 @@ fn in_flight(gw: &Gateway) -> u32 {
 
 #[path = "proxy/body_tests.rs"]
 mod body;
+#[path = "proxy/error_answer_tests.rs"]
+mod error_answer;
 #[path = "proxy/events_status_tests.rs"]
 mod events_status;
 #[path = "proxy/total_timeout_tests.rs"]
@@ -320,8 +323,9 @@ async fn metrics_render_the_counters_the_request_path_touched() {
     let mut c = cfg();
     c.routing.policy.policy = PolicyKind::RoundRobin;
     let gw = gateway(c, &mock, &[A, B]);
+    // Streamed: a whole answer has no time to first token.
     for _ in 0..4 {
-        assert_eq!(call(&gw).await.0, 200);
+        assert_eq!(call_with(&gw, STREAM_BODY).await.0, 200);
     }
     let text = gw.metrics.render(&gw.registry, gw.clock.now_us());
     let line = |prefix: &str| {

@@ -26,12 +26,21 @@ pub struct Attempt {
     first_byte_seen: bool,
     /// The engine refused the client's request (a 4xx answer passed through).
     refused: bool,
+    /// A whole answer was asked for (no `"stream": true`): its first byte comes with its
+    /// end, so it is no time to first token.
+    whole: bool,
 }
 
 impl Attempt {
     /// Counts the attempt in flight (`counted`: a reservation's count on this engine was
-    /// handed to it, so it is counted already).
-    pub fn start(gw: Arc<Gateway>, engine: Arc<Engine>, permit: Permit, counted: bool) -> Attempt {
+    /// handed to it, so it is counted already; `whole`: the answer is not streamed).
+    pub fn start(
+        gw: Arc<Gateway>,
+        engine: Arc<Engine>,
+        permit: Permit,
+        counted: bool,
+        whole: bool,
+    ) -> Attempt {
         if !counted {
             engine.begin_request();
         }
@@ -44,6 +53,7 @@ impl Attempt {
             sent_us,
             first_byte_seen: false,
             refused: false,
+            whole,
         }
     }
 
@@ -100,7 +110,9 @@ impl Attempt {
         self.sent_us
     }
 
-    /// The answer's first data reached the router: TTFT (once per attempt).
+    /// The answer's first data reached the router (once per attempt): the engine's latency
+    /// for its tracker (peak EWMA, automatic weights), and for a streamed answer its TTFT
+    /// (a whole answer's first byte is its end: QA found the TTFT figures equal to e2e).
     pub fn first_byte(&mut self) {
         if self.first_byte_seen {
             return;
@@ -109,8 +121,10 @@ impl Attempt {
         let now = self.gw.clock.now_us();
         let ttft = now.saturating_sub(self.sent_us);
         self.engine.tracker().on_first_byte(now, ttft);
-        self.engine.metrics.ttft.observe_us(ttft);
-        self.gw.metrics.observe_ttft(now, ttft);
+        if !self.whole {
+            self.engine.metrics.ttft.observe_us(ttft);
+            self.gw.metrics.observe_ttft(now, ttft);
+        }
     }
 
     /// The answer is the engine's refusal of the client's request (4xx): its end is
@@ -148,6 +162,10 @@ impl Drop for Attempt {
 
 /// Upper bound of one coalesced write to the client.
 pub const COALESCE_MAX: usize = 64 * 1024;
+
+/// How long an engine may keep its body open after the event stream's terminator
+/// (`data: [DONE]`) before the router ends the client's answer itself.
+pub const AFTER_TERMINATOR: Duration = Duration::from_secs(1);
 
 /// The engine's response body passed through as it arrives (never waiting to fill a buffer),
 /// reporting the first data frame and the end to the attempt. Dropping it (client disconnect)
@@ -361,6 +379,14 @@ impl HttpBody for TrackedBody {
                         && (this.inner.is_end_stream() || ends_event_stream(&data))
                     {
                         this.end(StreamEnd::Complete);
+                        // An engine that does not end its body after the terminator has it
+                        // ended for it, soon (QA: the client waited as long as the engine
+                        // held the connection, past the total timeout).
+                        let grace = tokio::time::Instant::now() + AFTER_TERMINATOR;
+                        if grace < this.deadline_at {
+                            this.deadline_at = grace;
+                            this.deadline = None;
+                        }
                     }
                     this.unflushed = true;
                     Poll::Ready(Some(Ok(Frame::data(data))))
@@ -381,14 +407,18 @@ impl HttpBody for TrackedBody {
                 if this.unflushed {
                     this.last_data = tokio::time::Instant::now();
                 }
-                if let Some(a) = &this.attempt
-                    && this
-                        .deadline
-                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
-                        .as_mut()
-                        .poll(cx)
-                        .is_ready()
-                {
+                let due = this
+                    .deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
+                    .as_mut()
+                    .poll(cx)
+                    .is_ready();
+                if due && this.attempt.is_none() {
+                    // Whole since the terminator passed: the client's answer ends here.
+                    this.ended = true;
+                    return Poll::Ready(None);
+                }
+                if due && let Some(a) = &this.attempt {
                     let stall = Duration::from_millis(a.gw.cfg.timeouts.first_byte_ms);
                     let (end, why) = if this.last_data.elapsed() >= stall {
                         (

@@ -1,0 +1,134 @@
+//! Failed attempts: what one produced, the engine's error answer read whole (or not at all),
+//! and the client's response when the attempts give up.
+
+use crate::engine::Engine;
+use crate::track::Attempt;
+use crate::upstream::UpstreamBody;
+use bytes::Bytes;
+use http::{HeaderMap, Response, StatusCode};
+use http_body_util::BodyExt;
+use kvmesh_http::{Body, error, strip_hop_by_hop};
+use kvmesh_openai::ApiError;
+use kvmesh_route::{FailKind, GiveUp};
+use std::time::Duration;
+
+/// A failed attempt: its kind, the engine's own error answer when it sent one (returned to
+/// the client if no retry is left), and what happened.
+pub(super) struct Failed {
+    pub kind: FailKind,
+    pub answer: Option<(StatusCode, HeaderMap, Bytes)>,
+    /// For the log: the engine's URL and the error.
+    pub detail: String,
+    /// For the client instead of `detail` under `hide_engine_urls`: the engine's id and the
+    /// kind of failure (an error's text may hold addresses).
+    pub public: Option<String>,
+}
+
+/// What one attempt produced.
+pub(super) enum Sent {
+    /// A response to pass to the client (2xx, or a 4xx that is the client's fault), tracked
+    /// to the end of its body.
+    Answer(Response<Body>),
+    /// A failure worth retrying elsewhere; the attempt awaits its accounting.
+    Failed(Failed, Attempt),
+}
+
+/// An engine's error answer (a failure, 5xx or 429) is read whole to be passed on if it is
+/// the last: at most this many bytes...
+pub(super) const ERROR_BODY_MAX: usize = 64 * 1024;
+/// ...within this long.
+pub(super) const ERROR_BODY_WAIT: Duration = Duration::from_secs(5);
+
+pub(super) fn failed(kind: FailKind, detail: String, attempt: Attempt) -> Sent {
+    Sent::Failed(
+        Failed {
+            kind,
+            answer: None,
+            detail,
+            public: None,
+        },
+        attempt,
+    )
+}
+
+/// An engine's error answer (`kind`), kept to be passed on if no other engine serves: whole,
+/// or not at all, and the router's own error then says why (QA: a cut or late body went out
+/// as an empty JSON answer).
+pub(super) async fn error_answer(
+    engine: &Engine,
+    kind: FailKind,
+    resp: Response<UpstreamBody>,
+    attempt: Attempt,
+) -> Sent {
+    let status = resp.status();
+    let (p, b) = resp.into_parts();
+    let read = tokio::time::timeout(
+        ERROR_BODY_WAIT,
+        http_body_util::Limited::new(b, ERROR_BODY_MAX).collect(),
+    )
+    .await;
+    let (answer, detail) = match read {
+        Ok(Ok(c)) => (
+            Some((status, p.headers, c.to_bytes())),
+            format!("{}: status {status}", engine.url),
+        ),
+        Ok(Err(e)) => (
+            None,
+            format!("{}: status {status}, its body unreadable: {e}", engine.url),
+        ),
+        Err(_) => (
+            None,
+            format!(
+                "{}: status {status}, its body not whole within {ERROR_BODY_WAIT:?}",
+                engine.url
+            ),
+        ),
+    };
+    Sent::Failed(
+        Failed {
+            kind,
+            answer,
+            detail,
+            public: None,
+        },
+        attempt,
+    )
+}
+
+/// The response when the attempts gave up: the last engine's own error answer (5xx/429) as
+/// it was, else an OpenAI-shaped error with the core's status.
+pub(super) fn give_up(g: GiveUp, last: Option<Failed>, model: &str) -> Response<Body> {
+    match (g, last) {
+        (
+            GiveUp::BudgetExhausted { .. } | GiveUp::Exhausted { .. },
+            Some(Failed {
+                answer: Some((status, mut headers, b)),
+                ..
+            }),
+        ) => {
+            strip_hop_by_hop(&mut headers);
+            let mut r = Response::new(kvmesh_http::full(b));
+            *r.status_mut() = status;
+            *r.headers_mut() = headers;
+            r
+        }
+        (GiveUp::NoEngines, _) => error(&ApiError::unavailable(format!(
+            "no engine is available for model `{model}`"
+        ))),
+        (GiveUp::AllRefused, _) => error(&ApiError::unavailable(format!(
+            "every engine chosen for model `{model}` is refusing traffic (circuit breakers open or unhealthy)"
+        ))),
+        (g, f) => {
+            let detail = f.map(|f| f.public.unwrap_or(f.detail)).unwrap_or_default();
+            let what = if g.status() == 504 {
+                "upstream timeout"
+            } else {
+                "upstream failure"
+            };
+            error(&ApiError::with_status(
+                g.status(),
+                format!("{what}: {detail}"),
+            ))
+        }
+    }
+}
