@@ -53,7 +53,9 @@ pub struct ServeConfig {
     /// Header carrying the request id (taken from the client or generated).
     pub request_id_header: String,
     /// Client connections served at once; one more is answered with a 503 JSON error and
-    /// closed. Each takes a file descriptor: keep it below the process's `ulimit -n`.
+    /// closed. Each takes a file descriptor, and its request in flight one more to the engine:
+    /// keep the process's `ulimit -n` above twice this (beyond it, accepts fail and new
+    /// connections wait in the listen backlog).
     pub max_connections: usize,
     /// Time a client has to send a request's headers (slowloris guard); also closes
     /// keep-alive client connections idle that long (hyper's default, 30 s).

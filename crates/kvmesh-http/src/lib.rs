@@ -215,15 +215,18 @@ pub async fn serve<S, H, F>(
         b.http2().timer(TokioTimer::new());
         b
     });
+    let mut refusals = AcceptBackoff::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, _) = match accepted {
-                    Ok(s) => s,
+                    Ok(s) => {
+                        refusals.reset();
+                        s
+                    }
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        tokio::time::sleep(refusals.failed(&e)).await;
                         continue;
                     }
                 };
@@ -315,6 +318,37 @@ impl Default for ServeLimits {
     }
 }
 
+/// Failed accepts (out of file descriptors, mostly): a wait that doubles from 5 ms to 500 ms
+/// while they go on, and one log line a second at most, with the count (QA: 120 lines a
+/// second). New connections wait in the listen backlog meanwhile.
+#[derive(Default)]
+struct AcceptBackoff {
+    wait: Duration,
+    unlogged: u64,
+    logged_at: Option<std::time::Instant>,
+}
+
+impl AcceptBackoff {
+    fn failed(&mut self, e: &std::io::Error) -> Duration {
+        self.unlogged += 1;
+        let now = std::time::Instant::now();
+        if self
+            .logged_at
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            tracing::warn!(error = %e, failures = self.unlogged, "accept failed (new connections wait in the listen backlog; out of file descriptors? see ulimit -n)");
+            self.unlogged = 0;
+            self.logged_at = Some(now);
+        }
+        self.wait = (self.wait * 2).clamp(Duration::from_millis(5), Duration::from_millis(500));
+        self.wait
+    }
+
+    fn reset(&mut self) {
+        self.wait = Duration::ZERO;
+    }
+}
+
 /// Answers a connection over the limit with a 503 and closes it (bounded: a client that does
 /// not read is dropped after a second).
 async fn refuse(mut stream: tokio::net::TcpStream, limit: usize) {
@@ -335,6 +369,16 @@ async fn refuse(mut stream: tokio::net::TcpStream, limit: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_accepts_back_off_doubling_to_a_cap_and_start_over_after_one_succeeds() {
+        let mut b = AcceptBackoff::default();
+        let e = std::io::Error::from_raw_os_error(24); // EMFILE
+        let waits: Vec<u64> = (0..9).map(|_| b.failed(&e).as_millis() as u64).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 320, 500, 500]);
+        b.reset();
+        assert_eq!(b.failed(&e), Duration::from_millis(5));
+    }
 
     #[test]
     fn hop_by_hop_headers_are_removed() {

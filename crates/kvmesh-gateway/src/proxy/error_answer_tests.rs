@@ -2,8 +2,8 @@
 //! answer too large or too late to be read whole, a stream kept open after its terminator, a
 //! whole answer's first byte taken for a time to first token.
 
-use super::*;
 use super::failed::{ERROR_BODY_MAX, ERROR_BODY_WAIT};
+use super::*;
 
 /// An answer with `status` whose body is `chunks` (each after its delay).
 fn answer(status: u16, chunks: Vec<(Duration, &'static str)>) -> MockReply {
