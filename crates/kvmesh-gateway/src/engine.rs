@@ -361,14 +361,18 @@ impl Engine {
     ) {
         self.own_at_report.store(own, Ordering::Relaxed);
         self.peers_at_report.store(peers, Ordering::Relaxed);
+        // Neither gauge (an engine without vLLM's metrics): unknown, not u32::MAX − 1 (QA:
+        // such an engine looked 4.29 billion requests deep and load-aware policies starved it).
         let load = match (running, waiting) {
-            (Some(r), Some(w)) => r.saturating_add(w),
-            (Some(r), None) => r,
-            (None, Some(w)) => w,
-            (None, None) => UNKNOWN,
+            (Some(r), Some(w)) => Some(r.saturating_add(w)),
+            (Some(r), None) => Some(r),
+            (None, Some(w)) => Some(w),
+            (None, None) => None,
         };
-        self.reported_load
-            .store(load.min(UNKNOWN - 1), Ordering::Relaxed);
+        self.reported_load.store(
+            load.map_or(UNKNOWN, |l| l.min(UNKNOWN - 1)),
+            Ordering::Relaxed,
+        );
         self.reported_waiting.store(
             waiting.map_or(UNKNOWN, |w| w.min(UNKNOWN - 1)),
             Ordering::Relaxed,

@@ -472,6 +472,11 @@ fn reported_load_replaces_the_mesh_s_requests_by_their_counts_now() {
     // Without a mesh the peers count 0: the others' load as reported stays.
     e.set_reported(Some(6), Some(0), None, 2, 0);
     assert_eq!(e.reported_load(), Some(6));
+    // A page without vLLM's gauges (SGLang, another router): the load is unknown, and the
+    // engine's view is its counts alone (QA: it read 4,294,967,294 and was never chosen).
+    e.set_reported(None, None, None, 2, 0);
+    assert_eq!(e.reported_load(), None);
+    assert_eq!(e.view(0, 0.0).load(), 2);
 }
 
 /// In-flight changes reach the mesh's listener once per engine until it reads the count,
