@@ -297,6 +297,14 @@ mod example_files {
             ("seeds = [\"h:0\"]", "serve.mesh.seeds"),
             ("seeds = [\"h:70000\"]", "serve.mesh.seeds"),
             ("seed_dns = \"kvmesh-mesh\"", "serve.mesh.seed_dns"),
+            // URLs (QA: accepted, never resolved, the router ran alone).
+            ("seeds = [\"http://127.0.0.1:9600\"]", "serve.mesh.seeds"),
+            ("seeds = [\"127.0.0.1:9600/\"]", "serve.mesh.seeds"),
+            ("seeds = [\"[not-v6]:7946\"]", "serve.mesh.seeds"),
+            (
+                "seed_dns = \"http://kvmesh-mesh:7946\"",
+                "serve.mesh.seed_dns",
+            ),
         ] {
             let toml = format!("[serve.mesh]\n{bad}\n");
             let e = KvmeshConfig::from_toml_str(&toml, "t.toml").expect_err(bad);

@@ -211,10 +211,20 @@ impl MeshConfig {
 }
 
 /// Whether `s` is `HOST:PORT` (a name or an address; `[v6]:port` for IPv6) with a port 1–65535.
+/// A URL (`http://host:port`, QA: accepted, then never resolved: the router ran alone) or
+/// anything else with a scheme, path, user or query is not.
 pub(crate) fn host_port(s: &str) -> bool {
     s.rsplit_once(':').is_some_and(|(host, port)| {
-        !host.is_empty()
-            && !host.contains(char::is_whitespace)
-            && port.parse::<u16>().is_ok_and(|p| p > 0)
+        let v6 = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        let host_ok = match v6 {
+            Some(a) => a.parse::<std::net::Ipv6Addr>().is_ok(),
+            None => {
+                !host.is_empty()
+                    && host
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+            }
+        };
+        host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
     })
 }

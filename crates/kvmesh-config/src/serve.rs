@@ -667,8 +667,8 @@ fn http_header_name_ok(s: &str) -> bool {
 }
 
 /// Whether `url` (a canonical base URL, `http://host:port`) names the address `listen`: the
-/// same IP and port, or a loopback one (`localhost` too) when `listen` is unspecified or
-/// loopback.
+/// same IP and port, or a loopback one (`localhost` too) when `listen` is unspecified, or an
+/// unspecified one (`0.0.0.0`, `[::]`: this host) when `listen` is unspecified or loopback.
 pub fn is_listen_address(listen: std::net::SocketAddr, url: &str) -> bool {
     let Some((host, port)) = url
         .strip_prefix("http://")
@@ -681,7 +681,13 @@ pub fn is_listen_address(listen: std::net::SocketAddr, url: &str) -> bool {
     }
     let host = host.trim_start_matches('[').trim_end_matches(']');
     match host.parse::<std::net::IpAddr>() {
-        Ok(ip) => ip == listen.ip() || (listen.ip().is_unspecified() && ip.is_loopback()),
+        // 0.0.0.0 / [::] as a destination is this host (QA: accepted as an engine).
+        Ok(ip) => {
+            ip == listen.ip()
+                || (listen.ip().is_unspecified() && ip.is_loopback())
+                || (ip.is_unspecified()
+                    && (listen.ip().is_unspecified() || listen.ip().is_loopback()))
+        }
         Err(_) => {
             host == "localhost" && (listen.ip().is_unspecified() || listen.ip().is_loopback())
         }

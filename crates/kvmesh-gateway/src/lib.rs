@@ -292,6 +292,7 @@ fn request_id(gw: &Gateway, req: &Request<Incoming>) -> http::HeaderValue {
 
 async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     if let Some(e) = hops::looped(&gw.via, req.headers()) {
+        tracing::warn!(path = %req.uri().path(), error = %e.message, "routing loop refused: an engine's address leads back to this router");
         gw.metrics.error_response(e.status);
         return error(&e);
     }

@@ -58,10 +58,25 @@ pub async fn check_health(gw: &Gateway, e: &Engine) {
 /// Reads `/v1/models` and `/metrics`.
 pub async fn discover(gw: &Gateway, e: &Engine) {
     let t = Duration::from_millis(gw.cfg.routing.health.active.timeout_ms.max(500));
-    if e.static_models.is_empty()
-        && let Ok((200, body)) = get(gw, &format!("{}/v1/models", e.url), t).await
-        && let Ok(list) = serde_json::from_slice::<kvmesh_openai::ModelList>(&body)
-    {
+    let list = if e.static_models.is_empty() {
+        match get(gw, &format!("{}/v1/models", e.url), t).await {
+            Ok((200, body)) => match serde_json::from_slice::<kvmesh_openai::ModelList>(&body) {
+                Ok(list) => Some(list),
+                Err(err) => {
+                    // Said while it keeps the engine out of every route (QA: silent, and the
+                    // clients' 503 blamed an unreachable engine that had answered).
+                    if e.models().is_empty() {
+                        tracing::warn!(engine = %e.url, error = %err, "the engine's /v1/models is not a model list: it serves no model until it is (or set its models in the config)");
+                    }
+                    None
+                }
+            },
+            _ => None,
+        }
+    } else {
+        None
+    };
+    if let Some(list) = list {
         let adapters = list
             .data
             .iter()

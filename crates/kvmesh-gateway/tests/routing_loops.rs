@@ -28,7 +28,11 @@ async fn a_router_refuses_its_own_address_as_an_engine() {
     let c = client();
     let admin = format!("{base}/admin/engines");
     let a = auth();
-    for own in [base.clone(), base.replace("127.0.0.1", "localhost")] {
+    for own in [
+        base.clone(),
+        base.replace("127.0.0.1", "localhost"),
+        base.replace("127.0.0.1", "0.0.0.0"),
+    ] {
         let body = json!({ "url": own }).to_string();
         let r = send(
             &c,

@@ -151,11 +151,14 @@ pub struct Completion<'a> {
 pub struct ModelCard {
     /// Model name.
     pub id: String,
-    /// `model`.
+    /// `model` (read leniently: an engine's list needs only each model's `id`).
+    #[serde(default)]
     pub object: String,
     /// Unix seconds.
+    #[serde(default)]
     pub created: u64,
     /// Owner (vLLM says `vllm`).
+    #[serde(default)]
     pub owned_by: String,
     /// Root model.
     #[serde(default)]
@@ -172,6 +175,7 @@ pub struct ModelCard {
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct ModelList {
     /// `list`.
+    #[serde(default)]
     pub object: String,
     /// The models.
     pub data: Vec<ModelCard>,
@@ -189,3 +193,18 @@ pub fn sse_json<T: Serialize>(value: &T) -> String {
 
 /// The terminating SSE event.
 pub const SSE_DONE: &str = "data: [DONE]\n\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_s_model_list_needs_only_the_ids() {
+        // QA: a list without `created` left its engine out of every route, silently.
+        let list: ModelList =
+            serde_json::from_str(r#"{"data":[{"id":"m","max_model_len":4096}]}"#).expect("list");
+        assert_eq!(list.data[0].id, "m");
+        assert_eq!(list.data[0].max_model_len, Some(4096));
+        assert!(serde_json::from_str::<ModelList>(r#"{"data":[{"object":"model"}]}"#).is_err());
+    }
+}

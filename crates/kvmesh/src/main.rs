@@ -241,7 +241,13 @@ fn config_check(file: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The configuration as TOML, with the admin token masked: a check's output lands in pod and
+/// CI logs (QA: the token from `KVMESH_ADMIN_TOKEN` was printed).
 fn toml_of(c: &kvmesh_config::KvmeshConfig) -> String {
+    let mut c = c.clone();
+    if !c.serve.admin_token.is_empty() {
+        c.serve.admin_token = "<redacted>".into();
+    }
     c.to_toml()
 }
 

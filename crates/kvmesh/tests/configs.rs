@@ -596,7 +596,13 @@ fn mesh_flags_on_a_router_without_a_mesh_are_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(flag[0]) && err.contains("--node-id"), "{err}");
     }
-    assert!(serve(&[]).status.success(), "no mesh flag: a router alone");
+    let out = serve(&["--admin-token", "s3cret-token"]);
+    assert!(out.status.success(), "no mesh flag: a router alone");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("admin_token = \"<redacted>\"") && !printed.contains("s3cret-token"),
+        "the admin token is masked: {printed}"
+    );
     // Meshed, the certificates are loaded and checked as at start (found by QA: a directory
     // that does not exist passed the check).
     let missing = std::env::temp_dir().join(format!("kvmesh-no-certs-{}", std::process::id()));
