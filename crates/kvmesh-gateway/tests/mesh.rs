@@ -727,10 +727,17 @@ async fn a_draining_router_stays_in_the_mesh_until_its_requests_end() {
     .await;
     assert!(!held.is_finished(), "the stream outlasts the check");
     assert_eq!(peer_load(&a), 1, "B's request still counted while B drains");
-    // And B stays A's member for the whole drain.
+    // And B stays A's member for the whole drain: it may leave the moment its request ends,
+    // before this task has read the answer's end (seen once in a full run), not before.
     while !held.is_finished() {
         let members = cluster_json(&http, &a).await["members"].clone();
-        assert_eq!(members.as_array().map(Vec::len), Some(1), "{members}");
+        if members.as_array().map(Vec::len) != Some(1) {
+            assert!(
+                until(Duration::from_millis(500), || held.is_finished()).await,
+                "B left while its request ran: {members}"
+            );
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(held.await.expect("task").status, 200, "drained, not cut");
