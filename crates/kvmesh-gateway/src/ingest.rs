@@ -228,7 +228,16 @@ async fn apply_loop(
     if let Some((blocks, next_seq, stale)) = import {
         let now = a.now();
         a.ingest.import(blocks, next_seq, stale, now);
-        tracing::info!(engine = %a.e.url, ?next_seq, "kv events taken over from another router");
+        match next_seq {
+            Some(next_seq) => {
+                tracing::info!(engine = %a.e.url, next_seq, "kv events taken over from another router");
+            }
+            // The previous reader had seen no batch (or had none to hand over): the feed
+            // resumes at the engine's next batch, any gap before it replayed or marked stale.
+            None => {
+                tracing::info!(engine = %a.e.url, "kv events taken over from another router, which had no position in them to hand over");
+            }
+        }
     }
     loop {
         tokio::select! {
@@ -411,7 +420,7 @@ impl Applier {
         };
         if !self.keep_from_last_reset(&mut batches, !wide) {
             self.e.ingest.replays_failed.fetch_add(1, Relaxed);
-            tracing::info!(engine = %self.e.url, from, to, "kv events: {} batches missing, more than replay_max_batches, and no cache reset among the last ones: engine routed approximately until its next clear", to - from);
+            tracing::warn!(engine = %self.e.url, from, to, "kv events: {} batches missing, more than replay_max_batches, and no cache reset among the last ones: engine routed approximately until its next clear", to - from);
             self.ingest.mark_stale(self.now());
             return false;
         }

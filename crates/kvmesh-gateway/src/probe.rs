@@ -50,8 +50,12 @@ pub async fn check_health(gw: &Gateway, e: &Engine) {
         Ok((200..=299, _))
     );
     let ev = e.tracker().on_health_check(gw.clock.now_us(), ok);
-    if let Some(ev) = ev {
-        tracing::info!(engine = %e.url, event = ?ev, "health check state changed");
+    match ev {
+        Some(ev @ kvmesh_policy::HealthEvent::BecameUnhealthy) => {
+            tracing::warn!(engine = %e.url, event = ?ev, "health check state changed: no traffic until it passes again");
+        }
+        Some(ev) => tracing::info!(engine = %e.url, event = ?ev, "health check state changed"),
+        None => {}
     }
 }
 

@@ -31,7 +31,7 @@ async fn an_error_answer_that_cannot_be_read_whole_is_the_router_s_own_error() {
     let v: serde_json::Value = serde_json::from_str(&body).expect("OpenAI-shaped");
     let message = v["error"]["message"].as_str().expect("message");
     assert!(
-        message.contains("status 500") && message.contains("its body unreadable"),
+        message.contains("status 500") && message.contains("its body over 64 KiB"),
         "{message}"
     );
 
@@ -51,8 +51,9 @@ async fn an_error_answer_that_cannot_be_read_whole_is_the_router_s_own_error() {
     mock.set_default(A, MockReply::ok(500, "{\"error\":\"boom\"}"));
     mock.set_default(B, MockReply::ok(500, "{\"error\":\"boom\"}"));
     let gw = gateway(cfg(), &mock, &[A, B]);
-    let (status, _, body) = call(&gw).await;
+    let (status, headers, body) = call(&gw).await;
     assert_eq!((status, body.as_str()), (500, "{\"error\":\"boom\"}"));
+    assert!(headers.contains_key("x-kvmesh-engine"), "names the engine");
 }
 
 #[tokio::test(start_paused = true)]

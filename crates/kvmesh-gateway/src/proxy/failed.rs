@@ -61,7 +61,10 @@ pub(super) async fn error_answer(
     attempt: Attempt,
 ) -> Sent {
     let status = resp.status();
-    let (p, b) = resp.into_parts();
+    let (mut p, b) = resp.into_parts();
+    // Passed on, it names the engine that failed, as an answer delivered does.
+    p.headers
+        .insert("x-kvmesh-engine", engine.header_value.clone());
     let read = tokio::time::timeout(
         ERROR_BODY_WAIT,
         http_body_util::Limited::new(b, ERROR_BODY_MAX).collect(),
@@ -71,6 +74,14 @@ pub(super) async fn error_answer(
         Ok(Ok(c)) => (
             Some((status, p.headers, c.to_bytes())),
             format!("{}: status {status}", engine.url),
+        ),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => (
+            None,
+            format!(
+                "{}: status {status}, its body over {} KiB",
+                engine.url,
+                ERROR_BODY_MAX / 1024
+            ),
         ),
         Ok(Err(e)) => (
             None,
