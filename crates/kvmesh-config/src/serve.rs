@@ -489,9 +489,6 @@ impl ServeConfig {
             .unwrap_or(self.prefix.block_size)
     }
 
-    /// Whether the engine URL `url` (valid) is this router's listen address: the same port on
-    /// the same IP, or on a loopback or named-localhost host when the router listens on every
-    /// address.
     /// Whether `url` (a canonical base URL, `http://host:port`) is this router's own listen
     /// address: requests sent there would come back to it.
     pub fn is_own_address(&self, url: &str) -> bool {

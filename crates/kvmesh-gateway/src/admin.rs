@@ -105,12 +105,9 @@ async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>
     // through another router once it arrived) is done already: 200, nothing changes. With
     // other settings it is a 409 that says which.
     let url = engine_url(&entry.url)?;
-    if gw.registry.is_own_address(&url) {
-        return Err(ApiError::invalid_param(
-            "url",
-            format!("{url} is this router's own listen address (requests would loop)"),
-        ));
-    }
+    gw.registry
+        .refuse_own_address(&url)
+        .map_err(|m| ApiError::invalid_param("url", m))?;
     if let Some(have) = gw.registry.get(EngineId::from_url(&url))
         && !matches!(have.source, Source::Dns(_))
     {

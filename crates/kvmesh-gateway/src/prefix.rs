@@ -139,12 +139,12 @@ impl PrefixState {
     pub fn mark(
         &self,
         t: Target,
-        k: &[BlockKey],
+        keys: &[BlockKey],
         known: usize,
-        exp: u64,
-        now: u64,
+        expiry_us: u64,
+        now_us: u64,
     ) -> Option<Hold> {
-        self.exclusive(|x| x.mark(t, k, known, exp, now))
+        self.exclusive(|x| x.mark(t, keys, known, expiry_us, now_us))
     }
 
     /// A mark another router made (arrived through the mesh): into the local index only, not

@@ -59,24 +59,27 @@ pub async fn check_health(gw: &Gateway, e: &Engine) {
     }
 }
 
+/// The engine's `/v1/models`, when it answers with a model list.
+async fn model_list(gw: &Gateway, e: &Engine, t: Duration) -> Option<kvmesh_openai::ModelList> {
+    let Ok((200, body)) = get(gw, &format!("{}/v1/models", e.url), t).await else {
+        return None;
+    };
+    serde_json::from_slice(&body)
+        .inspect_err(|err| {
+            // Said while it keeps the engine out of every route (QA: silent, and the
+            // clients' 503 blamed an unreachable engine that had answered).
+            if e.models().is_empty() {
+                tracing::warn!(engine = %e.url, error = %err, "the engine's /v1/models is not a model list: it serves no model until it is (or set its models in the config)");
+            }
+        })
+        .ok()
+}
+
 /// Reads `/v1/models` and `/metrics`.
 pub async fn discover(gw: &Gateway, e: &Engine) {
     let t = Duration::from_millis(gw.cfg.routing.health.active.timeout_ms.max(500));
     let list = if e.static_models.is_empty() {
-        match get(gw, &format!("{}/v1/models", e.url), t).await {
-            Ok((200, body)) => match serde_json::from_slice::<kvmesh_openai::ModelList>(&body) {
-                Ok(list) => Some(list),
-                Err(err) => {
-                    // Said while it keeps the engine out of every route (QA: silent, and the
-                    // clients' 503 blamed an unreachable engine that had answered).
-                    if e.models().is_empty() {
-                        tracing::warn!(engine = %e.url, error = %err, "the engine's /v1/models is not a model list: it serves no model until it is (or set its models in the config)");
-                    }
-                    None
-                }
-            },
-            _ => None,
-        }
+        model_list(gw, e, t).await
     } else {
         None
     };

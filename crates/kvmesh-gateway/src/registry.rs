@@ -273,13 +273,19 @@ impl Registry {
         let _ = self.listen.set(addr);
     }
 
-    /// Whether `url` (a canonical base URL) is this router's own address: refused as an
-    /// engine wherever it comes from (requests would loop).
-    pub fn is_own_address(&self, url: &str) -> bool {
-        match self.listen.get() {
+    /// Refuses `url` (a canonical base URL) when it is this router's own address, wherever
+    /// the engine comes from: requests would loop.
+    pub fn refuse_own_address(&self, url: &str) -> Result<(), String> {
+        let own = match self.listen.get() {
             Some(&addr) => kvmesh_config::is_listen_address(addr, url),
             None => self.cfg.is_own_address(url),
+        };
+        if own {
+            return Err(format!(
+                "{url} is this router's own listen address (requests would loop)"
+            ));
         }
+        Ok(())
     }
 
     /// The mesh started, its thread at real-time priority or not: the policies are rebuilt
@@ -327,12 +333,7 @@ impl Registry {
         ramp: bool,
     ) -> Result<Arc<Engine>, String> {
         entry.validate("engine").map_err(|e| e.to_string())?;
-        let url = kvmesh_config::canonical_base_url(&entry.url);
-        if self.is_own_address(&url) {
-            return Err(format!(
-                "{url} is this router's own listen address (requests would loop)"
-            ));
-        }
+        self.refuse_own_address(&kvmesh_config::canonical_base_url(&entry.url))?;
         let tracker = EngineTracker::new(&self.cfg.routing.health, self.clock.now_us(), ramp);
         // A refused engine drops its lease: the slot is retired and freed by the next sweep.
         let lease = PrefixState::lease(&self.prefix);
