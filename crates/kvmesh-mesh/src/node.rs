@@ -350,6 +350,15 @@ impl MeshNode {
                 }
                 tokio::select! {
                     _ = &mut stopped => {
+                        // The feeds this router reads go to the routers that read their
+                        // engines next, delivered before the leave is sent (see
+                        // `MeshCore::bequeath`).
+                        let outs = {
+                            let mut core = lock(&c);
+                            core.bequeath(now());
+                            core.take_outputs()
+                        };
+                        out.run_delivered(outs, BEQUEST_WAIT).await;
                         let outs = {
                             let mut core = lock(&c);
                             core.leave(now());
@@ -471,7 +480,47 @@ struct Out<'a> {
     short: Option<&'a (SetPeers, ApplyMark)>,
 }
 
+/// How long a leaving router waits for its bequests to be delivered, at most (the task that
+/// leaves has 2 s: [`MeshNode::leave`]).
+const BEQUEST_WAIT: Duration = Duration::from_secs(1);
+
 impl Out<'_> {
+    /// [`Out::run`], the envelopes awaited until delivered (within `wait`).
+    async fn run_delivered(&self, outs: Vec<Output>, wait: Duration) {
+        let mut sends = tokio::task::JoinSet::new();
+        let mut rest = Vec::new();
+        for o in outs {
+            match o {
+                Output::Envelope(to, data) => {
+                    let t = self.t.clone();
+                    sends.spawn(async move { t.send_delta_delivered(to, &data).await });
+                }
+                o => rest.push(o),
+            }
+        }
+        let n = sends.len();
+        let delivered = tokio::time::timeout(wait, async {
+            let mut ok = 0;
+            while let Some(r) = sends.join_next().await {
+                ok += usize::from(matches!(r, Ok(Ok(()))));
+            }
+            ok
+        })
+        .await;
+        match delivered {
+            Ok(ok) if ok == n => {}
+            Ok(ok) => tracing::warn!(
+                delivered = ok,
+                sent = n,
+                "leaving: some feeds could not be handed over (their next readers read the engines afresh)"
+            ),
+            Err(_) => {
+                tracing::warn!(sent = n, wait = ?wait, "leaving: feeds not all handed over in time (their next readers read the engines afresh)")
+            }
+        }
+        self.run(rest).await;
+    }
+
     async fn run(&self, outs: Vec<Output>) {
         let (t, applies, members, core) = (self.t, self.applies, self.members, self.core);
         let mut changed = false;

@@ -531,6 +531,35 @@ impl Transport {
         peer: SocketAddr,
         payload: &[u8],
     ) -> Result<(), TransportError> {
+        self.send_stream(peer, payload).await.map(drop)
+    }
+
+    /// [`Transport::send_delta`], returning once `peer` acknowledged the whole batch (what a
+    /// router leaving waits for: closing the endpoint drops what was not yet delivered).
+    pub async fn send_delta_delivered(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
+        let s = self.send_stream(peer, payload).await?;
+        match s.stopped().await {
+            Ok(None) => Ok(()),
+            Ok(Some(code)) => Err(TransportError::Send {
+                peer,
+                detail: format!("stream stopped by the peer ({code})"),
+            }),
+            Err(e) => Err(TransportError::Send {
+                peer,
+                detail: e.to_string(),
+            }),
+        }
+    }
+
+    async fn send_stream(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        payload: &[u8],
+    ) -> Result<quinn::SendStream, TransportError> {
         let err = |e: String| TransportError::Send { peer, detail: e };
         if payload.len() > MAX_DELTA_BYTES {
             return Err(err(format!(
@@ -544,7 +573,7 @@ impl Transport {
         s.finish().map_err(|e| err(e.to_string()))?;
         self.counters.sent[1].fetch_add(1, Relaxed);
         self.counters.bytes_sent[1].fetch_add(payload.len() as u64, Relaxed);
-        Ok(())
+        Ok(s)
     }
 
     /// Closes every connection and the endpoint.

@@ -115,3 +115,44 @@ fn a_router_whose_seeds_never_answer_takes_every_engine_after_the_warm_up() {
     s.run(1_000_000, events);
     assert!(s.indexes_exact(), "{}", s.explain());
 }
+
+/// QA: two routers that owned an engine stopped together (a rolling restart two at a time, a
+/// scale-down): the router that came to own it had nobody to ask for its feed and read it
+/// afresh, routed approximately until the engine's next cache reset. A router that leaves
+/// now hands each feed it reads to the routers that read it without it.
+#[test]
+fn routers_that_leave_together_bequeath_their_feeds() {
+    for seed in 1..=16 {
+        let mut s = Sim::in_sync(5, ENGINES, cfg(2), NetConfig::LOSSLESS, seed).expect("formed");
+        s.run(1_000_000, events);
+        let fresh_before: Vec<u64> = s.nodes.iter().flatten().map(|n| n.fresh_starts).collect();
+        // Routers 3 and 4 stop at the same moment; 0, 1 and 2 take over what they read (some
+        // engines were read by both).
+        s.leave(3);
+        s.leave(4);
+        let gone = s.until(30_000_000, |s| s.membership_converged() && s.converged());
+        assert!(
+            gone.is_some(),
+            "seed {seed}: no convergence after the leave\n{}",
+            s.explain()
+        );
+        s.run(1_000_000, events);
+        // Quiet for a moment: the last batches arrive.
+        s.run(500_000, |_| {});
+        assert!(s.indexes_exact(), "seed {seed}: {}", s.explain());
+        let fresh_after: Vec<u64> = s.nodes.iter().flatten().map(|n| n.fresh_starts).collect();
+        let taken: u64 = s
+            .nodes
+            .iter()
+            .flatten()
+            .map(|n| n.core.counters().bequests_taken)
+            .sum();
+        assert!(taken > 0, "seed {seed}: no bequest taken up");
+        assert_eq!(
+            fresh_before[..3],
+            fresh_after,
+            "seed {seed}: the routers that stayed read engines afresh instead of taking the \
+             leavers' feeds"
+        );
+    }
+}

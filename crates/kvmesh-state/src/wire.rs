@@ -11,7 +11,7 @@
 //! writes is `serve.mesh.wire_version` (2 by default; 1 while upgrading from a build before
 //! version 2, which reads only version 1). Writing version 2 lets a later build add a kind of
 //! delta or control message without the earlier builds losing the rest; kinds added so are
-//! written in version 2 only ([`Delta::Planted`]).
+//! written in version 2 only ([`Delta::Planted`], [`Delta::Bequest`]).
 //! The rule for such a change: never change how an existing kind is encoded (its fields, their
 //! order, its variant's index); add a new variant at the end of [`Delta`] or [`Control`], and
 //! keep reading the old one. Information that older builds lack changes no digest they
@@ -47,6 +47,10 @@ pub enum Delta {
     /// Adds that planted config records ([`crate::RegistrySet::plant`]). Added after version
     /// 2: written only in version 2 envelopes, which earlier builds skip part by part.
     Planted(Vec<Planted>),
+    /// A leaving router's feed of an engine, given to a router that reads the engine once it
+    /// is gone: taken up when that router comes to own it, instead of reading it afresh.
+    /// Added after version 2: written only in version 2 envelopes.
+    Bequest(FeedSnapshot),
 }
 
 /// Digests of the replicated state's parts, compared in anti-entropy.

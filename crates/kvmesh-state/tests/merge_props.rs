@@ -45,6 +45,8 @@ impl State {
             Delta::Registry(x) => {
                 self.registry.merge(x);
             }
+            // A bequest is a feed's snapshot, no part of the merged state.
+            Delta::Bequest(_) => {}
             Delta::Planted(x) => {
                 self.registry
                     .merge_planted(x, &mut std::collections::BTreeSet::new());

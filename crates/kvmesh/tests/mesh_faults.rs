@@ -89,6 +89,11 @@ struct Cluster {
 
 impl Cluster {
     fn start(tag: &str, engines: usize) -> Cluster {
+        Cluster::start_with(tag, engines, &[])
+    }
+
+    /// [`Cluster::start`], with `extra` arguments for the routers.
+    fn start_with(tag: &str, engines: usize, extra: &[&str]) -> Cluster {
         let dir = certs_abc(tag);
         // Engines publishing KV events (with replay); their entries name the endpoints.
         let mut sims = Vec::new();
@@ -117,6 +122,7 @@ impl Cluster {
             args.extend(["--engine", e.as_str()]);
         }
         args.extend(["--policy", "precise", "--ingest-replicas", "2"]);
+        args.extend(extra);
         let routers: Vec<Option<Proc>> =
             meshed_abc(&dir, tag, &args).into_iter().map(Some).collect();
         let bases: Vec<String> = routers.iter().flatten().map(Proc::base).collect();
@@ -389,4 +395,118 @@ fn a_router_that_follows_a_restarted_engine_keeps_the_new_process_s_blocks() {
         predicted > 0,
         "the follower predicts the blocks the engine holds ({cached} blocks): it predicted {predicted} tokens"
     );
+}
+
+/// Sends SIGTERM to every process at once and waits for each to exit (a graceful stop).
+fn terminate(procs: &mut [Proc]) {
+    let pids: Vec<String> = procs.iter().map(|p| p.child.id().to_string()).collect();
+    let sent = std::process::Command::new("kill")
+        .arg("-TERM")
+        .args(&pids)
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    for p in procs {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while p.child.try_wait().expect("wait").is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "a router did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// QA: both readers of an engine stopped together (a rolling restart two at a time, a
+/// scale-down) left the router that came to read it nobody to take the engine's feed from:
+/// it read the engine afresh, its blocks gone from every router's index until the engine's
+/// next cache reset. A router that stops hands its feeds to the routers that read their
+/// engines next.
+#[test]
+fn routers_that_stop_together_hand_their_engines_to_the_one_that_stays() {
+    // Engines that have run for long: a router reading one afresh replays only its last two
+    // batches (`replay_max_batches`; 1,000 by default, far fewer than such an engine gave).
+    let conf = std::env::temp_dir().join(format!("kvmesh-bequest-{}.toml", std::process::id()));
+    std::fs::write(&conf, "[serve.prefix]\nreplay_max_batches = 2\n").expect("config");
+    let conf_arg = conf.to_str().expect("utf8").to_string();
+    let mut c = Cluster::start_with("mesh-bequest", 4, &["--config", &conf_arg]);
+    let _ = std::fs::remove_file(&conf);
+    let bases = c.bases.clone();
+    wait("ownership settles", Duration::from_secs(10), || {
+        bases.iter().map(|b| reads(b).len()).sum::<usize>() == 8
+    });
+    let system = "You answer questions about one shared operations handbook. ".repeat(40);
+    let t = Duration::from_secs(30);
+    let mut firsts = Vec::new();
+    for i in 0..16 {
+        let r = http(
+            "POST",
+            &format!("{}/v1/chat/completions", bases[i % 3]),
+            &[],
+            &chat(&format!("{i} {system}"), i),
+            t,
+        )
+        .expect("first");
+        assert_eq!(r.status, 200, "{}", r.body);
+        firsts.push(r.header("x-kvmesh-engine").unwrap_or_default().to_string());
+    }
+    // The engines c does not read: a and b read them both.
+    let ids: std::collections::BTreeMap<String, String> =
+        get_json(&format!("{}/status.json", bases[2]))["engines"]
+            .as_array()
+            .map(|v| {
+                v.iter()
+                    .filter_map(|e| Some((e["url"].as_str()?.into(), e["id"].as_str()?.into())))
+                    .collect()
+            })
+            .unwrap_or_default();
+    let c_read = reads(&bases[2]);
+    let handed: Vec<&String> = ids.values().filter(|id| !c_read.contains(id)).collect();
+    assert!(!handed.is_empty(), "c reads {c_read:?} of {ids:?}");
+    // Every engine's blocks reach c before a and b stop.
+    wait("c holds every feed", Duration::from_secs(10), || {
+        cluster(&bases[2])["ingest"]["engines"]
+            .as_array()
+            .is_some_and(|v| v.len() == 4 && v.iter().all(|e| e["synced"] == true))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+
+    let mut ab: Vec<Proc> = c.routers[..2].iter_mut().filter_map(Option::take).collect();
+    terminate(&mut ab);
+    wait("c reads every engine", Duration::from_secs(10), || {
+        reads(&bases[2]).len() == 4
+    });
+    let status = cluster(&bases[2]);
+    let taken = status["bequests_taken"].as_u64().unwrap_or(0);
+    assert!(
+        taken >= handed.len() as u64,
+        "c took {taken} bequest(s); a and b alone read {} engine(s)",
+        handed.len()
+    );
+    // The follow-ups through c find their first turns' blocks where they are.
+    let mut found = 0;
+    let mut on_handed = 0;
+    for (i, first) in firsts.iter().enumerate() {
+        if !handed.contains(&&ids[first]) {
+            continue;
+        }
+        on_handed += 1;
+        let r = http(
+            "POST",
+            &format!("{}/v1/chat/completions", bases[2]),
+            &[],
+            &chat(&format!("{i} {system}"), i),
+            t,
+        )
+        .expect("again");
+        assert_eq!(r.status, 200, "{}", r.body);
+        let predicted: u64 = r
+            .header("x-kvmesh-predicted-cached-tokens")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        found += usize::from(r.header("x-kvmesh-engine") == Some(first.as_str()) && predicted > 0);
+    }
+    println!("{found} of {on_handed} follow-ups on the handed-over engines found their blocks");
+    assert_eq!(found, on_handed);
 }

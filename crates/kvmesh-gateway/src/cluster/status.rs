@@ -101,6 +101,8 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "ownership_moves": k.ownership_moves,
         "feed_batches": k.feed_batches,
         "feed_pulls": k.feed_pulls,
+        "feed_bequests": k.feed_bequests,
+        "bequests_taken": k.bequests_taken,
         "marks_kept_local": k.marks_kept,
         "deltas_refused": k.deltas_refused,
         "orphan_entries_dropped": k.orphan_entries_dropped,
@@ -151,7 +153,7 @@ struct MeshMetrics {
     /// The certificate's end of validity (seconds since the Unix epoch), when readable.
     cert_not_after: Option<i64>,
     age: Arc<Histogram>,
-    counters: [(&'static str, &'static str, u64); 16],
+    counters: [(&'static str, &'static str, u64); 18],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
 }
@@ -200,6 +202,16 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
                 "kvmesh_mesh_feed_pulls",
                 "Feed batches or snapshots asked of an owner (a gap, a new source)",
                 k.feed_pulls,
+            ),
+            (
+                "kvmesh_mesh_feed_bequests",
+                "Feeds this router handed, on leaving, to the routers that read their engines next",
+                k.feed_bequests,
+            ),
+            (
+                "kvmesh_mesh_bequests_taken",
+                "Feeds this router took up from a leaving router instead of reading the engine afresh",
+                k.bequests_taken,
             ),
             (
                 "kvmesh_mesh_marks_kept_local",

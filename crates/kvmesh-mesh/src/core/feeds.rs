@@ -8,7 +8,10 @@
 //! resume at — and starts reading the engine with it ([`Apply::Own`]); with nobody to ask, or
 //! nobody answering within [`HANDOVER_WAIT_US`], it starts afresh (the engine is stale until
 //! its stream is exact again). A router that stops owning keeps its feed for [`RETIRED_TICKS`]
-//! periods to serve the next owner's handover.
+//! periods to serve the next owner's handover. A router that leaves hands each feed it reads
+//! to the routers that read the engine without it ([`Feeds::bequeath`]): when the engine's
+//! other owners leave with it, there is nobody left to ask, and the next owner takes up the
+//! bequest instead of reading the engine afresh.
 
 use super::Apply;
 use kvmesh_state::{
@@ -24,6 +27,10 @@ pub const HANDOVER_WAIT_US: u64 = 3_000_000;
 pub const RETIRED_TICKS: u32 = 5;
 /// Owners asked for a handover at most.
 const HANDOVER_ASKED: usize = 2;
+/// Anti-entropy periods a leaving router's feed (a bequest) is kept for this node to take up
+/// when it comes to own the engine; and periods during which a feed this node started afresh
+/// is replaced by a bequest that comes (the leave may arrive before it).
+const BEQUEST_TICKS: u32 = 3;
 /// Routers remembered per engine that asked for its feed while this node waited for its
 /// handover (answered once it starts), at most.
 const ASKED_WHILE_WAITING: usize = 1_024;
@@ -114,6 +121,12 @@ pub(super) struct Feeds {
     asked: HashMap<u64, BTreeSet<NodeId>>,
     /// Those snapshots, to send.
     answers: Vec<(NodeId, Delta)>,
+    /// Feeds leaving routers handed to this node ([`Feeds::on_bequest`]): periods left.
+    bequests: HashMap<u64, (FeedSnapshot, u32)>,
+    /// Engines this node started reading afresh lately: periods left.
+    afresh: HashMap<u64, u32>,
+    /// Bequests taken up.
+    pub(super) taken: u64,
 }
 
 impl Feeds {
@@ -135,6 +148,9 @@ impl Feeds {
             numbered: HashMap::new(),
             asked: HashMap::new(),
             answers: Vec::new(),
+            bequests: HashMap::new(),
+            afresh: HashMap::new(),
+            taken: 0,
         }
     }
 
@@ -190,10 +206,15 @@ impl Feeds {
         self.ins.iter().map(|(e, f)| (*e, f.feed())).collect()
     }
 
-    /// Blocks held by this node's feeds (owned and retired).
+    /// Blocks held by this node's feeds (owned, retired and bequeathed to it).
     pub(super) fn blocks(&self) -> usize {
         self.outs.values().map(FeedOut::len).sum::<usize>()
             + self.retired.values().map(|r| r.0.len()).sum::<usize>()
+            + self
+                .bequests
+                .values()
+                .map(|b| b.0.blocks.len())
+                .sum::<usize>()
     }
 
     /// This node's incarnation changed: its feeds continue under the new id (receivers
@@ -231,6 +252,8 @@ impl Feeds {
             self.holders.remove(e);
             self.numbered.remove(e);
             self.asked.remove(e);
+            self.bequests.remove(e);
+            self.afresh.remove(e);
         }
         if engines != self.engines {
             self.table = None;
@@ -257,7 +280,11 @@ impl Feeds {
             let has = self.outs.contains_key(&engine) || waiting;
             if should && (!has || waiting) {
                 let ask = self.handover_asks(engine, &owners, &ids);
-                if ask.is_empty() && !waiting {
+                if let Some((b, _)) = self.bequests.remove(&engine) {
+                    self.start(engine, Some(b), applies);
+                    self.taken += 1;
+                    moves += 1;
+                } else if ask.is_empty() && !waiting {
                     self.start(engine, None, applies);
                     moves += 1;
                 } else {
@@ -375,12 +402,18 @@ impl Feeds {
             None => FeedOut::new(engine, feed, self.capacity),
         };
         // Past every number an earlier feed of this id gave the engine (see
-        // `FeedOut::numbered_from`).
+        // `FeedOut::numbered_from`), the one it replaces included.
         let before = self
             .retired
             .get(&engine)
             .map(|r| r.0.head())
-            .max(self.numbered.get(&engine).copied());
+            .max(self.numbered.get(&engine).copied())
+            .max(self.outs.get(&engine).map(FeedOut::head));
+        if from.is_some() {
+            self.afresh.remove(&engine);
+        } else {
+            self.afresh.insert(engine, BEQUEST_TICKS);
+        }
         let out = match before {
             Some(n) => out.numbered_from(n + 1),
             None => out,
@@ -454,6 +487,74 @@ impl Feeds {
             applies.extend(a.into_iter().map(Apply::Feed));
         }
         moves
+    }
+
+    /// What this node, leaving, hands over: each feed it reads, to the routers that read the
+    /// engine once it is gone and do not read it now (the owners without this node, and the
+    /// next in rank: the engine's other owners may be leaving too). Nothing when every
+    /// router reads every engine.
+    pub(super) fn bequeath(&self, live: &[Live]) -> Vec<(NodeId, Delta)> {
+        let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+        let rest: Vec<NodeId> = ids.iter().copied().filter(|&n| n != self.me).collect();
+        if self.r == 0 || rest.is_empty() || self.outs.is_empty() {
+            return Vec::new();
+        }
+        let engines: Vec<u64> = self.engines.iter().copied().collect();
+        let after = Ownership::new(&engines, &sorted(&rest), self.r);
+        let mut v = Vec::new();
+        for (&engine, out) in &self.outs {
+            let now = self.owners_of(engine, &ids);
+            let mut to: Vec<NodeId> = after.owners(engine).to_vec();
+            for n in kvmesh_state::owners(engine, &rest, self.r + 1) {
+                if !to.contains(&n) {
+                    to.push(n);
+                }
+            }
+            to.retain(|n| !now.contains(n));
+            if to.is_empty() {
+                continue;
+            }
+            let snap = out.snapshot();
+            v.extend(to.into_iter().map(|n| (n, Delta::Bequest(snap.clone()))));
+        }
+        v
+    }
+
+    /// A leaving router's feed of an engine: taken up at once when this node waits for the
+    /// engine's handover or has just started reading it afresh (the leave came first), kept
+    /// for [`BEQUEST_TICKS`] periods otherwise (for when this node comes to own it), ignored
+    /// when this node reads the engine already. Returns the ownership moves.
+    pub(super) fn on_bequest(
+        &mut self,
+        s: FeedSnapshot,
+        live: &[Live],
+        applies: &mut Vec<Apply>,
+    ) -> u64 {
+        let engine = s.engine;
+        if !self.engines.contains(&engine) || s.feed.source == self.me {
+            return 0;
+        }
+        let waiting = self.handover.contains_key(&engine);
+        let fresh = self.outs.contains_key(&engine) && self.afresh.contains_key(&engine);
+        if waiting || fresh {
+            self.start(engine, Some(s), applies);
+            self.taken += 1;
+            let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
+            let owners = self.owners_of(engine, &ids);
+            self.follow(engine, &owners, live, &mut Vec::new(), applies);
+            return u64::from(waiting);
+        }
+        if self.outs.contains_key(&engine) {
+            return 0;
+        }
+        let newer = self
+            .bequests
+            .get(&engine)
+            .is_none_or(|(b, _)| s.next_seq > b.next_seq);
+        if newer {
+            self.bequests.insert(engine, (s, BEQUEST_TICKS));
+        }
+        0
     }
 
     pub(super) fn on_head(&mut self, engine: u64, feed: FeedId, head: u64) -> Option<FeedPull> {
@@ -586,6 +687,12 @@ impl Feeds {
                 pulls.push((o, handover_pull(e, o)));
             }
         }
+        let age = |t: &mut u32| {
+            *t = t.saturating_sub(1);
+            *t > 0
+        };
+        self.bequests.retain(|_, (_, t)| age(t));
+        self.afresh.retain(|_, t| age(t));
         let numbered = &mut self.numbered;
         self.retired.retain(|&e, (out, t)| {
             *t = t.saturating_sub(1);

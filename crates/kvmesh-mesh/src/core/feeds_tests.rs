@@ -159,3 +159,113 @@ fn an_engine_removed_that_this_node_read_counts_as_a_move() {
     members_changed(&mut f, 0, &two, &mut Vec::new());
     assert_eq!(f.set_engines(BTreeSet::new()), 0, "F only followed it");
 }
+
+/// A leaving router's feed, with the blocks and the engine seq it read up to.
+fn bequest_of(from: NodeId, e: u64) -> FeedSnapshot {
+    let mut out = FeedOut::new(
+        e,
+        FeedId {
+            source: from,
+            incarnation: 1,
+        },
+        1_000,
+    );
+    let _ = out.push(
+        &stored(&[7, 8, 9]),
+        &[(70, 0), (80, 1), (90, 2)],
+        false,
+        Some(42),
+    );
+    out.snapshot()
+}
+
+fn resumed_at(applies: &[Apply], e: u64) -> Option<Option<u64>> {
+    applies.iter().rev().find_map(|a| match a {
+        Apply::Own { engine, from } if *engine == e => Some(from.as_ref().and_then(|s| s.next_seq)),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_bequest_that_comes_before_the_leave_is_taken_up_when_the_engine_comes() {
+    let e = engine();
+    // One owner (r = 1): N outranks A, which reads the engine once N is gone.
+    let mut a = feeds(A, e);
+    let three = [(A, 1), (F, 1), (N, 1)];
+    members_changed(&mut a, 0, &three, &mut Vec::new());
+    assert!(a.feed_out(e).is_none(), "N reads it");
+    // N leaves: its bequest reaches A before its leave does.
+    let mut applies = Vec::new();
+    assert_eq!(a.on_bequest(bequest_of(N, e), &three, &mut applies), 0);
+    assert!(
+        resumed_at(&applies, e).is_none(),
+        "kept: A does not own it yet"
+    );
+    members_changed(&mut a, 1, &[(A, 1), (F, 1)], &mut applies);
+    assert_eq!(resumed_at(&applies, e), Some(Some(42)), "{applies:?}");
+    assert_eq!(a.feed_out(e).expect("A reads it").len(), 3);
+    assert_eq!(a.taken, 1);
+}
+
+#[test]
+fn a_bequest_that_comes_after_the_leave_replaces_the_fresh_start() {
+    let e = engine();
+    let mut a = feeds(A, e);
+    let three = [(A, 1), (F, 1), (N, 1)];
+    members_changed(&mut a, 0, &three, &mut Vec::new());
+    let mut applies = Vec::new();
+    // N's leave first: A asks F, which never read the engine, for it; nobody answers and
+    // A reads the engine afresh.
+    let two = [(A, 1), (F, 1)];
+    members_changed(&mut a, 1, &two, &mut applies);
+    a.expire_handovers(u64::MAX, &two, &mut applies);
+    assert_eq!(resumed_at(&applies, e), Some(None), "afresh: {applies:?}");
+    let _ = a.local(e, &stored(&[1]), &[], true, Some(50), &mut Vec::new());
+    let fresh_head = a.feed_out(e).expect("reads").head();
+    // The bequest comes: A reads the engine again from it, numbered past its fresh feed.
+    applies.clear();
+    a.on_bequest(bequest_of(N, e), &two, &mut applies);
+    assert_eq!(resumed_at(&applies, e), Some(Some(42)), "{applies:?}");
+    let out = a.feed_out(e).expect("reads");
+    assert!(out.head() > fresh_head);
+    assert_eq!(out.len(), 3);
+}
+
+#[test]
+fn a_bequest_after_its_window_leaves_the_feed_as_it_is() {
+    let e = engine();
+    let mut a = feeds(A, e);
+    members_changed(&mut a, 0, &[(A, 1), (F, 1), (N, 1)], &mut Vec::new());
+    let two = [(A, 1), (F, 1)];
+    members_changed(&mut a, 1, &two, &mut Vec::new());
+    a.expire_handovers(u64::MAX, &two, &mut Vec::new());
+    let _ = a.local(e, &stored(&[1]), &[], true, Some(50), &mut Vec::new());
+    for _ in 0..BEQUEST_TICKS {
+        let _ = a.periodic(&two);
+    }
+    let head = a.feed_out(e).expect("reads").head();
+    let mut applies = Vec::new();
+    a.on_bequest(bequest_of(N, e), &two, &mut applies);
+    assert!(resumed_at(&applies, e).is_none(), "{applies:?}");
+    let out = a.feed_out(e).expect("reads");
+    assert_eq!(
+        (out.head(), out.len()),
+        (head, 1),
+        "the feed went on as it was"
+    );
+    assert_eq!(a.taken, 0);
+}
+
+#[test]
+fn a_bequest_that_comes_while_the_engine_waits_for_its_handover_starts_it() {
+    let e = engine();
+    let mut a = feeds(A, e);
+    members_changed(&mut a, 0, &[(A, 1), (F, 1), (N, 1)], &mut Vec::new());
+    let two = [(A, 1), (F, 1)];
+    let mut applies = Vec::new();
+    members_changed(&mut a, 1, &two, &mut applies);
+    assert!(a.waits_for_handovers(), "A asks F");
+    assert_eq!(a.on_bequest(bequest_of(N, e), &two, &mut applies), 1);
+    assert_eq!(resumed_at(&applies, e), Some(Some(42)), "{applies:?}");
+    assert!(!a.waits_for_handovers());
+}

@@ -24,7 +24,7 @@ impl MeshCore {
         let source = match &d {
             Delta::Feed(b) => Some(b.feed.source),
             Delta::FeedBatches(b) => Some(b.feed.source),
-            Delta::FeedSnapshot(s) => Some(s.feed.source),
+            Delta::FeedSnapshot(s) | Delta::Bequest(s) => Some(s.feed.source),
             Delta::Load(_)
             | Delta::LoadBatch(_)
             | Delta::Mark(_)
@@ -112,6 +112,14 @@ impl MeshCore {
                 let live = self.live();
                 let moves = self.feeds.on_snapshot(s, &live, &mut applies);
                 self.counters.ownership_moves += moves;
+                self.out.extend(applies.into_iter().map(Output::Apply));
+            }
+            Delta::Bequest(s) => {
+                let mut applies = Vec::new();
+                let live = self.live();
+                let moves = self.feeds.on_bequest(s, &live, &mut applies);
+                self.counters.ownership_moves += moves;
+                self.counters.bequests_taken = self.feeds.taken;
                 self.out.extend(applies.into_iter().map(Output::Apply));
             }
         }
@@ -455,8 +463,8 @@ impl MeshCore {
         // batches by feed (its id once). Counts last: a receiver applies an envelope in
         // order, and must not see a request's count before the mark of its prompt (a
         // sibling of a new prefix would go elsewhere).
-        // Plants go in version 2 only (they came after it: builds before them skip the
-        // part, while a version 1 envelope would be dropped whole).
+        // Plants and bequests go in version 2 only (they came after it: builds before them
+        // skip the part, while a version 1 envelope would be dropped whole).
         let plants = self.cfg.wire_version >= 2;
         let mut loads = Vec::new();
         let mut batches = Vec::new();
@@ -465,7 +473,7 @@ impl MeshCore {
             match d {
                 Delta::Load(l) => loads.push(l),
                 Delta::Feed(b) => batches.push(b),
-                Delta::Planted(_) if !plants => {}
+                Delta::Planted(_) | Delta::Bequest(_) if !plants => {}
                 d => rest.push(d),
             }
         }
@@ -496,7 +504,7 @@ impl MeshCore {
             }
             // Large deltas count for what they carry.
             weight += match &d {
-                Delta::FeedSnapshot(s) => 1 + s.blocks.len() / 8,
+                Delta::FeedSnapshot(s) | Delta::Bequest(s) => 1 + s.blocks.len() / 8,
                 Delta::Mark(m) => 1 + m.keys.len() / 8,
                 Delta::LoadBatch(b) => 1 + b.items.len() / 4,
                 Delta::FeedBatches(b) => 1 + b.ops() / 8,

@@ -211,6 +211,7 @@ impl MeshCore {
             .feeds
             .rebalance(now_us, &live, &mut pulls, &mut applies);
         self.counters.ownership_moves += moves;
+        self.counters.bequests_taken = self.feeds.taken;
         self.out.extend(applies.into_iter().map(Output::Apply));
         self.send_pulls(pulls, now_us);
     }

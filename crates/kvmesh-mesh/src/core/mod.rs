@@ -174,6 +174,11 @@ pub struct CoreCounters {
     pub ownership_moves: u64,
     /// Feed pulls sent.
     pub feed_pulls: u64,
+    /// Feeds handed to the routers that read their engines next, on leaving (one per feed
+    /// and router).
+    pub feed_bequests: u64,
+    /// Feeds this node took up from a leaving router instead of reading the engine afresh.
+    pub bequests_taken: u64,
     /// Feed batches this node produced as an owner.
     pub feed_batches: u64,
     /// Speculative marks kept local (their engine's feed is in sync: see
@@ -262,6 +267,8 @@ pub struct MeshCore {
     /// `warm_at` has passed: a node that knows no member is the cluster and reads every
     /// engine (until then it takes none: see `rebalance`).
     alone_over: bool,
+    /// This node has handed its feeds over ([`MeshCore::bequeath`]).
+    bequeathed: bool,
     /// The latest time an input carried.
     now: u64,
     /// Whole-state envelopes received per sender, and how many it said there are.
@@ -307,6 +314,7 @@ impl MeshCore {
             },
             warm_at: now_us.saturating_add(cfg.warm_bound_us),
             alone_over: false,
+            bequeathed: false,
             next_flush: now_us.saturating_add(cfg.flush_us),
             load_tat: now_us,
             load_news: false,
@@ -675,8 +683,30 @@ impl MeshCore {
         }
     }
 
-    /// Leaves the cluster (the others see it at once).
+    /// Hands every feed this node reads to the routers that will read its engine once this
+    /// node is gone (see `Feeds::bequeath`), sent at once: what a router does before it
+    /// leaves. The shell waits for those envelopes to be delivered before it sends the leave,
+    /// so that a router that comes to own the engine has the feed when it learns of it (it
+    /// takes it up either way). Once.
+    pub fn bequeath(&mut self, now_us: u64) {
+        if std::mem::replace(&mut self.bequeathed, true) {
+            return;
+        }
+        self.at(now_us);
+        let live = self.live();
+        for (to, d) in self.feeds.bequeath(&live) {
+            if let Some(m) = self.peers.get(&to) {
+                self.counters.feed_bequests += 1;
+                self.direct.entry(m.addr).or_default().0.push(d);
+            }
+        }
+        self.flush(now_us);
+    }
+
+    /// Leaves the cluster (the others see it at once), its feeds bequeathed first (unless
+    /// already).
     pub fn leave(&mut self, now_us: u64) {
+        self.bequeath(now_us);
         self.at(now_us);
         self.flush(now_us);
         self.membership.leave(now_us);

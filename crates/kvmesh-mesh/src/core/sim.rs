@@ -730,7 +730,7 @@ fn tally(kinds: &mut BTreeMap<&'static str, u64>, dgram: bool, bytes: &[u8], clu
                 Delta::Mark(_) => "marks",
                 Delta::Registry(_) | Delta::Planted(_) => "registry",
                 Delta::Feed(_) | Delta::FeedBatches(_) => "feed batches",
-                Delta::FeedSnapshot(_) => "feed snapshots",
+                Delta::FeedSnapshot(_) | Delta::Bequest(_) => "feed snapshots",
             },
             n,
         );
