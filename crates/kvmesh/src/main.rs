@@ -220,8 +220,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// `kvmesh config check FILE`: what `serve` and `sim` would refuse at start, and the
-/// effective configuration. A router's name may be left to its flags (one file for every
+/// `kvmesh config check FILE`: what `serve` and `sim` would refuse at start (the files they
+/// load included), and the effective configuration. A router's name may be left to its flags (one file for every
 /// router, as the Kubernetes ConfigMap does): said, not refused.
 fn config_check(file: &std::path::Path) -> Result<(), String> {
     let c = kvmesh_config::KvmeshConfig::read(file).map_err(|e| e.to_string())?;
@@ -237,6 +237,17 @@ fn config_check(file: &std::path::Path) -> Result<(), String> {
     c.sim.check_files().map_err(|e| e.to_string())?;
     kvmesh_engine::EngineParams::from_config(&c.sim.engine, c.sim.max_model_len, c.sim.seed)
         .map_err(|e| format!("invalid value in `sim.engine`: {e}"))?;
+    // The certificates as the router loads them at start, when the file names the router
+    // (its pair is named after it).
+    if c.serve.mesh.enabled {
+        if c.serve.mesh.node_id.is_empty() {
+            eprintln!(
+                "note: the mesh certificates are not checked here (the pair is the router's: `kvmesh serve --node-id NAME ... --check-config` checks it)"
+            );
+        } else {
+            serve_cmd::check_mesh_certificates(&c.serve)?;
+        }
+    }
     print!("{}", toml_of(&c));
     Ok(())
 }

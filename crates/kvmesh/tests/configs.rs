@@ -660,5 +660,28 @@ fn config_check_refuses_what_the_programs_refuse_and_accepts_the_configmap() {
         "[serve.mesh]\nenabled = true\nnode_id = \"a b\"\ntls_dir = \"/x\"\n",
     );
     assert!(!ok && err.contains("node_id"), "{err}");
+    // A router named here: its certificates are loaded as at its start (QA: a file naming a
+    // directory that did not exist passed the check).
+    let (ok, err) = check(
+        "certs.toml",
+        "[serve.mesh]\nenabled = true\nnode_id = \"a\"\ntls_dir = \"/nonexistent-kvmesh\"\n",
+    );
+    assert!(!ok && err.contains("serve.mesh.tls_dir"), "{err}");
+    let tls = dir.join("tls");
+    let made = std::process::Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args(["cert", "--out"])
+        .arg(&tls)
+        .args(["--nodes", "a"])
+        .output()
+        .expect("kvmesh cert");
+    assert!(made.status.success());
+    let good = format!(
+        "[serve.mesh]\nenabled = true\nnode_id = \"a\"\ntls_dir = \"{}\"\n",
+        tls.display()
+    );
+    let (ok, err) = check("certs-ok.toml", &good);
+    assert!(ok, "{err}");
+    let (ok, err) = check("certs-other.toml", &good.replace("\"a\"", "\"b\""));
+    assert!(!ok && err.contains("serve.mesh.tls_dir"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
