@@ -177,7 +177,8 @@ pub fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError>
     })
 }
 
-/// Checks a requested completion length: `None` stays `None`, ≤ 0 is a 400.
+/// Checks a requested completion length: `None` stays `None`, ≤ 0 is a 400, and so is one
+/// past 2^32 - 1 (no context comes near it; said with the value asked, not a clamped one).
 pub fn check_max_tokens(param: &'static str, v: Option<i64>) -> Result<Option<u32>, ApiError> {
     match v {
         None => Ok(None),
@@ -185,7 +186,12 @@ pub fn check_max_tokens(param: &'static str, v: Option<i64>) -> Result<Option<u3
             param,
             format!("{param} must be at least 1, got {n}."),
         )),
-        Some(n) => Ok(Some(u32::try_from(n).unwrap_or(u32::MAX))),
+        Some(n) => u32::try_from(n).map(Some).map_err(|_| {
+            ApiError::invalid_param(
+                param,
+                format!("{param} must be at most {}, got {n}.", u32::MAX),
+            )
+        }),
     }
 }
 
@@ -418,6 +424,14 @@ mod tests {
         let e = r.validate().expect_err("zero max_tokens");
         assert_eq!(e.status, 400);
         assert_eq!(e.param, Some("max_tokens"));
+        // QA: 5e9 was clamped, and the context error named 4294967295.
+        let r: ChatCompletionRequest = parse_body(
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":5000000000}"#,
+        )
+        .expect("parse");
+        let e = r.validate().expect_err("too large");
+        assert_eq!(e.param, Some("max_completion_tokens"));
+        assert!(e.message.contains("5000000000"), "{}", e.message);
         let r: ChatCompletionRequest =
             parse_body(br#"{"model":"m","messages":[]}"#).expect("parse");
         assert!(r.validate().is_err());
