@@ -238,6 +238,7 @@ impl Cluster {
             expected_size: cfg.expected_routers,
             warm_bound_us: cfg.anti_entropy_ms * 5_000,
             wire_version: cfg.wire_version,
+            snapshot_part_blocks: kvmesh_state::SNAPSHOT_PART_BLOCKS,
             first: cfg.seeds.is_empty() && cfg.seed_dns.is_empty(),
         };
         let clock = gw.clock;

@@ -132,6 +132,7 @@ fn main() {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(kvmesh_config::MeshConfig::default().wire_version),
+            snapshot_part_blocks: kvmesh_state::SNAPSHOT_PART_BLOCKS,
             first: false,
         };
         let net = NetConfig {

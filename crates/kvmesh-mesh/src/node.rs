@@ -548,6 +548,12 @@ impl Out<'_> {
                 }
                 Output::Envelope(to, data) => {
                     // One stream per envelope; a lost one is repaired (digests, feed pulls).
+                    // None is larger than the bound (snapshots go in parts): one that is
+                    // would never arrive, said rather than dropped in silence.
+                    if data.len() > crate::transport::MAX_DELTA_BYTES {
+                        tracing::warn!(peer = %to, bytes = data.len(), "mesh envelope over the size bound not sent");
+                        continue;
+                    }
                     let t = t.clone();
                     tokio::spawn(async move {
                         let _ = t.send_delta(to, &data).await;

@@ -24,6 +24,7 @@ fn cfg(flush_us: u64) -> CoreConfig {
         expected_size: ROUTERS as u32,
         warm_bound_us: 1_000_000,
         wire_version: 1,
+        snapshot_part_blocks: kvmesh_state::SNAPSHOT_PART_BLOCKS,
         first: false,
     }
 }

@@ -25,6 +25,7 @@ fn cfg() -> CoreConfig {
         expected_size: N as u32,
         warm_bound_us: 2_000_000,
         wire_version: 1,
+        snapshot_part_blocks: kvmesh_state::SNAPSHOT_PART_BLOCKS,
         first: false,
     }
 }

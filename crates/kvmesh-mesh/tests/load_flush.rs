@@ -25,6 +25,7 @@ fn cfg(load_flush_us: u64) -> CoreConfig {
         expected_size: 3,
         warm_bound_us: 1_000_000,
         wire_version: 1,
+        snapshot_part_blocks: kvmesh_state::SNAPSHOT_PART_BLOCKS,
         first: false,
     }
 }

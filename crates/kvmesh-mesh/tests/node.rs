@@ -25,6 +25,7 @@ fn cfg(first: bool) -> CoreConfig {
         expected_size: 4,
         warm_bound_us: 5_000_000,
         wire_version: 1,
+        snapshot_part_blocks: kvmesh_state::SNAPSHOT_PART_BLOCKS,
         first,
     }
 }

@@ -18,6 +18,7 @@
 //!   live routers' stable ids, with bounded loads).
 //! * [`feeds`]: precise prefix feeds — an engine's KV-event ops as its ingest owner derived
 //!   them, numbered without gaps, a bounded log and snapshots for receivers that lost some.
+//! * [`parts`]: feed snapshots too large for one envelope, sent in parts and put together.
 //! * [`wire`]: the versioned envelope (`Envelope::V1`, and `V2` whose every delta and
 //!   control message is a part of its own, skipped alone when a reader cannot decode it), with
 //!   the cluster id and the sender, and its size-bounded decoder, which never panics on
@@ -32,6 +33,7 @@ pub mod ids;
 pub mod load;
 pub mod marks;
 pub mod ownership;
+pub mod parts;
 pub mod registry;
 pub mod wire;
 
@@ -43,6 +45,7 @@ pub use ids::{NodeId, Version};
 pub use load::{LoadBatch, LoadDelta, LoadMap};
 pub use marks::{MARK_WINDOW, MarkDelta, MarkMap, covering_keys, window_top};
 pub use ownership::{Ownership, owners};
+pub use parts::{Assembly, PartDropped, SNAPSHOT_PART_BLOCKS, SnapshotPart};
 pub use registry::{
     Dot, EngineRecord, PLANTED_MAX, Planted, RegistryAdd, RegistryDelta, RegistrySet, SEEDED_MAX,
     Seeded, Span, Stamp,

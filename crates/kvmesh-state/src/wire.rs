@@ -11,7 +11,8 @@
 //! writes is `serve.mesh.wire_version` (2 by default; 1 while upgrading from a build before
 //! version 2, which reads only version 1). Writing version 2 lets a later build add a kind of
 //! delta or control message without the earlier builds losing the rest; kinds added so are
-//! written in version 2 only ([`Delta::Planted`], [`Delta::Bequest`]).
+//! written in version 2 only ([`Delta::Planted`], [`Delta::Bequest`],
+//! [`Delta::SnapshotPart`]).
 //! The rule for such a change: never change how an existing kind is encoded (its fields, their
 //! order, its variant's index); add a new variant at the end of [`Delta`] or [`Control`], and
 //! keep reading the old one. Information that older builds lack changes no digest they
@@ -21,6 +22,7 @@ use crate::feeds::{FeedBatch, FeedBatches, FeedId, FeedPull, FeedSnapshot};
 use crate::ids::{NodeId, Version};
 use crate::load::{LoadBatch, LoadDelta};
 use crate::marks::MarkDelta;
+use crate::parts::SnapshotPart;
 use crate::registry::{Planted, RegistryDelta};
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +53,9 @@ pub enum Delta {
     /// is gone: taken up when that router comes to own it, instead of reading it afresh.
     /// Added after version 2: written only in version 2 envelopes.
     Bequest(FeedSnapshot),
+    /// A part of a [`Delta::FeedSnapshot`] or [`Delta::Bequest`] too large for one envelope
+    /// (see [`crate::parts`]). Added after version 2: written only in version 2 envelopes.
+    SnapshotPart(SnapshotPart),
 }
 
 /// Digests of the replicated state's parts, compared in anti-entropy.

@@ -46,7 +46,7 @@ impl State {
                 self.registry.merge(x);
             }
             // A bequest is a feed's snapshot, no part of the merged state.
-            Delta::Bequest(_) => {}
+            Delta::Bequest(_) | Delta::SnapshotPart(_) => {}
             Delta::Planted(x) => {
                 self.registry
                     .merge_planted(x, &mut std::collections::BTreeSet::new());

@@ -103,6 +103,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         "feed_pulls": k.feed_pulls,
         "feed_bequests": k.feed_bequests,
         "bequests_taken": k.bequests_taken,
+        "snapshot_parts": k.snapshot_parts,
         "marks_kept_local": k.marks_kept,
         "deltas_refused": k.deltas_refused,
         "orphan_entries_dropped": k.orphan_entries_dropped,
@@ -153,7 +154,7 @@ struct MeshMetrics {
     /// The certificate's end of validity (seconds since the Unix epoch), when readable.
     cert_not_after: Option<i64>,
     age: Arc<Histogram>,
-    counters: [(&'static str, &'static str, u64); 18],
+    counters: [(&'static str, &'static str, u64); 19],
     envelopes: [(&'static str, u64); 3],
     bytes: Vec<(&'static str, &'static str, u64)>,
 }
@@ -212,6 +213,11 @@ pub(super) fn collector(c: &Cluster) -> Box<dyn prometheus_client::collector::Co
                 "kvmesh_mesh_bequests_taken",
                 "Feeds this router took up from a leaving router instead of reading the engine afresh",
                 k.bequests_taken,
+            ),
+            (
+                "kvmesh_mesh_snapshot_parts",
+                "Parts of feed snapshots too large for one envelope received",
+                k.snapshot_parts,
             ),
             (
                 "kvmesh_mesh_marks_kept_local",

@@ -25,6 +25,7 @@ impl MeshCore {
             Delta::Feed(b) => Some(b.feed.source),
             Delta::FeedBatches(b) => Some(b.feed.source),
             Delta::FeedSnapshot(s) | Delta::Bequest(s) => Some(s.feed.source),
+            Delta::SnapshotPart(p) => Some(p.snap.feed.source),
             Delta::Load(_)
             | Delta::LoadBatch(_)
             | Delta::Mark(_)
@@ -113,6 +114,18 @@ impl MeshCore {
                 let moves = self.feeds.on_snapshot(s, &live, &mut applies);
                 self.counters.ownership_moves += moves;
                 self.out.extend(applies.into_iter().map(Output::Apply));
+            }
+            Delta::SnapshotPart(p) => {
+                // The whole, once every part is in, is taken as if it had come in one piece.
+                self.counters.snapshot_parts += 1;
+                match self.parts.add(sender, p) {
+                    Ok(Some((true, s))) => self.merge(sender, Delta::Bequest(s), live, now_us),
+                    Ok(Some((false, s))) => {
+                        self.merge(sender, Delta::FeedSnapshot(s), live, now_us)
+                    }
+                    Ok(None) => {}
+                    Err(_) => self.counters.deltas_refused += 1,
+                }
             }
             Delta::Bequest(s) => {
                 let mut applies = Vec::new();
@@ -333,6 +346,7 @@ impl MeshCore {
     }
 
     pub(super) fn anti_entropy(&mut self, now_us: u64) {
+        self.parts.age();
         if !self.warm {
             self.want_state(now_us);
             return;
@@ -466,6 +480,8 @@ impl MeshCore {
         // Plants and bequests go in version 2 only (they came after it: builds before them
         // skip the part, while a version 1 envelope would be dropped whole).
         let plants = self.cfg.wire_version >= 2;
+        // A snapshot too large for one envelope goes in parts (version 2 only as well).
+        let per_part = self.cfg.snapshot_part_blocks.max(1);
         let mut loads = Vec::new();
         let mut batches = Vec::new();
         let mut rest = Vec::new();
@@ -473,7 +489,17 @@ impl MeshCore {
             match d {
                 Delta::Load(l) => loads.push(l),
                 Delta::Feed(b) => batches.push(b),
-                Delta::Planted(_) | Delta::Bequest(_) if !plants => {}
+                Delta::Planted(_) | Delta::Bequest(_) | Delta::SnapshotPart(_) if !plants => {}
+                Delta::FeedSnapshot(s) if plants && s.blocks.len() > per_part => rest.extend(
+                    s.into_parts(false, per_part)
+                        .into_iter()
+                        .map(Delta::SnapshotPart),
+                ),
+                Delta::Bequest(s) if s.blocks.len() > per_part => rest.extend(
+                    s.into_parts(true, per_part)
+                        .into_iter()
+                        .map(Delta::SnapshotPart),
+                ),
                 d => rest.push(d),
             }
         }
@@ -505,6 +531,7 @@ impl MeshCore {
             // Large deltas count for what they carry.
             weight += match &d {
                 Delta::FeedSnapshot(s) | Delta::Bequest(s) => 1 + s.blocks.len() / 8,
+                Delta::SnapshotPart(p) => 1 + p.snap.blocks.len() / 8,
                 Delta::Mark(m) => 1 + m.keys.len() / 8,
                 Delta::LoadBatch(b) => 1 + b.items.len() / 4,
                 Delta::FeedBatches(b) => 1 + b.ops() / 8,

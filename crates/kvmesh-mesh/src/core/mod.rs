@@ -74,6 +74,9 @@ pub struct CoreConfig {
     pub first: bool,
     /// The envelope version this node writes (`kvmesh_state::WIRE_VERSIONS`; it reads all).
     pub wire_version: u8,
+    /// A feed snapshot of more blocks goes in parts of this many (version 2 only;
+    /// `kvmesh_state::SNAPSHOT_PART_BLOCKS` but in tests, which split small feeds).
+    pub snapshot_part_blocks: usize,
 }
 
 /// What the router must apply.
@@ -179,6 +182,8 @@ pub struct CoreCounters {
     pub feed_bequests: u64,
     /// Feeds this node took up from a leaving router instead of reading the engine afresh.
     pub bequests_taken: u64,
+    /// Parts of feed snapshots too large for one envelope received.
+    pub snapshot_parts: u64,
     /// Feed batches this node produced as an owner.
     pub feed_batches: u64,
     /// Speculative marks kept local (their engine's feed is in sync: see
@@ -269,6 +274,8 @@ pub struct MeshCore {
     alone_over: bool,
     /// This node has handed its feeds over ([`MeshCore::bequeath`]).
     bequeathed: bool,
+    /// Feed snapshots arriving in parts.
+    parts: kvmesh_state::Assembly,
     /// The latest time an input carried.
     now: u64,
     /// Whole-state envelopes received per sender, and how many it said there are.
@@ -315,6 +322,7 @@ impl MeshCore {
             warm_at: now_us.saturating_add(cfg.warm_bound_us),
             alone_over: false,
             bequeathed: false,
+            parts: kvmesh_state::Assembly::new(cfg.feed_capacity.saturating_mul(2)),
             next_flush: now_us.saturating_add(cfg.flush_us),
             load_tat: now_us,
             load_news: false,
@@ -415,7 +423,7 @@ impl MeshCore {
             self.st.load.len(),
             self.st.marks.len(),
             self.st.registry.adds() + self.st.registry.context_len(),
-            self.feeds.blocks(),
+            self.feeds.blocks() + self.parts.blocks(),
         )
     }
 

@@ -67,6 +67,7 @@ pub fn sim_config(cluster_id: u64, expected_size: u32) -> CoreConfig {
         warm_bound_us: 5_000_000,
         // As `serve.mesh.wire_version` by default.
         wire_version: 2,
+        snapshot_part_blocks: kvmesh_state::SNAPSHOT_PART_BLOCKS,
         first: false,
     }
 }
@@ -730,7 +731,9 @@ fn tally(kinds: &mut BTreeMap<&'static str, u64>, dgram: bool, bytes: &[u8], clu
                 Delta::Mark(_) => "marks",
                 Delta::Registry(_) | Delta::Planted(_) => "registry",
                 Delta::Feed(_) | Delta::FeedBatches(_) => "feed batches",
-                Delta::FeedSnapshot(_) | Delta::Bequest(_) => "feed snapshots",
+                Delta::FeedSnapshot(_) | Delta::Bequest(_) | Delta::SnapshotPart(_) => {
+                    "feed snapshots"
+                }
             },
             n,
         );
