@@ -521,10 +521,15 @@ impl Applier {
         let batches = match replay_at_most(&self.e.kv_replay, from, max, timeout).await {
             Ok((b, true)) => b,
             Ok((_, false)) => {
-                // More than `replay_max_batches` since `from`: a long history. The next live
-                // batch's gap reads only the last ones before it (and resyncs from a reset
-                // among them); applying the oldest here would be wasted work.
-                tracing::debug!(engine = %self.e.url, from, "kv-event catch-up: long history, left to the next batch's gap");
+                // More than `replay_max_batches` since `from`: a long history, which this
+                // router lacks. The engine is stale now — not only once the next live batch
+                // shows the gap (an idle engine showed its blocks gone as exact: QA) — and
+                // that batch's gap reads only the last ones before it, resyncing from a reset
+                // among them; applying the oldest here would be wasted work.
+                if !self.ingest.is_stale() {
+                    tracing::info!(engine = %self.e.url, from, max, "kv events: more batches since this router's position than replay_max_batches: routed approximately until the engine's next cache reset");
+                    self.ingest.mark_stale(self.now());
+                }
                 return;
             }
             Err(err) => {

@@ -211,3 +211,24 @@ async fn an_idle_engine_with_more_history_than_its_buffer_is_stale_at_once() {
     assert!(e.ingest.stale.load(Relaxed));
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_engine_with_a_long_history_is_stale_at_once() {
+    // A buffer that holds the whole history, longer than `replay_max_batches`: the catch-up
+    // does not read it, and the engine, idle, shows no gap. QA: its blocks were gone from the
+    // index while it showed as exact until its next batch.
+    let (p, server, e) = start(10_000, 3_000, None).await;
+    wait_until("stale after the catch-up", WAIT, || async {
+        e.ingest.stale.load(Relaxed)
+    })
+    .await;
+    assert_eq!(
+        e.ingest.batches.load(Relaxed),
+        0,
+        "the history is not replayed"
+    );
+    let (baseline, end) = live(&p, &server, &e, 3_000).await;
+    assert!((baseline..end).all(|i| holds(&server, &e, i)));
+    assert!(e.ingest.stale.load(Relaxed));
+    server.shutdown().await;
+}

@@ -353,11 +353,17 @@ impl MeshNode {
                         // The feeds this router reads go to the routers that read their
                         // engines next, delivered before the leave is sent (see
                         // `MeshCore::bequeath`).
-                        let outs = {
+                        let (outs, bequests, v1) = {
                             let mut core = lock(&c);
                             core.bequeath(now());
-                            core.take_outputs()
+                            let v1 = core.writes_version_1();
+                            (core.take_outputs(), core.counters().feed_bequests, v1)
                         };
+                        if v1 {
+                            tracing::info!("leaving: serve.mesh.wire_version = 1 carries no hand-over of kv-event feeds: the routers that read this router's engines next read them from their other readers, or afresh");
+                        } else if bequests > 0 {
+                            tracing::info!(bequests, "leaving: the kv-event feeds this router reads handed to the routers that read their engines next");
+                        }
                         out.run_delivered(outs, BEQUEST_WAIT).await;
                         let outs = {
                             let mut core = lock(&c);
@@ -512,10 +518,10 @@ impl Out<'_> {
             Ok(ok) => tracing::warn!(
                 delivered = ok,
                 sent = n,
-                "leaving: some feeds could not be handed over (their next readers read the engines afresh)"
+                "leaving: not every peer could be sent its last state (a kv-event feed it did not get, it takes from the engine's other readers, or reads afresh)"
             ),
             Err(_) => {
-                tracing::warn!(sent = n, wait = ?wait, "leaving: feeds not all handed over in time (their next readers read the engines afresh)")
+                tracing::warn!(sent = n, wait = ?wait, "leaving: not every peer acknowledged its last state in time (a kv-event feed it did not get, it takes from the engine's other readers, or reads afresh)")
             }
         }
         self.run(rest).await;

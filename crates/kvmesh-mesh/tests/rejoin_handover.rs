@@ -203,3 +203,42 @@ fn feeds_sent_in_parts_hand_over_and_resynchronise_exactly() {
         assert_eq!(refused, 0, "seed {seed}");
     }
 }
+
+/// QA: a router restarted, and the two routers that read an engine stopped together the
+/// moment it was ready: in their view it read the engine already (it was one of its owners),
+/// so neither handed the engine to it, while it still waited for their handover — and read
+/// the engine afresh once they were gone.
+#[test]
+fn routers_that_leave_as_a_restarted_router_waits_for_their_handover_bequeath_it() {
+    for seed in 1..=16 {
+        let mut s = Sim::in_sync(3, ENGINES, cfg(2), NetConfig::LOSSLESS, seed).expect("formed");
+        s.run(1_000_000, events);
+        s.kill(0);
+        let gone = s.until(30_000_000, |s| s.membership_converged() && s.converged());
+        assert!(gone.is_some(), "seed {seed}: {}", s.explain());
+        s.run(500_000, events);
+        s.start(0, Some(1));
+        // The moment it is warm and both others know it (they count it among the engines'
+        // owners): its handovers are still on their way.
+        let warm = s.until(10_000_000, |s| {
+            s.nodes[0].as_ref().is_some_and(|n| n.warm)
+                && s.view(1).contains(&0)
+                && s.view(2).contains(&0)
+        });
+        assert!(warm.is_some(), "seed {seed}: router 0 never warm");
+        s.leave(1);
+        s.leave(2);
+        s.run(10_000_000, |_| {});
+        let n = s.nodes[0].as_ref().expect("alive");
+        assert_eq!(
+            n.reading.len(),
+            ENGINES as usize,
+            "seed {seed}: router 0 reads every engine"
+        );
+        assert_eq!(
+            n.fresh_starts, 0,
+            "seed {seed}: router 0 read {} engine(s) afresh",
+            n.fresh_starts
+        );
+    }
+}

@@ -489,30 +489,33 @@ impl Feeds {
         moves
     }
 
-    /// What this node, leaving, hands over: each feed it reads, to the routers that read the
-    /// engine once it is gone and do not read it now (the owners without this node, and the
-    /// next in rank: the engine's other owners may be leaving too). Nothing when every
-    /// router reads every engine.
+    /// What this node, leaving, hands over: each feed it reads, or read until lately (kept
+    /// for a handover: the new owner's ask may not have reached it yet), to the routers that
+    /// read the engine once it is gone, and the next in rank (the engine's other owners may
+    /// be leaving too). Owners in this node's view included: one that has just come still
+    /// waits for a handover (QA: a router ready a moment before both readers of an engine
+    /// stopped was handed nothing and read the engine afresh); one that reads the engine
+    /// already ignores it. Nothing when every router reads every engine.
     pub(super) fn bequeath(&self, live: &[Live]) -> Vec<(NodeId, Delta)> {
         let ids: Vec<NodeId> = live.iter().map(|l| l.0).collect();
         let rest: Vec<NodeId> = ids.iter().copied().filter(|&n| n != self.me).collect();
-        if self.r == 0 || rest.is_empty() || self.outs.is_empty() {
+        if self.r == 0 || rest.is_empty() {
             return Vec::new();
         }
         let engines: Vec<u64> = self.engines.iter().copied().collect();
         let after = Ownership::new(&engines, &sorted(&rest), self.r);
+        let feeds = self
+            .outs
+            .iter()
+            .chain(self.retired.iter().map(|(e, (out, _))| (e, out)))
+            .filter(|(e, _)| self.engines.contains(e));
         let mut v = Vec::new();
-        for (&engine, out) in &self.outs {
-            let now = self.owners_of(engine, &ids);
+        for (&engine, out) in feeds {
             let mut to: Vec<NodeId> = after.owners(engine).to_vec();
             for n in kvmesh_state::owners(engine, &rest, self.r + 1) {
                 if !to.contains(&n) {
                     to.push(n);
                 }
-            }
-            to.retain(|n| !now.contains(n));
-            if to.is_empty() {
-                continue;
             }
             let snap = out.snapshot();
             v.extend(to.into_iter().map(|n| (n, Delta::Bequest(snap.clone()))));

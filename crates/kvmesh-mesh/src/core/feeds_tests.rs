@@ -269,3 +269,32 @@ fn a_bequest_that_comes_while_the_engine_waits_for_its_handover_starts_it() {
     assert_eq!(resumed_at(&applies, e), Some(Some(42)), "{applies:?}");
     assert!(!a.waits_for_handovers());
 }
+
+#[test]
+fn a_leaving_router_bequeaths_what_it_reads_and_what_it_keeps_for_a_handover() {
+    let e = engine();
+    let two = [(A, 1), (F, 1)];
+    let mut a = reading(A, e, &two);
+    let to = |b: Vec<(NodeId, Delta)>| -> Vec<NodeId> {
+        b.into_iter()
+            .map(|(n, d)| {
+                assert!(matches!(d, Delta::Bequest(ref s) if s.engine == e), "{d:?}");
+                n
+            })
+            .collect()
+    };
+    // Alone but for F: F reads it once A is gone.
+    assert_eq!(to(a.bequeath(&two)), vec![F]);
+    // N has come and reads the engine in A's view, but may still wait for its handover: A
+    // kept its feed for it, and leaving, hands it to N (and F, next in rank).
+    let three = [(A, 1), (F, 1), (N, 1)];
+    members_changed(&mut a, 1, &three, &mut Vec::new());
+    assert!(a.feed_out(e).is_none(), "retired");
+    let got = to(a.bequeath(&three));
+    assert!(got.contains(&N) && got.contains(&F), "{got:?}");
+    // Every router reads every engine: nothing to hand over.
+    let mut all = Feeds::new(A, 1, 0, 1_000);
+    all.set_engines([e].into());
+    members_changed(&mut all, 0, &two, &mut Vec::new());
+    assert!(all.bequeath(&two).is_empty());
+}

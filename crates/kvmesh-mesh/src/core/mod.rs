@@ -542,6 +542,11 @@ impl MeshCore {
         self.membership.announce(seed, now_us);
     }
 
+    /// Writes version 1 envelopes (`serve.mesh.wire_version`), which carry no bequests.
+    pub fn writes_version_1(&self) -> bool {
+        self.cfg.wire_version < 2
+    }
+
     /// Knows no live member (the shell asks its seeds again).
     pub fn is_alone(&self) -> bool {
         self.peers.is_empty()
@@ -701,6 +706,10 @@ impl MeshCore {
             return;
         }
         self.at(now_us);
+        // Version 1 envelopes carry no bequests (the builds before them read only those).
+        if self.cfg.wire_version < 2 {
+            return;
+        }
         let live = self.live();
         for (to, d) in self.feeds.bequeath(&live) {
             if let Some(m) = self.peers.get(&to) {
