@@ -78,6 +78,25 @@ fn chat(system: &str, i: usize) -> String {
     .to_string()
 }
 
+/// The first turns of `n` conversations on `system`, spread over the routers: the engine
+/// each went to.
+fn first_turns(bases: &[String], system: &str, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let r = http(
+                "POST",
+                &format!("{}/v1/chat/completions", bases[i % bases.len()]),
+                &[],
+                &chat(&format!("{i} {system}"), i),
+                Duration::from_secs(30),
+            )
+            .expect("first");
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.header("x-kvmesh-engine").unwrap_or_default().to_string()
+        })
+        .collect()
+}
+
 /// Three routers (`precise`, `--ingest-replicas 2`, meshed) in front of `engines` simulated
 /// engines publishing KV events with replay, once the mesh has formed.
 struct Cluster {
@@ -168,19 +187,7 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
     // through another router lands where its first turn did.
     let system = "You answer questions about one shared operations handbook. ".repeat(60);
     let t = Duration::from_secs(30);
-    let mut firsts = Vec::new();
-    for i in 0..24 {
-        let r = http(
-            "POST",
-            &format!("{}/v1/chat/completions", bases[i % 3]),
-            &[],
-            &chat(&format!("{i} {system}"), i),
-            t,
-        )
-        .expect("first");
-        assert_eq!(r.status, 200, "{}", r.body);
-        firsts.push(r.header("x-kvmesh-engine").unwrap_or_default().to_string());
-    }
+    let firsts = first_turns(&bases, &system, 24);
     // The first turns' marks have reached every router when their digests agree.
     wait(
         "the first turns' state reaches every router",
@@ -438,19 +445,7 @@ fn routers_that_stop_together_hand_their_engines_to_the_one_that_stays() {
     });
     let system = "You answer questions about one shared operations handbook. ".repeat(40);
     let t = Duration::from_secs(30);
-    let mut firsts = Vec::new();
-    for i in 0..16 {
-        let r = http(
-            "POST",
-            &format!("{}/v1/chat/completions", bases[i % 3]),
-            &[],
-            &chat(&format!("{i} {system}"), i),
-            t,
-        )
-        .expect("first");
-        assert_eq!(r.status, 200, "{}", r.body);
-        firsts.push(r.header("x-kvmesh-engine").unwrap_or_default().to_string());
-    }
+    let firsts = first_turns(&bases, &system, 16);
     // The engines c does not read: a and b read them both.
     let ids: std::collections::BTreeMap<String, String> =
         get_json(&format!("{}/status.json", bases[2]))["engines"]
