@@ -353,18 +353,19 @@ impl MeshNode {
                         // The feeds this router reads go to the routers that read their
                         // engines next, delivered before the leave is sent (see
                         // `MeshCore::bequeath`).
-                        let (outs, bequests, v1) = {
+                        let (outs, b, v1) = {
                             let mut core = lock(&c);
-                            core.bequeath(now());
-                            let v1 = core.writes_version_1();
-                            (core.take_outputs(), core.counters().feed_bequests, v1)
+                            let b = core.bequeath(now());
+                            (core.take_outputs(), b, core.writes_version_1())
                         };
-                        if v1 {
-                            tracing::info!("leaving: serve.mesh.wire_version = 1 carries no hand-over of kv-event feeds: the routers that read this router's engines next read them from their other readers, or afresh");
-                        } else if bequests > 0 {
-                            tracing::info!(bequests, "leaving: the kv-event feeds this router reads handed to the routers that read their engines next");
+                        let delivered = out.run_delivered(outs, BEQUEST_WAIT).await;
+                        if v1 && b.reads > 0 {
+                            tracing::info!(engines = b.reads, "leaving: serve.mesh.wire_version = 1 carries no hand-over of kv-event feeds: the routers that read this router's engines next take them from their other readers, or read them afresh");
+                        } else if b.engines > 0 && delivered {
+                            tracing::info!(engines = b.engines, routers = b.routers, "leaving: the kv-event feeds this router read handed to the routers that read their engines next");
+                        } else if b.reads > 0 && b.routers == 0 {
+                            tracing::info!(engines = b.reads, "leaving: no router left to hand this router's kv-event feeds to");
                         }
-                        out.run_delivered(outs, BEQUEST_WAIT).await;
                         let outs = {
                             let mut core = lock(&c);
                             core.leave(now());
@@ -491,8 +492,9 @@ struct Out<'a> {
 const BEQUEST_WAIT: Duration = Duration::from_secs(1);
 
 impl Out<'_> {
-    /// [`Out::run`], the envelopes awaited until delivered (within `wait`).
-    async fn run_delivered(&self, outs: Vec<Output>, wait: Duration) {
+    /// [`Out::run`], the envelopes awaited until delivered (within `wait`): whether they all
+    /// were.
+    async fn run_delivered(&self, outs: Vec<Output>, wait: Duration) -> bool {
         let mut sends = tokio::task::JoinSet::new();
         let mut rest = Vec::new();
         for o in outs {
@@ -513,6 +515,7 @@ impl Out<'_> {
             ok
         })
         .await;
+        let all = matches!(delivered, Ok(ok) if ok == n);
         match delivered {
             Ok(ok) if ok == n => {}
             Ok(ok) => tracing::warn!(
@@ -525,6 +528,7 @@ impl Out<'_> {
             }
         }
         self.run(rest).await;
+        all
     }
 
     async fn run(&self, outs: Vec<Output>) {

@@ -112,7 +112,16 @@ impl Assembly {
         let mut head = p.snap.clone();
         head.blocks = Vec::new();
         let fresh = match self.partial.get(&key) {
-            Some(q) => q.head != head || q.parts != p.parts,
+            Some(q) if q.head == head && q.parts == p.parts => false,
+            // Another snapshot of the same feed while one started this period is still
+            // coming (a receiver that asked twice): the first is completed, not thrown away
+            // for each newer one whose parts interleave with it (it would never complete
+            // while the engine is busy); the held batches bring it up to date. One that has
+            // waited a period lost a part, and the newer one replaces it.
+            Some(q) if q.head.feed == head.feed && q.ticks == ASSEMBLY_TICKS => {
+                return Ok(None);
+            }
+            Some(_) => true,
             None => {
                 if self.partial.len() >= ASSEMBLIES_MAX {
                     return Err(PartDropped::Full);
@@ -224,19 +233,40 @@ mod tests {
     }
 
     #[test]
-    fn a_newer_snapshot_replaces_an_incomplete_one_and_old_ones_age_out() {
+    fn interleaved_snapshots_complete_the_first_and_a_stalled_one_gives_way() {
         let mut a = Assembly::new(100);
         let old = snap(10, 4).into_parts(false, 5);
-        assert_eq!(a.add(NodeId(1), old[0].clone()), Ok(None));
         let new = snap(10, 5).into_parts(false, 5);
+        // Two answers to two asks, their parts interleaved: the first completes.
+        assert_eq!(a.add(NodeId(1), old[0].clone()), Ok(None));
         assert_eq!(a.add(NodeId(1), new[0].clone()), Ok(None));
-        // The old snapshot's second part starts it over; it cannot complete the new one.
-        assert_eq!(a.add(NodeId(1), old[1].clone()), Ok(None));
+        assert_eq!(a.add(NodeId(1), new[1].clone()), Ok(None));
+        assert_eq!(
+            a.add(NodeId(1), old[1].clone()),
+            Ok(Some((false, snap(10, 4))))
+        );
+        assert!(a.is_empty());
+        // One that lost a part gives way to a newer one after a period, and ages out.
+        assert_eq!(a.add(NodeId(1), old[0].clone()), Ok(None));
+        a.age();
+        assert_eq!(a.add(NodeId(1), new[0].clone()), Ok(None));
+        assert_eq!(
+            a.add(NodeId(1), new[1].clone()),
+            Ok(Some((false, snap(10, 5))))
+        );
+        assert_eq!(a.add(NodeId(1), old[0].clone()), Ok(None));
         assert_eq!(a.len(), 1);
         for _ in 0..ASSEMBLY_TICKS {
             a.age();
         }
         assert!(a.is_empty());
+        // Another source's (or incarnation's) snapshot replaces at once.
+        let mut other = snap(10, 1);
+        other.feed.incarnation = 2;
+        assert_eq!(a.add(NodeId(1), old[0].clone()), Ok(None));
+        let parts = other.clone().into_parts(false, 5);
+        assert_eq!(a.add(NodeId(1), parts[0].clone()), Ok(None));
+        assert_eq!(a.add(NodeId(1), parts[1].clone()), Ok(Some((false, other))));
     }
 
     /// A snapshot of 200,000 blocks does not fit one envelope (about 4.3 MB); each of its

@@ -79,6 +79,17 @@ pub struct CoreConfig {
     pub snapshot_part_blocks: usize,
 }
 
+/// What a leaving node handed over ([`MeshCore::bequeath`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bequeathed {
+    /// Engines whose KV events it read.
+    pub reads: usize,
+    /// Engines whose feed (read, or kept for a handover) it handed over.
+    pub engines: usize,
+    /// Routers it handed them to.
+    pub routers: usize,
+}
+
 /// What the router must apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Apply {
@@ -701,23 +712,35 @@ impl MeshCore {
     /// leaves. The shell waits for those envelopes to be delivered before it sends the leave,
     /// so that a router that comes to own the engine has the feed when it learns of it (it
     /// takes it up either way). Once.
-    pub fn bequeath(&mut self, now_us: u64) {
+    /// Returns what it handed over (once; nothing the second time).
+    pub fn bequeath(&mut self, now_us: u64) -> Bequeathed {
+        let mut b = Bequeathed {
+            reads: self.feeds.owned().count(),
+            ..Bequeathed::default()
+        };
         if std::mem::replace(&mut self.bequeathed, true) {
-            return;
+            return Bequeathed::default();
         }
         self.at(now_us);
         // Version 1 envelopes carry no bequests (the builds before them read only those).
         if self.cfg.wire_version < 2 {
-            return;
+            return b;
         }
         let live = self.live();
+        let (mut engines, mut routers) = (BTreeSet::new(), BTreeSet::new());
         for (to, d) in self.feeds.bequeath(&live) {
             if let Some(m) = self.peers.get(&to) {
                 self.counters.feed_bequests += 1;
+                if let Delta::Bequest(s) = &d {
+                    engines.insert(s.engine);
+                }
+                routers.insert(to);
                 self.direct.entry(m.addr).or_default().0.push(d);
             }
         }
+        (b.engines, b.routers) = (engines.len(), routers.len());
         self.flush(now_us);
+        b
     }
 
     /// Leaves the cluster (the others see it at once), its feeds bequeathed first (unless
