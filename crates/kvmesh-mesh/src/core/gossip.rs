@@ -118,13 +118,22 @@ impl MeshCore {
             Delta::SnapshotPart(p) => {
                 // The whole, once every part is in, is taken as if it had come in one piece.
                 self.counters.snapshot_parts += 1;
+                let (engine, part, parts) = (p.snap.engine, p.part, p.parts);
                 match self.parts.add(sender, p) {
-                    Ok(Some((true, s))) => self.merge(sender, Delta::Bequest(s), live, now_us),
-                    Ok(Some((false, s))) => {
-                        self.merge(sender, Delta::FeedSnapshot(s), live, now_us)
+                    Ok(Some((bequest, s))) => {
+                        tracing::debug!(engine = %format_args!("{:016x}", engine), parts, blocks = s.blocks.len(), bequest, "feed snapshot put together from its parts");
+                        let d = if bequest {
+                            Delta::Bequest(s)
+                        } else {
+                            Delta::FeedSnapshot(s)
+                        };
+                        self.merge(sender, d, live, now_us);
                     }
                     Ok(None) => {}
-                    Err(_) => self.counters.deltas_refused += 1,
+                    Err(e) => {
+                        tracing::debug!(engine = %format_args!("{:016x}", engine), part, parts, why = ?e, "feed snapshot part dropped");
+                        self.counters.deltas_refused += 1;
+                    }
                 }
             }
             Delta::Bequest(s) => {
@@ -240,6 +249,14 @@ impl MeshCore {
             }
             Control::Pull(p) => {
                 let d = self.feeds.serve_pull(sender, &p);
+                let blocks: usize = d
+                    .iter()
+                    .map(|d| match d {
+                        Delta::FeedSnapshot(s) => s.blocks.len(),
+                        _ => 0,
+                    })
+                    .sum();
+                tracing::debug!(engine = %format_args!("{:016x}", p.engine), from = %from, after = p.after, snapshot = p.snapshot, answers = d.len(), snapshot_blocks = blocks, "feed pull served");
                 if !d.is_empty() {
                     self.direct.entry(from).or_default().0.extend(d);
                 }
@@ -295,6 +312,36 @@ impl MeshCore {
         let reg = &self.st.registry;
         let fragments = reg.deltas().into_iter().map(Delta::Registry);
         fragments.chain(reg.planted().into_iter().map(Delta::Planted))
+    }
+
+    pub(super) fn send_pulls(
+        &mut self,
+        pulls: Vec<(NodeId, kvmesh_state::FeedPull)>,
+        _now_us: u64,
+    ) {
+        for (to, p) in pulls {
+            let Some(m) = self.peers.get(&to) else {
+                tracing::debug!(engine = %format_args!("{:016x}", p.engine), to = %format_args!("{:016x}", to.0), "feed pull not sent: the router is not a member here");
+                continue;
+            };
+            tracing::debug!(engine = %format_args!("{:016x}", p.engine), to = %m.addr, after = p.after, snapshot = p.snapshot, "feed pull sent");
+            self.counters.feed_pulls += 1;
+            self.direct
+                .entry(m.addr)
+                .or_default()
+                .1
+                .push(Control::Pull(p));
+        }
+    }
+
+    /// The snapshots owed to routers that asked for a feed while this node waited for its
+    /// handover (see `Feeds::serve_pull`), with the other direct messages of the flush.
+    pub(super) fn send_feed_answers(&mut self) {
+        for (to, d) in self.feeds.take_answers() {
+            if let Some(m) = self.peers.get(&to) {
+                self.direct.entry(m.addr).or_default().0.push(d);
+            }
+        }
     }
 
     pub(super) fn flush(&mut self, now_us: u64) {

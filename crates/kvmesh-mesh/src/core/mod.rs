@@ -778,29 +778,6 @@ impl MeshCore {
         self.rng
     }
 
-    fn send_pulls(&mut self, pulls: Vec<(NodeId, kvmesh_state::FeedPull)>, _now_us: u64) {
-        for (to, p) in pulls {
-            if let Some(m) = self.peers.get(&to) {
-                self.counters.feed_pulls += 1;
-                self.direct
-                    .entry(m.addr)
-                    .or_default()
-                    .1
-                    .push(Control::Pull(p));
-            }
-        }
-    }
-
-    /// The snapshots owed to routers that asked for a feed while this node waited for its
-    /// handover (see `Feeds::serve_pull`), with the other direct messages of the flush.
-    pub(super) fn send_feed_answers(&mut self) {
-        for (to, d) in self.feeds.take_answers() {
-            if let Some(m) = self.peers.get(&to) {
-                self.direct.entry(m.addr).or_default().0.push(d);
-            }
-        }
-    }
-
     /// Test and bench hook: the feed side's own view (engines followed and their feeds).
     pub fn feeds_followed(&self) -> HashMap<u64, Option<kvmesh_state::FeedId>> {
         self.feeds.followed()
