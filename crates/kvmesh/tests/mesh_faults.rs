@@ -330,6 +330,13 @@ fn owners_read_each_engine_and_a_killed_router_is_replaced_without_loss() {
     assert!(ok.load(Relaxed) > 0);
 }
 
+/// The cached tokens the router predicted for an answer (`x-kvmesh-predicted-cached-tokens`).
+fn predicted_tokens(r: &Http) -> u64 {
+    r.header("x-kvmesh-predicted-cached-tokens")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// `GET URL` as JSON (`Null` when it fails).
 fn get_json(url: &str) -> serde_json::Value {
     http("GET", url, &[], "", Duration::from_secs(5))
@@ -389,10 +396,7 @@ fn a_router_that_follows_a_restarted_engine_keeps_the_new_process_s_blocks() {
     )
     .expect("through the follower");
     assert_eq!(r.status, 200, "{}", r.body);
-    let predicted: u64 = r
-        .header("x-kvmesh-predicted-cached-tokens")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let predicted = predicted_tokens(&r);
     assert_eq!(
         r.header("x-kvmesh-engine"),
         Some(url.as_str()),
@@ -496,10 +500,7 @@ fn routers_that_stop_together_hand_their_engines_to_the_one_that_stays() {
         )
         .expect("again");
         assert_eq!(r.status, 200, "{}", r.body);
-        let predicted: u64 = r
-            .header("x-kvmesh-predicted-cached-tokens")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let predicted = predicted_tokens(&r);
         found += usize::from(r.header("x-kvmesh-engine") == Some(first.as_str()) && predicted > 0);
     }
     println!("{found} of {on_handed} follow-ups on the handed-over engines found their blocks");

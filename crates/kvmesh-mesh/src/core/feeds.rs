@@ -279,8 +279,12 @@ impl Feeds {
             let waiting = self.handover.contains_key(&engine);
             let has = self.outs.contains_key(&engine) || waiting;
             if should && (!has || waiting) {
-                let ask = self.handover_asks(engine, &owners, &ids);
-                if let Some((b, _)) = self.bequests.remove(&engine) {
+                let bequest = self.bequests.remove(&engine);
+                let ask = match bequest {
+                    Some(_) => Vec::new(),
+                    None => self.handover_asks(engine, &owners, &ids),
+                };
+                if let Some((b, _)) = bequest {
                     self.start(engine, Some(b), applies);
                     self.taken += 1;
                     moves += 1;

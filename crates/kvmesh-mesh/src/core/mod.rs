@@ -711,19 +711,18 @@ impl MeshCore {
     /// node is gone (see `Feeds::bequeath`), sent at once: what a router does before it
     /// leaves. The shell waits for those envelopes to be delivered before it sends the leave,
     /// so that a router that comes to own the engine has the feed when it learns of it (it
-    /// takes it up either way). Once.
-    /// Returns what it handed over (once; nothing the second time).
+    /// takes it up either way). Once: returns what it handed over, nothing the second time.
     pub fn bequeath(&mut self, now_us: u64) -> Bequeathed {
+        if std::mem::replace(&mut self.bequeathed, true) {
+            return Bequeathed::default();
+        }
         let mut b = Bequeathed {
             reads: self.feeds.owned().count(),
             ..Bequeathed::default()
         };
-        if std::mem::replace(&mut self.bequeathed, true) {
-            return Bequeathed::default();
-        }
         self.at(now_us);
         // Version 1 envelopes carry no bequests (the builds before them read only those).
-        if self.cfg.wire_version < 2 {
+        if self.writes_version_1() {
             return b;
         }
         let live = self.live();
