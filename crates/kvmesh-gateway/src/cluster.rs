@@ -619,8 +619,12 @@ impl MeshHook for Cluster {
         status::collector(self)
     }
 
-    fn status(&self, slot: RouterSlot) -> serde_json::Value {
-        status::status(self, slot)
+    fn status(
+        &self,
+        slot: RouterSlot,
+        url_of: &dyn Fn(u64) -> Option<String>,
+    ) -> serde_json::Value {
+        status::status(self, slot, url_of)
     }
 
     fn engine_added(&self, entry: &EngineEntry) {

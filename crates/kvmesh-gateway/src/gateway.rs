@@ -27,8 +27,13 @@ pub trait MeshHook: Send + Sync {
     /// An engine was removed here.
     fn engine_removed(&self, url: &str);
     /// `GET /admin/cluster`: members, digests, counters, and `slot`: where this router stands
-    /// among the live routers as its policies were built with it (the registry's copy).
-    fn status(&self, slot: kvmesh_policy::RouterSlot) -> serde_json::Value;
+    /// among the live routers as its policies were built with it (the registry's copy);
+    /// `url_of` names an engine by its id (the registry's).
+    fn status(
+        &self,
+        slot: kvmesh_policy::RouterSlot,
+        url_of: &dyn Fn(u64) -> Option<String>,
+    ) -> serde_json::Value;
     /// The router holds the cluster's state (ready to route as its peers do).
     fn is_warm(&self) -> bool;
     /// The mesh's metric families for `/metrics`, read at this instant.

@@ -337,7 +337,17 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         )),
         (_, "/admin/engines") => admin::engines(&gw, req).await,
         (&Method::GET, "/admin/cluster") => match gw.mesh.get() {
-            Some(m) => json(200, m.status(gw.registry.router_slot()).to_string()),
+            Some(m) => {
+                let url_of = |id: u64| {
+                    gw.registry
+                        .get(kvmesh_prefix::EngineId(id))
+                        .map(|e| e.url.clone())
+                };
+                json(
+                    200,
+                    m.status(gw.registry.router_slot(), &url_of).to_string(),
+                )
+            }
             None => json(
                 200,
                 serde_json::json!({ "mesh": "disabled", "members": [] }).to_string(),

@@ -49,9 +49,10 @@ fn node(s: &mut Sim, i: usize) -> &mut kvmesh_mesh::core::sim::SimNode {
     s.nodes[i].as_mut().expect("alive")
 }
 
-/// Every live node warm, in one membership, with equal digests, and every node but
-/// `except` told the registry `want` (the writer of the last change is not told its own).
-fn settled(s: &mut Sim, want: &BTreeMap<u64, EngineRecord>, except: &[usize]) -> bool {
+/// Every live node warm, in one membership, with equal digests, and every node
+/// told the registry `want` (the writers of changes included: see
+/// `changes_of_one_engine_made_at_once_through_two_routers_end_the_same_everywhere`).
+fn settled(s: &mut Sim, want: &BTreeMap<u64, EngineRecord>) -> bool {
     let ds = s.digests();
     s.membership_converged()
         && ds.windows(2).all(|w| w[0] == w[1])
@@ -59,7 +60,7 @@ fn settled(s: &mut Sim, want: &BTreeMap<u64, EngineRecord>, except: &[usize]) ->
             .iter()
             .enumerate()
             .filter_map(|(i, n)| n.as_ref().map(|n| (i, n)))
-            .all(|(i, n)| n.core.is_warm() && (except.contains(&i) || &n.index.registry == want))
+            .all(|(_, n)| n.core.is_warm() && &n.index.registry == want)
 }
 
 /// Three routers of [`config`], settled. Router 0 is the first (no seeds): warm at once, its
@@ -82,7 +83,7 @@ fn three_started_together(c: CoreConfig, seed: u64, engines: Vec<(u64, EngineRec
     start(&mut s, 2, Some(0), engines.clone());
     let all: BTreeMap<u64, EngineRecord> = engines.into_iter().collect();
     assert!(
-        s.until(30_000_000, |s| settled(s, &all, &[])).is_some(),
+        s.until(30_000_000, |s| settled(s, &all)).is_some(),
         "seed {seed}: the cluster did not settle\n{}",
         s.explain()
     );
@@ -107,22 +108,16 @@ fn change(s: &mut Sim, remove_at: usize, reweigh_at: usize) -> BTreeMap<u64, Eng
     [(Y, record(Y, 2_500))].into()
 }
 
-/// Asserts that every router comes to hold `want` (but the writers `except`, not told their
-/// own changes) within `within_us`, and still does 3 s later.
-fn holds(
-    s: &mut Sim,
-    want: &BTreeMap<u64, EngineRecord>,
-    except: &[usize],
-    within_us: u64,
-    what: &str,
-) {
+/// Asserts that every router comes to hold `want` (the writers of changes too) within
+/// `within_us`, and still does 3 s later.
+fn holds(s: &mut Sim, want: &BTreeMap<u64, EngineRecord>, within_us: u64, what: &str) {
     assert!(
-        s.until(within_us, |s| settled(s, want, except)).is_some(),
+        s.until(within_us, |s| settled(s, want)).is_some(),
         "{what}\n{}",
         s.explain()
     );
     s.run(3_000_000, |_| {});
-    assert!(settled(s, want, except), "{what}: 3 s later");
+    assert!(settled(s, want), "{what}: 3 s later");
 }
 
 #[test]
@@ -150,8 +145,7 @@ fn config_engines_seed_the_registry_and_admin_changes_reach_every_router() {
             .local_engine_add(Y, record(Y, 2_500), now);
         let changed: BTreeMap<u64, EngineRecord> = [(Y, record(Y, 2_500))].into();
         assert!(
-            s.until(30_000_000, |s| settled(s, &changed, &[1, 2]))
-                .is_some(),
+            s.until(30_000_000, |s| settled(s, &changed)).is_some(),
             "seed {seed}: the removal and the weight did not reach every router\n{}",
             s.explain()
         );
@@ -167,9 +161,7 @@ fn config_engines_seed_the_registry_and_admin_changes_reach_every_router() {
         s.run(200_000, |_| {});
         start(&mut s, 2, Some(0), config());
         assert!(
-            // Router 1 is not told its own removal.
-            s.until(30_000_000, |s| settled(s, &changed, &[1]))
-                .is_some(),
+            s.until(30_000_000, |s| settled(s, &changed)).is_some(),
             "seed {seed}: a restart with the same config undid the run-time changes\n{}",
             s.explain()
         );
@@ -193,8 +185,7 @@ fn config_engines_seed_the_registry_and_admin_changes_reach_every_router() {
         start(&mut s, 2, Some(0), y3);
         let only_y3: BTreeMap<u64, EngineRecord> = [(Y, record(Y, 3_000))].into();
         assert!(
-            s.until(30_000_000, |s| settled(s, &only_y3, &[1]))
-                .is_some(),
+            s.until(30_000_000, |s| settled(s, &only_y3)).is_some(),
             "seed {seed}: the changed config record did not take effect\n{}",
             s.explain()
         );
@@ -214,7 +205,7 @@ fn config_engines_seed_the_registry_and_admin_changes_reach_every_router() {
             node(&mut s, 1).core.local_engine_remove(Z, now);
         }
         assert!(
-            s.until(30_000_000, |s| settled(s, &only_y3, &[])).is_some(),
+            s.until(30_000_000, |s| settled(s, &only_y3)).is_some(),
             "seed {seed}: no agreement after the last restart\n{}",
             s.explain()
         );
@@ -239,7 +230,7 @@ fn a_router_restarted_alone_does_not_undo_run_time_changes_when_it_meets_the_clu
         // At run time: X removed through router 0, Y's weight set through router 1.
         let changed = change(&mut s, 0, 1);
         let what = format!("seed {seed}: the changes did not spread");
-        holds(&mut s, &changed, &[0, 1], 30_000_000, &what);
+        holds(&mut s, &changed, 30_000_000, &what);
         // Router 2 restarts behind a partition: no peer answers within its warm-up time.
         s.kill(2);
         s.run(200_000, |_| {});
@@ -258,7 +249,7 @@ fn a_router_restarted_alone_does_not_undo_run_time_changes_when_it_meets_the_clu
         // The partition heals: the cluster keeps its run-time changes, router 2 takes them.
         s.group[2] = 0;
         let what = format!("seed {seed}: the run-time changes did not hold");
-        holds(&mut s, &changed, &[0, 1], 60_000_000, &what);
+        holds(&mut s, &changed, 60_000_000, &what);
         assert_eq!(
             node(&mut s, 2).core.counters().engines_seeded,
             0,
@@ -277,12 +268,12 @@ fn the_first_router_restarted_does_not_undo_run_time_changes() {
         let mut s = three_of_one_config(seed);
         let changed = change(&mut s, 1, 2);
         let what = format!("seed {seed}: the changes did not spread");
-        holds(&mut s, &changed, &[1, 2], 30_000_000, &what);
+        holds(&mut s, &changed, 30_000_000, &what);
         s.kill(0);
         s.run(200_000, |_| {});
         start(&mut s, 0, None, config());
         let what = format!("seed {seed}: the first router's restart undid the run-time changes");
-        holds(&mut s, &changed, &[1, 2], 30_000_000, &what);
+        holds(&mut s, &changed, 30_000_000, &what);
         assert_eq!(
             node(&mut s, 0).core.counters().engines_seeded,
             0,
@@ -309,7 +300,7 @@ fn changes_made_on_a_router_alone_hold_when_another_joins() {
         s.run(1_000_000, |_| {});
         start(&mut s, 1, Some(0), config());
         let what = format!("seed {seed}: the joining router undid the changes");
-        holds(&mut s, &changed, &[0], 30_000_000, &what);
+        holds(&mut s, &changed, 30_000_000, &what);
     }
 }
 
@@ -335,10 +326,10 @@ fn two_routers_restarted_together_do_not_undo_run_time_changes() {
         let mut s = three_of_one_config(seed);
         let changed = change(&mut s, 1, 2);
         let what = format!("seed {seed}: the changes did not spread");
-        holds(&mut s, &changed, &[1, 2], 30_000_000, &what);
+        holds(&mut s, &changed, 30_000_000, &what);
         restart_two_together(&mut s, seed);
         let what = format!("seed {seed}: two routers restarted together undid the changes");
-        holds(&mut s, &changed, &[2], 60_000_000, &what);
+        holds(&mut s, &changed, 60_000_000, &what);
         // Each restarted router was told to remove X (removed at run time), and nothing else:
         // Y, whose weight changed, was updated in place.
         assert_eq!(removals(&s, 2), [1, 1], "seed {seed}: removals told");
@@ -360,23 +351,22 @@ fn two_routers_restarted_together_after_an_upgrade_do_not_undo_run_time_changes(
         let mut s = three_of_one_config_with(v1, seed);
         let both: BTreeMap<u64, EngineRecord> = config().into_iter().collect();
         let what = format!("seed {seed}: the cluster did not hold its config");
-        holds(&mut s, &both, &[], 30_000_000, &what);
+        holds(&mut s, &both, 30_000_000, &what);
         let changed = change(&mut s, 1, 2);
         let what = format!("seed {seed}: the changes did not spread");
-        holds(&mut s, &changed, &[1, 2], 30_000_000, &what);
+        holds(&mut s, &changed, 30_000_000, &what);
         // The rolling upgrade: each router restarted with the same config, writing version 2.
         s.cfg.wire_version = 2;
         for (i, seed_node) in [(0, Some(1)), (1, Some(0)), (2, Some(0))] {
             s.kill(i);
             s.run(200_000, |_| {});
             start(&mut s, i, seed_node, config());
-            let except: Vec<usize> = [1, 2].into_iter().filter(|&w| w > i).collect();
             let what = format!("seed {seed}: router {i}'s upgrade undid the changes");
-            holds(&mut s, &changed, &except, 30_000_000, &what);
+            holds(&mut s, &changed, 30_000_000, &what);
         }
         restart_two_together(&mut s, seed);
         let what = format!("seed {seed}: two routers restarted together undid the changes");
-        holds(&mut s, &changed, &[], 60_000_000, &what);
+        holds(&mut s, &changed, 60_000_000, &what);
     }
 }
 
@@ -400,5 +390,61 @@ fn routers_started_together_never_drop_their_config_engines() {
         let s = three_started_together(cfg(), seed, big.clone());
         let what = format!("seed {seed}: 1,500 config engines: told removed");
         assert_eq!(removals(&s, 3), [0, 0, 0], "{what}");
+    }
+}
+
+/// Two changes of one engine made at once through two routers: each router changes its own
+/// engines first and tells its node after, so the peer's change can reach a router in
+/// between. Whichever change the registry keeps, every router comes to hold it, the writers
+/// included (QA: a router kept the change the cluster dropped, for good, while every digest
+/// agreed). Both orders of the two changes' times, a weight against a weight and a removal
+/// against a weight.
+#[test]
+fn changes_of_one_engine_made_at_once_through_two_routers_end_the_same_everywhere() {
+    for seed in 1..=8 {
+        for (remove, first) in [(false, 0usize), (false, 1), (true, 0), (true, 1)] {
+            let mut s = three_of_one_config(seed);
+            let (a, b) = (first, 1 - first);
+            let now = s.now;
+            // Router a's change, in its router first.
+            if remove {
+                node(&mut s, a).index.registry.remove(&Y);
+            } else {
+                node(&mut s, a).index.registry.insert(Y, record(Y, 2_000));
+            }
+            // Router b's change, made a moment later, reaches a's router before a's node
+            // hears of a's own.
+            node(&mut s, b).index.registry.insert(Y, record(Y, 3_000));
+            node(&mut s, b)
+                .core
+                .local_engine_add(Y, record(Y, 3_000), now + 1);
+            assert!(
+                s.until(5_000_000, |s| node(s, a).index.registry.get(&Y)
+                    == Some(&record(Y, 3_000)))
+                    .is_some(),
+                "seed {seed}: b's change reached a"
+            );
+            let now = s.now;
+            if remove {
+                node(&mut s, a).core.local_engine_remove(Y, now);
+            } else {
+                node(&mut s, a)
+                    .core
+                    .local_engine_add(Y, record(Y, 2_000), now);
+            }
+            assert!(
+                s.until(10_000_000, |s| {
+                    let ds = s.digests();
+                    let want = &node(s, 0).index.registry.clone();
+                    ds.windows(2).all(|w| w[0] == w[1])
+                        && (0..3).all(|i| &node(s, i).index.registry == want)
+                })
+                .is_some(),
+                "seed {seed}, remove {remove}, first {first}: the routers hold different registries: {:?}",
+                (0..3)
+                    .map(|i| node(&mut s, i).index.registry.get(&Y).cloned())
+                    .collect::<Vec<_>>()
+            );
+        }
     }
 }

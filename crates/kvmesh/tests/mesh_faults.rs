@@ -469,6 +469,18 @@ fn routers_that_stop_together_hand_their_engines_to_the_one_that_stays() {
             .as_array()
             .is_some_and(|v| v.len() == 4 && v.iter().all(|e| e["synced"] == true))
     });
+    // `/admin/cluster` names each engine by its URL beside its id.
+    for e in cluster(&bases[2])["ingest"]["engines"]
+        .as_array()
+        .expect("engines")
+    {
+        let url = e["url"].as_str().expect("an engine's url");
+        assert_eq!(
+            ids.get(url).map(String::as_str),
+            e["engine"].as_str(),
+            "{e}"
+        );
+    }
     std::thread::sleep(Duration::from_millis(500));
 
     let mut ab: Vec<Proc> = c.routers[..2].iter_mut().filter_map(Option::take).collect();

@@ -8,8 +8,13 @@ use std::sync::atomic::Ordering::Relaxed;
 
 /// `GET /admin/cluster`: members with their lag, digests, counters, bytes by traffic class,
 /// and per engine with KV events its owners and how this router follows it; `slot` is the
-/// rank `least_request` splits ties by (the registry's copy, which the policies were built with).
-pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json::Value {
+/// rank `least_request` splits ties by (the registry's copy, which the policies were built with);
+/// `url_of` names an engine by its id.
+pub(super) fn status(
+    c: &Cluster,
+    slot: kvmesh_policy::RouterSlot,
+    url_of: &dyn Fn(u64) -> Option<String>,
+) -> serde_json::Value {
     let members = c.members();
     let now = (c.now)();
     let t = c.transport.counters();
@@ -61,6 +66,7 @@ pub(super) fn status(c: &Cluster, slot: kvmesh_policy::RouterSlot) -> serde_json
         let f = core.feed_status(engine);
         engines.push(serde_json::json!({
             "engine": format!("{engine:016x}"),
+            "url": url_of(engine),
             "owners": owners,
             "reads_here": owned.contains(&engine),
             "follows": followed.map(|f| c.name_of(f.source, &members)),

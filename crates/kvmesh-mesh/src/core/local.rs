@@ -77,20 +77,30 @@ impl MeshCore {
     }
 
     /// An engine added (or its record changed) through this router.
+    ///
+    /// The router changed its engines before telling this node, so a peer's change of the
+    /// same engine applied in between is what the router holds now, whichever of the two the
+    /// registry keeps: the router is told the registry's record (a no-op when it holds it
+    /// already). Without this, two changes of one engine made at once through two routers
+    /// could leave one router on the change the cluster dropped, for good (QA), as the
+    /// digests, read from the registry, agreed.
     pub fn local_engine_add(&mut self, engine: u64, record: EngineRecord, now_us: u64) {
         self.at(now_us);
         self.supersede_seed(engine, now_us);
         let d = self.st.registry.add(self.me, now_us, engine, record);
         self.outbox.push(Delta::Registry(d));
+        self.tell_engine(engine);
     }
 
-    /// An engine removed through this router.
+    /// An engine removed through this router (the router is told what the registry holds
+    /// after it, as for [`MeshCore::local_engine_add`]).
     pub fn local_engine_remove(&mut self, engine: u64, now_us: u64) {
         self.at(now_us);
         self.supersede_seed(engine, now_us);
         if let Some(d) = self.st.registry.remove(engine) {
             self.outbox.push(Delta::Registry(d));
         }
+        self.tell_engine(engine);
     }
 
     /// A change through this router to an engine of its config that has not entered the
