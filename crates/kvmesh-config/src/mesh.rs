@@ -46,7 +46,11 @@ pub struct MeshConfig {
     /// (about 5 s), the engine's map of its own block hashes is lost with them, and the new
     /// owner reads the engine afresh: with more than `prefix.replay_max_batches` batches of
     /// history it is routed approximately until its next cache reset. Raise it to survive
-    /// more routers lost at once (each owner holds the engine's blocks).
+    /// more routers lost at once (each owner holds the engine's blocks). Give every router
+    /// of a cluster the same value: each computes every engine's owners with its own, and
+    /// routers that differ disagree on who reads what (`/admin/cluster` shows each router's
+    /// `ingest_replicas`); while a change rolls out, an engine may have a reader more or
+    /// fewer than either value gives.
     pub ingest_replicas: u32,
     /// Local changes (marks, in-flight counts, registry, feed batches) are batched and sent at
     /// most this often, ms — up to 16 routers; beyond, the period grows with the cluster
@@ -190,6 +194,14 @@ impl MeshConfig {
             "must be NAME:PORT, e.g. kvmesh-mesh.default.svc.cluster.local:7946",
         )?;
         if self.enabled {
+            // It is the router's address in the membership: the peers send to it.
+            check(
+                self.listen
+                    .parse::<std::net::SocketAddr>()
+                    .is_ok_and(|a| !a.ip().is_unspecified()),
+                &format!("{at}.listen"),
+                "must be this host's own IP:PORT, the address the other routers reach it at (not 0.0.0.0 or [::])",
+            )?;
             check(
                 !self.node_id.is_empty()
                     && self.node_id.len() <= 63

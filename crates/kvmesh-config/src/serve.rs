@@ -14,6 +14,9 @@ pub struct ServeConfig {
     /// HTTP address of the OpenAI-compatible API and of `/metrics` and `/admin/*`.
     pub listen: String,
     /// Engines known at start-up: tables, or plain base URLs (`engines = ["http://10.0.0.5:8000"]`).
+    /// May be empty (with no `dns` either) only when something can add engines later: the
+    /// mesh (the cluster's registry) or the admin API (`admin_token`); until then requests get
+    /// a 503.
     #[serde(deserialize_with = "urls_or_entries")]
     pub engines: Vec<EngineEntry>,
     /// DNS names that resolve to many engines, re-resolved periodically.
@@ -34,7 +37,9 @@ pub struct ServeConfig {
     pub retry: RetryConfig,
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
-    /// Bearer token protecting `/admin/*`; empty = the admin API is disabled. The
+    /// Bearer token protecting `/admin/engines` (the engines' list and changes to it;
+    /// `/admin/cluster` and the other read-only pages need none); empty = `/admin/engines`
+    /// is disabled. The
     /// `KVMESH_ADMIN_TOKEN` environment variable sets it too.
     pub admin_token: String,
     /// How long a shutdown waits for in-flight requests to finish, ms. A meshed router leaves

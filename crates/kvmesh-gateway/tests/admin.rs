@@ -528,3 +528,33 @@ async fn a_removed_engine_s_models_leave_no_metric_series_behind() {
     );
     stop_sims(sims).await;
 }
+
+/// A router may start without engines when its admin API can give it some (QA: `kvmesh
+/// serve` refused to start): until one is added it answers 503 (to be retried), not a 404
+/// that clients take as final; then it serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_started_without_engines_serves_once_one_is_added() {
+    let sims = start_sims(1, |_| instant_sim_cfg("test-model")).await;
+    let mut cfg = serve_cfg(&[]);
+    cfg.admin_token = TOKEN.into();
+    let router = start_router(cfg).await;
+    let base = router.base_url();
+    let c = client();
+    let chat = json!({"model": "test-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    let url = format!("{base}/v1/chat/completions");
+    let r = send(&c, "POST", &url, &[], chat.clone(), Duration::from_secs(10)).await;
+    assert_openai_error(&r, 503);
+    let r = admin(
+        &c,
+        &base,
+        "POST",
+        json!({"url": urls(&sims)[0]}).to_string(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    wait_routable(&router, "test-model", 1).await;
+    let r = send(&c, "POST", &url, &[], chat, Duration::from_secs(10)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    router.shutdown().await;
+    stop_sims(sims).await;
+}

@@ -189,7 +189,9 @@ impl ApiError {
             429 => ("rate_limit_error", "rate_limit_exceeded"),
             401 | 403 => ("authentication_error", "forbidden"),
             400..=499 => ("invalid_request_error", "invalid_request"),
+            502 => ("server_error", "upstream_error"),
             503 => ("server_error", "service_unavailable"),
+            504 => ("server_error", "timeout"),
             _ => ("server_error", "internal_error"),
         };
         ApiError {
@@ -276,5 +278,10 @@ mod tests {
             ApiError::with_status(404, "x").kind,
             "invalid_request_error"
         );
+        // A client tells a timeout and a failed engine from the router's own failure.
+        let codes: Vec<&str> = [500, 502, 504]
+            .map(|s| ApiError::with_status(s, "x").code)
+            .into();
+        assert_eq!(codes, ["internal_error", "upstream_error", "timeout"]);
     }
 }

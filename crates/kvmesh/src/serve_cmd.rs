@@ -44,7 +44,7 @@ pub struct ServeArgs {
     pub dns: Vec<String>,
     #[arg(long, value_name = "NAME", value_parser = parse_policy, help = format!("Default routing policy: {} [default: {}]", policy_names(), d().routing.policy.policy.as_str()))]
     pub policy: Option<PolicyKind>,
-    /// Bearer token protecting /admin/* (empty = admin API disabled).
+    /// Bearer token protecting /admin/engines (empty = /admin/engines disabled; /admin/cluster needs none).
     #[arg(
         long,
         env = "KVMESH_ADMIN_TOKEN",
@@ -185,10 +185,29 @@ impl ServeArgs {
                 "{flag} configures the mesh, which is off: give --node-id NAME (or set [serve.mesh] enabled and node_id in --config)"
             ));
         }
+        // --no-mesh turns the mesh off on purpose (a wrapper that always passes the mesh's
+        // flags); the flags it overrides are named, not dropped without a word.
+        if self.no_mesh {
+            let ignored: Vec<&str> = [("--node-id", self.node_id.is_some())]
+                .iter()
+                .chain(&mesh_flags)
+                .filter(|(_, given)| *given)
+                .map(|(flag, _)| *flag)
+                .collect();
+            if !ignored.is_empty() {
+                eprintln!(
+                    "kvmesh: note: --no-mesh: the router runs alone; {} ignored",
+                    ignored.join(", ")
+                );
+            }
+        }
         file.validate().map_err(|e| e.to_string())?;
-        if file.serve.engines.is_empty() && file.serve.dns.is_empty() {
+        // A router may start without engines when something can give it some: its mesh (the
+        // cluster's registry) or its admin API.
+        let s = &file.serve;
+        if s.engines.is_empty() && s.dns.is_empty() && !s.mesh.enabled && s.admin_token.is_empty() {
             return Err(
-                "no engines: give --engine URL (repeatable), --dns HOST:PORT, or [serve] engines in --config"
+                "no engines: give --engine URL (repeatable), --dns HOST:PORT, or [serve] engines in --config (or start it empty with --admin-token, to add them through /admin/engines, or --node-id, to take a mesh's)"
                     .into(),
             );
         }

@@ -243,7 +243,7 @@ pub async fn run(a: &UpArgs, c: &Cluster, wl: &SharedPrefixWorkload) -> Result<(
             .mesh
             .get()
             .map(|m| {
-                let s = m.status(r.gateway.registry.router_slot());
+                let s = m.status(r.gateway.registry.router_slot(), &|_| None);
                 let peers = s["members"].as_array().map_or(0, Vec::len);
                 let owned = s["ingest"]["owned"].as_u64().unwrap_or(0);
                 format!(

@@ -618,11 +618,22 @@ fn mesh_flags_on_a_router_without_a_mesh_are_refused() {
         err.contains("serve.mesh.tls_dir") && err.contains("ca.pem"),
         "{err}"
     );
+    // The mesh address is the router's address in the membership (QA: 0.0.0.0 passed).
+    let out = serve(&["--node-id", "a", "--mesh-listen", "0.0.0.0:7946"]);
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        serve(&["--no-mesh", "--seed", "127.0.0.1:7946"])
-            .status
-            .success(),
+        !out.status.success() && err.contains("serve.mesh.listen") && err.contains("0.0.0.0"),
+        "{err}"
+    );
+    let out = serve(&["--no-mesh", "--node-id", "a", "--seed", "127.0.0.1:7946"]);
+    assert!(
+        out.status.success(),
         "--no-mesh says the mesh is off on purpose"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--node-id, --seed ignored"),
+        "the flags --no-mesh overrides are named (QA): {err}"
     );
 }
 

@@ -55,6 +55,7 @@ pub(super) fn status(
         })
         .collect();
     let owned: std::collections::BTreeSet<u64> = core.owned().collect();
+    let replicas = core.ingest_replicas();
     let suspects = core.suspects();
     let mut engines = Vec::new();
     for (engine, followed) in core.feeds_followed() {
@@ -136,7 +137,7 @@ pub(super) fn status(
             "reloads": t.tls_reloads.load(Relaxed),
             "reload_failures": t.tls_reload_failures.load(Relaxed),
         },
-        "ingest": { "owned": owned.len(), "engines": engines },
+        "ingest": { "replicas": replicas, "owned": owned.len(), "engines": engines },
     })
 }
 

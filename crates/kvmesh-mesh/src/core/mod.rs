@@ -395,6 +395,11 @@ impl MeshCore {
         &self.envelope_age
     }
 
+    /// Routers reading each engine's events, as this router counts them (0 = every router).
+    pub fn ingest_replicas(&self) -> usize {
+        self.cfg.ingest_replicas
+    }
+
     /// Counters.
     pub fn counters(&self) -> &CoreCounters {
         &self.counters
