@@ -677,7 +677,13 @@ async fn send(
                 }
                 ReadAhead::First(f)
             }
-            Ok(Ok(None)) => ReadAhead::Ended,
+            // A success without a body is no answer to a completion (QA: it reached the
+            // client as a 200 it could not parse, and the engine was credited): nothing has
+            // reached the client, so another engine is tried.
+            Ok(Ok(None)) => {
+                let detail = format!("{}: an empty answer ({status} without a body)", engine.url);
+                return failed(FailKind::Transport, detail, attempt);
+            }
         }
     } else {
         if status.is_client_error() {

@@ -215,8 +215,6 @@ pub enum ReadAhead {
     Nothing,
     /// Its first frame (its TTFT observed by the caller), returned first.
     First(Frame<Bytes>),
-    /// The body ended before any frame: an empty answer.
-    Ended,
 }
 
 /// What the coalescing loop met after data: returned on the next poll.
@@ -237,12 +235,11 @@ impl TrackedBody {
         event_stream: bool,
     ) -> Self {
         let left = total.saturating_sub(attempt.elapsed());
-        let (first, ended) = match ahead {
-            ReadAhead::Nothing => (None, false),
-            ReadAhead::First(f) => (Some(f), false),
-            ReadAhead::Ended => (None, true),
+        let first = match ahead {
+            ReadAhead::Nothing => None,
+            ReadAhead::First(f) => Some(f),
         };
-        let mut body = TrackedBody {
+        TrackedBody {
             inner,
             first,
             attempt: Some(attempt),
@@ -250,15 +247,10 @@ impl TrackedBody {
             deadline: None,
             last_data: tokio::time::Instant::now(),
             held: None,
-            ended,
+            ended: false,
             unflushed: false,
             tell_break: event_stream,
-        };
-        if ended {
-            // An empty answer: whole already (the upstream body is never polled again).
-            body.end(StreamEnd::Complete);
         }
-        body
     }
 
     fn end(&mut self, end: StreamEnd) {

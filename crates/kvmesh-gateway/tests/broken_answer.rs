@@ -3,6 +3,8 @@
 //! event, then an error event saying why the stream ends, before the connection closes on the
 //! break. Without that, the client would see a
 //! request never answered at all (no status) and take it for one it may safely send again.
+//! An engine that answers with an empty 200, on the other hand, has sent nothing the client
+//! could take: that request goes to another engine.
 //!
 //! The engine is a raw TCP server on loopback that writes the head and one chunk of an event
 //! stream and closes in the same instant, so that the router's upstream body holds the data
@@ -11,7 +13,7 @@
 
 mod common;
 
-use common::{serve_cfg, start_router_with};
+use common::*;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -53,6 +55,19 @@ async fn read_request(s: &mut TcpStream) -> Option<String> {
 /// head of an event stream and one event, and the connection closes at once (no terminating
 /// chunk: the answer is broken).
 async fn breaking_engine() -> String {
+    fake_engine(EngineAnswer::Breaks).await
+}
+
+/// What a fake engine answers to a POST.
+#[derive(Clone, Copy)]
+enum EngineAnswer {
+    /// The head of an event stream and one event, then the connection closes.
+    Breaks,
+    /// A 200 without a body (`content-length: 0`), the connection kept.
+    Empty,
+}
+
+async fn fake_engine(answer: EngineAnswer) -> String {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", l.local_addr().expect("addr"));
     tokio::spawn(async move {
@@ -66,6 +81,14 @@ async fn breaking_engine() -> String {
                              content-length: {}\r\n\r\n{body}",
                             body.len()
                         );
+                        if s.write_all(r.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    if let EngineAnswer::Empty = answer {
+                        let r = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                                 content-length: 0\r\n\r\n";
                         if s.write_all(r.as_bytes()).await.is_err() {
                             return;
                         }
@@ -144,4 +167,41 @@ async fn an_answer_broken_after_its_first_event_reaches_the_client_up_to_the_bre
         );
     }
     router.shutdown().await;
+}
+
+/// An engine that answers a completion with a 200 and no body has given no answer, and
+/// nothing has reached the client: the request goes to another engine (QA: the client got
+/// the empty 200, which an OpenAI client cannot parse, and the engine was credited with a
+/// success). With no other engine, the client gets a 502 that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_answer_is_retried_on_another_engine() {
+    let empty = fake_engine(EngineAnswer::Empty).await;
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let mut engines = vec![empty.clone()];
+    engines.extend(urls(&sims));
+    let mut cfg = serve_cfg(&engines);
+    cfg.engines[0].models = vec!["m".into()];
+    cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+    cfg.routing.health.breaker.enabled = false;
+    let router = start_router_with(cfg, "m", 2).await;
+    let c = client();
+    let url = format!("{}/v1/chat/completions", router.base_url());
+    let chat = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    for i in 0..8 {
+        let r = send(&c, "POST", &url, &[], chat.clone(), WAIT).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
+        assert!(r.json()["choices"].is_array(), "request {i}: {}", r.body);
+    }
+    router.shutdown().await;
+
+    let mut cfg = serve_cfg(std::slice::from_ref(&empty));
+    cfg.engines[0].models = vec!["m".into()];
+    cfg.routing.health.breaker.enabled = false;
+    let router = start_router_with(cfg, "m", 1).await;
+    let url = format!("{}/v1/chat/completions", router.base_url());
+    let r = send(&c, "POST", &url, &[], chat, WAIT).await;
+    assert_openai_error(&r, 502);
+    assert!(r.body.contains("empty answer"), "{}", r.body);
+    router.shutdown().await;
+    stop_sims(sims).await;
 }
