@@ -1,6 +1,7 @@
 //! OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with an HTTP status.
 
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// An error returned to an API client. Building one never fails; [`ApiError::to_json`] renders
 /// the body the OpenAI clients understand.
@@ -14,8 +15,9 @@ pub struct ApiError {
     pub kind: &'static str,
     /// Machine-readable code, e.g. `model_not_found`.
     pub code: &'static str,
-    /// The request parameter at fault, when there is one.
-    pub param: Option<&'static str>,
+    /// The request parameter at fault, when there is one (a path such as
+    /// `messages[0].content` for a value inside one).
+    pub param: Option<Cow<'static, str>>,
 }
 
 #[derive(Serialize)]
@@ -47,7 +49,7 @@ impl ApiError {
     /// A 400 naming the parameter at fault.
     pub fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
         ApiError {
-            param: Some(param),
+            param: Some(Cow::Borrowed(param)),
             ..Self::bad_request("invalid_value", message)
         }
     }
@@ -102,7 +104,7 @@ impl ApiError {
             message: format!("The model `{}` does not exist.", clip(model)),
             kind: "invalid_request_error",
             code: "model_not_found",
-            param: Some("model"),
+            param: Some(Cow::Borrowed("model")),
         }
     }
 
@@ -209,7 +211,7 @@ impl ApiError {
             error: Inner {
                 message: &self.message,
                 kind: self.kind,
-                param: self.param,
+                param: self.param.as_deref(),
                 code: self.code,
             },
         })

@@ -165,15 +165,58 @@ pub fn parse_body<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError>
             return ApiError::invalid_json("the request body must be a JSON object");
         }
         let detail = e.to_string();
-        match detail.strip_prefix("data did not match any variant of untagged enum Prompt") {
-            Some(at) => ApiError::invalid_param(
+        if let Some(at) =
+            detail.strip_prefix("data did not match any variant of untagged enum Prompt")
+        {
+            return ApiError::invalid_param(
                 "prompt",
                 format!(
                     "`prompt` must be a string, an array of token ids (0 to 2^32 - 1), or an array of either{at}"
                 ),
-            ),
-            None => ApiError::invalid_json(detail),
+            );
         }
+        if e.is_data() {
+            return data_error::<T>(body).unwrap_or_else(|| ApiError::invalid_json(detail));
+        }
+        ApiError::invalid_json(detail)
+    })
+}
+
+/// A well-formed body whose data does not fit `T`: the parameter at fault named, as OpenAI
+/// does (`param`, code `invalid_type` for a value of the wrong type, `invalid_value` for
+/// another value refused, `missing_required_parameter`). Parsed again with the path tracked:
+/// the error's path only, never the request's. `None` when no parameter can be named.
+fn data_error<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Option<ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let e = serde_path_to_error::deserialize::<_, T>(&mut de).err()?;
+    let path = e.path().to_string();
+    let inner = e.into_inner().to_string();
+    if path.is_empty() || path == "." {
+        // At the top: a required field missing.
+        let name = inner
+            .strip_prefix("missing field `")?
+            .split('`')
+            .next()
+            .filter(|n| !n.is_empty())?
+            .to_string();
+        return Some(ApiError {
+            param: Some(std::borrow::Cow::Owned(name.clone())),
+            ..ApiError::bad_request(
+                "missing_required_parameter",
+                format!("missing required parameter `{name}`"),
+            )
+        });
+    }
+    let path = crate::error::clip(&path).into_owned();
+    let code = if inner.starts_with("invalid type") {
+        "invalid_type"
+    } else {
+        "invalid_value"
+    };
+    Some(ApiError {
+        message: format!("invalid `{path}`: {inner}"),
+        param: Some(std::borrow::Cow::Owned(path)),
+        ..ApiError::bad_request(code, String::new())
     })
 }
 
@@ -347,6 +390,53 @@ pub fn peek_model(body: &[u8]) -> Result<Option<String>, ApiError> {
 mod tests {
     use super::*;
 
+    /// A well-formed body with a value of the wrong type names the parameter (QA: every such
+    /// body was "invalid JSON", `param` null).
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_parameter() {
+        let m = r#""model":"m","messages":[{"role":"user","content":"hi"}]"#;
+        for (body, param, code) in [
+            (
+                r#"{"model":"m","messages":"hi"}"#.to_string(),
+                "messages",
+                "invalid_type",
+            ),
+            (
+                format!(r#"{{{m},"max_tokens":"4"}}"#),
+                "max_tokens",
+                "invalid_type",
+            ),
+            (
+                format!(r#"{{{m},"stream":"yes"}}"#),
+                "stream",
+                "invalid_type",
+            ),
+            (format!(r#"{{{m},"user":5}}"#), "user", "invalid_type"),
+            (
+                format!(r#"{{{m},"stream_options":{{"include_usage":1}}}}"#),
+                "stream_options.include_usage",
+                "invalid_type",
+            ),
+            (
+                r#"{"model":"m"}"#.to_string(),
+                "messages",
+                "missing_required_parameter",
+            ),
+        ] {
+            let e = parse_body::<ChatCompletionRequest>(body.as_bytes()).expect_err(&body);
+            assert_eq!(
+                (e.status, e.param.as_deref(), e.code),
+                (400, Some(param), code),
+                "{body}: {}",
+                e.message
+            );
+            assert!(e.message.contains(param), "{body}: {}", e.message);
+        }
+        // Not JSON at all stays what it was.
+        let e = parse_body::<ChatCompletionRequest>(b"{\"model\":").expect_err("truncated");
+        assert_eq!((e.code, e.param), ("invalid_json", None));
+    }
+
     #[test]
     fn chat_parses_and_validates() {
         let r: ChatCompletionRequest = parse_body(
@@ -379,10 +469,15 @@ mod tests {
             (r#","temperature":-1"#, Some("temperature")),
             (r#","top_p":0"#, Some("top_p")),
             (r#","top_p":1.5"#, Some("top_p")),
-            (r#","temperature":"hot""#, None),
+            (r#","temperature":"hot""#, Some("temperature")),
         ] {
             for e in [chat(bad).unwrap_err(), completion(bad).unwrap_err()] {
-                assert_eq!((e.status, e.param), (400, param), "{bad}: {}", e.message);
+                assert_eq!(
+                    (e.status, e.param.as_deref()),
+                    (400, param),
+                    "{bad}: {}",
+                    e.message
+                );
             }
         }
     }
@@ -423,14 +518,14 @@ mod tests {
         .expect("parse");
         let e = r.validate().expect_err("zero max_tokens");
         assert_eq!(e.status, 400);
-        assert_eq!(e.param, Some("max_tokens"));
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
         // QA: 5e9 was clamped, and the context error named 4294967295.
         let r: ChatCompletionRequest = parse_body(
             br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":5000000000}"#,
         )
         .expect("parse");
         let e = r.validate().expect_err("too large");
-        assert_eq!(e.param, Some("max_completion_tokens"));
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
         assert!(e.message.contains("5000000000"), "{}", e.message);
         let r: ChatCompletionRequest =
             parse_body(br#"{"model":"m","messages":[]}"#).expect("parse");
@@ -472,7 +567,7 @@ mod tests {
             assert!(e.message.contains("must be a JSON object"), "{}", e.message);
         }
         let e = parse_body::<CompletionRequest>(br#"{"prompt":{"a":1}}"#).expect_err("prompt");
-        assert_eq!(e.param, Some("prompt"));
+        assert_eq!(e.param.as_deref(), Some("prompt"));
         assert!(e.message.contains("must be a string"), "{}", e.message);
         assert!(!e.message.contains("untagged"), "{}", e.message);
     }
@@ -482,12 +577,18 @@ mod tests {
         let r: ChatCompletionRequest =
             parse_body(br#"{"messages":[{"role":"user","content":"hi"}],"n":3}"#).expect("parse");
         r.check_openai().expect("n = 3 is an engine's to serve");
-        assert_eq!(r.validate().expect_err("one choice here").param, Some("n"));
+        assert_eq!(
+            r.validate().expect_err("one choice here").param.as_deref(),
+            Some("n")
+        );
         let r: CompletionRequest = parse_body(br#"{"prompt":"a","n":0}"#).expect("parse");
-        assert_eq!(r.check_openai().expect_err("n = 0").param, Some("n"));
+        assert_eq!(
+            r.check_openai().expect_err("n = 0").param.as_deref(),
+            Some("n")
+        );
         let r: CompletionRequest = parse_body(br#"{"prompt":"a","max_tokens":-5}"#).expect("parse");
         assert_eq!(
-            r.check_openai().expect_err("negative").param,
+            r.check_openai().expect_err("negative").param.as_deref(),
             Some("max_tokens")
         );
     }

@@ -88,7 +88,7 @@ async fn bad_input_is_rejected_with_openai_errors_and_changes_nothing() {
             "wrong type",
             json!({"model": "sim-model", "messages": "hello"}).to_string().into(),
             400,
-            "invalid_json",
+            "invalid_type",
         ),
         (
             "logprobs (the simulator samples from no distribution)",
