@@ -250,6 +250,7 @@ async fn remove(
     query: Option<String>,
 ) -> Result<Response<Body>, ApiError> {
     #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Del {
         url: String,
     }

@@ -225,11 +225,13 @@ fn prepare(
 /// No route serves `model`. While some engine has not yet told its models (unreachable since
 /// the router started, models not configured), the model may be one of them: 503, to be
 /// retried, rather than a 404 that clients take as final.
-/// With no engine at all (a router started empty, its engines to come from its admin API or
-/// its mesh), 503 as well.
+/// With no engine at all (a router started empty, or its last engine removed: engines come
+/// from its admin API or its mesh), 503 as well.
 fn unknown_model(engines: &[Arc<Engine>], model: &str) -> ApiError {
     if engines.is_empty() {
-        return ApiError::unavailable("this router has no engines yet");
+        return ApiError::unavailable(
+            "this router has no engines: they come from its admin API (/admin/engines) or its mesh",
+        );
     }
     let untold = engines.iter().filter(|e| e.models().is_empty()).count();
     if untold == 0 {

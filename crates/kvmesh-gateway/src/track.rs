@@ -304,14 +304,17 @@ impl TrackedBody {
 
     /// `e` now when nothing returned since the last `Pending` can be waiting in hyper's
     /// buffer; else `Pending` once (woken at once), so that hyper flushes what the client was
-    /// given before the error closes the connection.
+    /// given before the error closes the connection. An event stream is told first, with the
+    /// code of `status` (504: the total timeout, 502: the engine's answer broke).
     fn error_after_flush(
         &mut self,
         e: BoxError,
+        status: u16,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if std::mem::take(&mut self.tell_break) {
-            let event = ApiError::with_status(502, format!("the answer broke off: {e}")).to_sse();
+            let event =
+                ApiError::with_status(status, format!("the answer broke off: {e}")).to_sse();
             self.held = Some(Held::Error(e));
             self.unflushed = true;
             return Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))));
@@ -344,7 +347,7 @@ impl HttpBody for TrackedBody {
         let this = self.get_mut();
         match this.held.take() {
             Some(Held::Frame(f)) => return Poll::Ready(Some(Ok(f))),
-            Some(Held::Error(e)) => return this.error_after_flush(e, cx),
+            Some(Held::Error(e)) => return this.error_after_flush(e, 502, cx),
             None => {}
         }
         if this.ended {
@@ -387,7 +390,7 @@ impl HttpBody for TrackedBody {
             },
             Poll::Ready(Some(Err(e))) => {
                 this.end(StreamEnd::BodyError);
-                this.error_after_flush(e, cx)
+                this.error_after_flush(e, 502, cx)
             }
             Poll::Ready(None) => {
                 this.ended = true;
@@ -424,7 +427,7 @@ impl HttpBody for TrackedBody {
                         )
                     };
                     this.end(end);
-                    return this.error_after_flush(why.into(), cx);
+                    return this.error_after_flush(why.into(), 504, cx);
                 }
                 this.unflushed = false;
                 Poll::Pending

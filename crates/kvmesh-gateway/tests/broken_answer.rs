@@ -65,6 +65,9 @@ enum EngineAnswer {
     Breaks,
     /// A 200 without a body (`content-length: 0`), the connection kept.
     Empty,
+    /// The head of an event stream and one event, then nothing more (the connection kept
+    /// open for a minute): a wedged engine.
+    Stalls,
 }
 
 async fn fake_engine(answer: EngineAnswer) -> String {
@@ -100,6 +103,9 @@ async fn fake_engine(answer: EngineAnswer) -> String {
                         FIRST_EVENT.len()
                     );
                     let _ = s.write_all(r.as_bytes()).await;
+                    if let EngineAnswer::Stalls = answer {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
                     let _ = s.shutdown().await;
                     return;
                 }
@@ -204,4 +210,24 @@ async fn an_empty_answer_is_retried_on_another_engine() {
     assert!(r.body.contains("empty answer"), "{}", r.body);
     router.shutdown().await;
     stop_sims(sims).await;
+}
+
+/// A stream the router's total timeout cuts ends with an error event whose code says a
+/// timeout, as the 504 of a whole answer does (QA: it said `upstream_error`, as a broken
+/// answer does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_by_the_total_timeout_says_timeout() {
+    let engine = fake_engine(EngineAnswer::Stalls).await;
+    let mut cfg = serve_cfg(&[engine]);
+    cfg.engines[0].models = vec!["m".into()];
+    cfg.timeouts.first_byte_ms = 300;
+    cfg.timeouts.total_ms = 1_000;
+    let router = start_router_with(cfg, "m", 1).await;
+    let got = ask(router.addr).await;
+    let after = got.split(FIRST_EVENT).nth(1).unwrap_or("");
+    assert!(
+        after.contains("data: {\"error\":") && after.contains(r#""code":"timeout""#),
+        "{got:?}"
+    );
+    router.shutdown().await;
 }
