@@ -26,6 +26,8 @@ Script (JSON object): {"encoding": "array"|"map" (default for steps),
   {"payload_hex": "..."}                 publish raw payload bytes
   {"skip_seq": true}                     consume a seq, send/buffer nothing
   {"reset_seq": true}                    restart: seq back to 0, buffer cleared
+  {"set_seq": n}                         the next batch gets seq n (buffer kept: a
+                                          seq that goes back without a restart)
   {"sleep_ms": n}                        pause
 A bare JSON list is taken as the steps. After the script, the publisher keeps
 serving replay requests until ``--linger`` seconds pass or, with
@@ -152,6 +154,9 @@ def main():
             continue
         if step.get("skip_seq"):
             seq += 1
+            continue
+        if "set_seq" in step:
+            seq = int(step["set_seq"])
             continue
         if "payload_hex" in step:
             payload = bytes.fromhex(step["payload_hex"])

@@ -778,3 +778,57 @@ async fn batch_after_unreplayable_gap_is_applied() {
     p.finish();
     server.shutdown().await;
 }
+
+/// A seq that goes back (without the engine restarting) after a gap the replay could not
+/// fill: the router gives that gap up and takes the batch as its new baseline, and every
+/// later batch is applied. (QA: the re-stepped batch read as a restart and opened a gap that
+/// no replay would ever fill; every later batch was held back for good, the engine's next
+/// `AllBlocksCleared` included.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seq_that_goes_back_after_an_unfilled_gap_does_not_stop_the_stream() {
+    let mut c = Cache::default();
+    let mut steps = Vec::new();
+    for (i, h) in [71, 72, 73].into_iter().enumerate() {
+        steps.push(batch(
+            50.0 + i as f64,
+            vec![c.store(&[H::Int(h)], None, None)],
+            "map",
+        ));
+    }
+    // Seq 3 is lost for good (not in the replay either); seq 4 reveals the gap.
+    steps.push(json!({"skip_seq": true}));
+    steps.push(batch(
+        54.0,
+        vec![c.store(&[H::Int(74)], None, None)],
+        "array",
+    ));
+    steps.push(json!({"sleep_ms": CHECKPOINT_MS}));
+    // Seq 1 again, with other events: the replay from 0 gets past it and meets the hole.
+    steps.push(json!({"set_seq": 1}));
+    steps.push(batch(55.0, vec![c.store(&[H::Int(75)], None, None)], "map"));
+    steps.push(json!({"sleep_ms": CHECKPOINT_MS}));
+    // Later batches, the engine's cache reset among them: applied, exact again.
+    steps.push(batch(
+        56.0,
+        vec![c.store(&[H::Int(76)], None, None)],
+        "array",
+    ));
+    let z = [H::bytes(20, 1)];
+    steps.push(batch(57.0, vec![c.clear(), c.store(&z, None, None)], "map"));
+    let (after, gone) = (c.expected(), c.gone_keys());
+
+    let p = PyPublisher::start(&steps, true);
+    let (server, e) = start_router(&p).await;
+    p.wait_done();
+    let s = &e.ingest;
+    wait_for("the batches after the seq went back", &e, || {
+        index_is(&server, &e, &after, &gone)?;
+        if s.stale.load(Relaxed) {
+            return Err("still stale".into());
+        }
+        Ok(())
+    })
+    .await;
+    p.finish();
+    server.shutdown().await;
+}
