@@ -466,11 +466,19 @@ impl Cluster {
     }
 }
 
+/// Reads, parses and plans a scenario file without running anything; the error names the
+/// file once.
+pub fn check_file(path: &Path, quick: bool) -> Result<Plan, String> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{origin}: {e}"))?;
+    Scenario::parse(&text, &origin)?
+        .plan(quick)
+        .map_err(|e| format!("{origin}: {e}"))
+}
+
 /// Loads and runs a scenario file.
 pub fn run_file(path: &Path, opts: &Options) -> Result<Row, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let plan = Scenario::parse(&text, &path.display().to_string())?.plan(opts.quick)?;
-    run_plan(plan, opts)
+    run_plan(check_file(path, opts.quick)?, opts)
 }
 
 /// Runs a planned scenario. The lab is torn down before this returns, whatever happened.

@@ -42,6 +42,22 @@ pub async fn run(cmd: ChaosCmd) -> Result<(), String> {
                 exe,
             };
             let files = args.scenarios.clone();
+            // Every file is checked before any runs: a mistake in the last one is not found
+            // after the first ran for minutes (QA).
+            let refused: Vec<String> = files
+                .iter()
+                .filter_map(|f| kvmesh_chaos::run::check_file(f, args.quick).err())
+                .collect();
+            if !refused.is_empty() {
+                for e in &refused {
+                    eprintln!("kvmesh chaos: {e}");
+                }
+                return Err(format!(
+                    "{} of {} scenario file(s) refused; nothing was run",
+                    refused.len(),
+                    files.len()
+                ));
+            }
             // The scenarios run on a thread of their own; Ctrl-C / SIGTERM asks them to stop,
             // and the thread tears its lab down before it returns.
             let worker = tokio::task::spawn_blocking(move || {

@@ -696,3 +696,33 @@ fn config_check_refuses_what_the_programs_refuse_and_accepts_the_configmap() {
     assert!(!ok && err.contains("serve.mesh.tls_dir"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `kvmesh chaos run` checks every scenario file before it runs any, and names each refused
+/// file once (QA: a bad file was found only after the ones before it had run, and its path
+/// was said twice).
+#[test]
+fn chaos_run_refuses_bad_scenario_files_before_running_any() {
+    let dir = std::env::temp_dir().join(format!("kvmesh-chaos-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let garbage = dir.join("garbage.toml");
+    std::fs::write(&garbage, "steps = [\n").expect("write");
+    let missing = dir.join("missing.toml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmesh"))
+        .args(["chaos", "run", "--quick", "--out"])
+        .arg(dir.join("out"))
+        .arg(&garbage)
+        .arg(&missing)
+        .output()
+        .expect("kvmesh chaos run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("2 of 2 scenario file(s) refused; nothing was run"),
+        "{err}"
+    );
+    for f in [&garbage, &missing] {
+        assert_eq!(err.matches(&f.display().to_string()).count(), 1, "{err}");
+    }
+    assert!(!dir.join("out").exists(), "nothing ran");
+    let _ = std::fs::remove_dir_all(&dir);
+}
