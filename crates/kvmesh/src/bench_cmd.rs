@@ -146,8 +146,29 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
             return Err(format!("{flag} must be at least 1"));
         }
     }
+    // Flags that would do nothing in the combination given are refused, not ignored (QA).
+    if a.trace.is_some() && !matches!(a.workload, WorkloadKind::Trace) {
+        return Err("--trace is read with --workload trace only".into());
+    }
+    if !a.targets.is_empty() {
+        for (flag, given) in [
+            ("--engines", a.engines.is_some()),
+            ("--routers", !a.routers.is_empty()),
+            ("--kv-blocks", a.kv_blocks.is_some()),
+            ("--smg", a.smg),
+        ] {
+            if given {
+                return Err(format!(
+                    "{flag} sets up the local fleet, which --target replaces: give one or the other"
+                ));
+            }
+        }
+    }
     s.engines = a.engines.unwrap_or(s.engines);
     let routers = bench_routers::resolve(&a.routers, s.routers, a.no_mesh);
+    if a.sticky_clients && a.targets.is_empty() && routers.iter().all(|&(n, _)| n <= 1) {
+        return Err("--sticky-clients needs more than one router (--routers N)".into());
+    }
     s.routers = routers[0].0;
     s.repeats = a.repeats.unwrap_or(s.repeats);
     s.seed = a.seed.unwrap_or(s.seed);

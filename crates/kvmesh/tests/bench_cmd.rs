@@ -296,6 +296,19 @@ fn bench_refuses_what_would_waste_a_run_and_fails_when_nothing_was_answered() {
             vec!["--out", md_dir.to_str().expect("utf8")],
             "report.md is a directory",
         ),
+        // Flags that would do nothing in the combination are refused (QA).
+        (
+            vec!["--trace", empty],
+            "--trace is read with --workload trace only",
+        ),
+        (
+            vec!["--target", "http://127.0.0.1:1", "--engines", "8"],
+            "--engines sets up the local fleet",
+        ),
+        (
+            vec!["--sticky-clients", "--routers", "1"],
+            "--sticky-clients needs more than one router",
+        ),
     ] {
         let (err, _) = run(&args);
         assert!(err.contains(says), "{args:?}: {err}");
