@@ -476,11 +476,6 @@ pub fn check_file(path: &Path, quick: bool) -> Result<Plan, String> {
         .map_err(|e| format!("{origin}: {e}"))
 }
 
-/// Loads and runs a scenario file.
-pub fn run_file(path: &Path, opts: &Options) -> Result<Row, String> {
-    run_plan(check_file(path, opts.quick)?, opts)
-}
-
 /// Runs a planned scenario. The lab is torn down before this returns, whatever happened.
 pub fn run_plan(plan: Plan, opts: &Options) -> Result<Row, String> {
     let dir = opts.out.join(&plan.name);

@@ -338,11 +338,15 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         (_, "/admin/engines") => admin::engines(&gw, req).await,
         (&Method::GET, "/admin/cluster") => match gw.mesh.get() {
             Some(m) => {
-                let url_of = |id: u64| {
-                    gw.registry
-                        .get(kvmesh_prefix::EngineId(id))
-                        .map(|e| e.url.clone())
-                };
+                // From the routing snapshot, read once (no registry lock taken while the
+                // status holds the mesh node's).
+                let snap = gw.registry.snapshot();
+                let urls: std::collections::HashMap<u64, &str> = snap
+                    .engines
+                    .iter()
+                    .map(|e| (e.id.0, e.url.as_str()))
+                    .collect();
+                let url_of = |id: u64| urls.get(&id).map(|u| (*u).to_string());
                 json(
                     200,
                     m.status(gw.registry.router_slot(), &url_of).to_string(),

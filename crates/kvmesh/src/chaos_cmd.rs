@@ -42,12 +42,15 @@ pub async fn run(cmd: ChaosCmd) -> Result<(), String> {
                 exe,
             };
             let files = args.scenarios.clone();
-            // Every file is checked before any runs: a mistake in the last one is not found
-            // after the first ran for minutes (QA).
-            let refused: Vec<String> = files
-                .iter()
-                .filter_map(|f| kvmesh_chaos::run::check_file(f, args.quick).err())
-                .collect();
+            // Every file is checked (and planned) before any runs: a mistake in the last one
+            // is not found after the first ran for minutes (QA).
+            let (mut plans, mut refused) = (Vec::new(), Vec::new());
+            for f in &files {
+                match kvmesh_chaos::run::check_file(f, args.quick) {
+                    Ok(plan) => plans.push((f.clone(), plan)),
+                    Err(e) => refused.push(e),
+                }
+            }
             if !refused.is_empty() {
                 for e in &refused {
                     eprintln!("kvmesh chaos: {e}");
@@ -63,11 +66,11 @@ pub async fn run(cmd: ChaosCmd) -> Result<(), String> {
             let worker = tokio::task::spawn_blocking(move || {
                 let mut rows = Vec::new();
                 let mut errors = Vec::new();
-                for f in &files {
+                for (f, plan) in plans {
                     if kvmesh_chaos::aborted() {
                         break;
                     }
-                    match kvmesh_chaos::run::run_file(f, &opts) {
+                    match kvmesh_chaos::run::run_plan(plan, &opts) {
                         Ok(row) => rows.push(row),
                         Err(e) => errors.push(format!("{}: {e}", f.display())),
                     }

@@ -125,12 +125,14 @@ impl MeshCore {
         for (n, m) in &live {
             if self.peers.get(n).is_none_or(|x| x.bump != m.bump) {
                 joined_ids.insert(*n);
-                // Counts of its earlier lives (a peer's state that still held them, taken
-                // before this node met it in this life) are not its counts now: they go,
-                // and stay gone. Without this, two routers restarted together that met
-                // each other first kept each other's dead counts for good.
+                // Met for the first time here: counts of its earlier lives (a peer's state
+                // that still held them) are not its counts now: they go, and stay gone.
+                // (A member seen here in another life had them dropped above.) Without
+                // this, two routers restarted together that met each other first kept
+                // each other's dead counts for good.
                 if let Some(before) = m.bump.checked_sub(1)
                     && *n != me
+                    && !self.peers.contains_key(n)
                 {
                     touched.extend(self.st.load.engines_of(*n));
                     self.st.load.remove_node(*n, before);
