@@ -386,15 +386,10 @@ impl Applier {
         self.e.ingest.gaps.fetch_add(1, Relaxed);
         if !self.resync(from, seq).await {
             // Given up: the batch that revealed the gap was held back; it is the new baseline
-            // (it may carry AllBlocksCleared, the engine's exact resync point). Stepped again,
-            // it may open a gap once more (the replay moved the expected seq past it: it reads
-            // as a restart); no replay is under way once this returns, so that gap is given up
-            // at once too — left open, it held back every later batch for good (QA: a seq
-            // that went back after a gap the replay could not fill).
-            if self.step(seq, batch).is_some() {
-                self.ingest.mark_stale(self.now());
-                let _ = self.step(seq, batch);
-            }
+            // (it may carry AllBlocksCleared, the engine's exact resync point), whatever its seq
+            // — one the replay moved the expected seq past starts a new epoch with it (see
+            // `EngineIngest::mark_stale`).
+            let _ = self.step(seq, batch);
         }
     }
 

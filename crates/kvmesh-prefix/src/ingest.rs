@@ -244,7 +244,8 @@ pub struct EngineIngest {
     gap: Option<(u64, u64)>,
     staleness: Staleness,
     stale_since_us: Option<u64>,
-    /// After `mark_stale`: the next batch is applied whatever its seq (if not a regression).
+    /// After `mark_stale`: the next batch is applied whatever its seq (a regression starts a
+    /// new epoch with it, stale).
     resume: bool,
     recent: Vec<(u64, u64)>,
     hashes: HashMap<u64, Tracked, BuildHasherDefault<MixHasher>>,
@@ -411,8 +412,17 @@ impl EngineIngest {
                     self.stats.duplicates += 1;
                     return IngestOutcome::Duplicate;
                 }
+                // Given up (`mark_stale`): this batch is the new baseline whatever its seq.
+                let baseline = self.resume;
                 self.new_epoch(ops);
-                if seq == 0 {
+                if seq == 0 || baseline {
+                    if seq != 0 {
+                        // What the new epoch held before this batch is unknown: stale until
+                        // the engine's next clear. (Left as a gap, no replay would ever fill
+                        // it and every later batch was held back: QA.)
+                        self.staleness = Staleness::GaveUp;
+                        self.stale_since_us = Some(now_us);
+                    }
                     self.apply(seq, fp, batch, ops);
                     IngestOutcome::Restarted {
                         epoch: self.epoch,
@@ -443,7 +453,8 @@ impl EngineIngest {
 
     /// The shell gives up on the open gap (no replay socket, or history already gone): the
     /// engine stays stale ([`Staleness::GaveUp`]) and the next batch is applied whatever its
-    /// seq, as the new baseline. Its blocks are kept: most are still right.
+    /// seq, as the new baseline. Its blocks are kept: most are still right (unless that
+    /// batch's seq went back: a new epoch, its blocks dropped, stale until the next clear).
     pub fn mark_stale(&mut self, now_us: u64) {
         self.gap = None;
         self.resume = true;

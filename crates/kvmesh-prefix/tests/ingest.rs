@@ -282,6 +282,38 @@ fn gap_replay_duplicates_and_give_up() {
     assert!(r.idx.engine_counts(0).unwrap().entries == 0);
 }
 
+/// Given up on a gap, the shell steps the batch that revealed it again as the new baseline;
+/// when the replay meanwhile moved the expected seq past it, it reads as a regression. It
+/// starts a new epoch with that batch, stale until the next clear, and the stream flows on
+/// (QA: it opened a gap no replay would fill, and every later batch was held back).
+#[test]
+fn a_regression_right_after_giving_up_is_the_new_baseline() {
+    let mut r = Rig::new(100);
+    let t = toks(8);
+    for seq in 0..5 {
+        r.feed(seq, vec![stored(&[seq + 1], None, &t[..4])]);
+    }
+    r.ing.mark_stale(100);
+    let out = r.feed(2, vec![stored(&[20], None, &t[..4])]);
+    assert!(
+        matches!(out, IngestOutcome::Restarted { gap: None, .. }),
+        "{out:?}"
+    );
+    assert_eq!(r.ing.pending_gap(), None);
+    assert_eq!(r.ing.staleness(), Staleness::GaveUp);
+    assert_eq!(
+        r.matched(&t, ExtraKeys::NONE),
+        1,
+        "the new epoch holds its batch"
+    );
+    assert_eq!(r.feed(3, vec![]), IngestOutcome::Applied);
+    assert_eq!(
+        r.feed(4, vec![KvEvent::AllBlocksCleared]),
+        IngestOutcome::Applied
+    );
+    assert!(!r.ing.is_stale());
+}
+
 #[test]
 fn a_replayed_stream_that_is_not_the_applied_one_is_told_apart() {
     let mut r = Rig::new(100);
