@@ -517,7 +517,7 @@ pub struct EngineMetrics {
     /// Attempts sent to this engine.
     pub requests: AtomicU64,
     /// Failed attempts by kind (index = FailKind order).
-    pub errors: [AtomicU64; 6],
+    pub errors: [AtomicU64; FailKind::ALL.len()],
     /// Times its breaker opened (ejections).
     pub ejections: AtomicU64,
     /// Time to first byte of the body.

@@ -522,7 +522,7 @@ async fn attempt_step(
                 if gw.cfg.hide_engine_urls {
                     let what = match f.kind {
                         FailKind::Connect => "could not connect",
-                        FailKind::Timeout => "no answer in time",
+                        FailKind::Timeout | FailKind::Unanswered => "no answer in time",
                         FailKind::Transport | FailKind::Stream => "the connection broke",
                         FailKind::Status5xx | FailKind::Status429 => "an error status",
                     };
@@ -691,6 +691,7 @@ async fn send(
         if status.is_client_error() {
             attempt.refused();
         }
+        attempt.answered_head();
         ReadAhead::Nothing
     };
     strip_hop_by_hop(&mut p.headers);

@@ -8,7 +8,7 @@ use crate::upstream::{BoxError, UpstreamBody};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use kvmesh_openai::{ApiError, SSE_DONE};
-use kvmesh_policy::{BreakerEvent, Permit};
+use kvmesh_policy::{BreakerEvent, Permit, Unanswered};
 use kvmesh_route::{Accounting, FailKind, StreamEnd, stream_end};
 use std::future::Future;
 use std::pin::Pin;
@@ -26,6 +26,9 @@ pub struct Attempt {
     first_byte_seen: bool,
     /// The engine refused the client's request (a 4xx answer passed through).
     refused: bool,
+    /// A head that is the whole answer was passed on (not a success's, which waits for its
+    /// first data): the engine answered.
+    answered_head: bool,
     /// A whole answer was asked for (no `"stream": true`): its first byte comes with its
     /// end, so it is no time to first token.
     whole: bool,
@@ -53,6 +56,7 @@ impl Attempt {
             sent_us,
             first_byte_seen: false,
             refused: false,
+            answered_head: false,
             whole,
         }
     }
@@ -78,25 +82,36 @@ impl Attempt {
             }
             Accounting::Cancel => self.engine.tracker().on_cancel(p),
             Accounting::Failure => {
-                let fleet = self.gw.registry.len();
-                let may_open = self
-                    .gw
-                    .ejection
-                    .may_eject(self.gw.registry.ejected_count(), fleet);
-                match self.engine.tracker().on_failure(now, p, may_open) {
-                    Some(BreakerEvent::Opened { for_us }) => {
-                        self.engine
-                            .metrics
-                            .ejections
-                            .fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(engine = %self.engine.url, open_ms = for_us / 1000, "circuit breaker opened");
-                    }
-                    Some(BreakerEvent::OpenSuppressed) => {
-                        tracing::warn!(engine = %self.engine.url, "breaker would open but too much of the fleet is ejected");
-                    }
-                    _ => {}
-                }
+                let may_open = self.may_open();
+                let ev = self.engine.tracker().on_failure(now, p, may_open);
+                self.breaker_moved(ev);
             }
+        }
+    }
+
+    /// Whether the ejection cap lets one more engine's breaker open (reads every engine's
+    /// tracker: call it without this engine's tracker locked).
+    fn may_open(&self) -> bool {
+        let fleet = self.gw.registry.len();
+        self.gw
+            .ejection
+            .may_eject(self.gw.registry.ejected_count(), fleet)
+    }
+
+    /// Counts and logs what a failure did to the breaker.
+    fn breaker_moved(&self, ev: Option<BreakerEvent>) {
+        match ev {
+            Some(BreakerEvent::Opened { for_us }) => {
+                self.engine
+                    .metrics
+                    .ejections
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(engine = %self.engine.url, open_ms = for_us / 1000, "circuit breaker opened");
+            }
+            Some(BreakerEvent::OpenSuppressed) => {
+                tracing::warn!(engine = %self.engine.url, "breaker would open but too much of the fleet is ejected");
+            }
+            _ => {}
         }
     }
 
@@ -133,6 +148,12 @@ impl Attempt {
         self.refused = true;
     }
 
+    /// A head other than a success's was passed on as the answer (a refusal, a redirect):
+    /// the engine answered, whether or not its body is read.
+    pub fn answered_head(&mut self) {
+        self.answered_head = true;
+    }
+
     fn end(self, end: StreamEnd) {
         if matches!(
             end,
@@ -153,8 +174,25 @@ impl Drop for Attempt {
     fn drop(&mut self) {
         if let Some(p) = self.permit.take() {
             // No verdict: the client went away (or the router is shutting down):
-            // `stream_end(StreamEnd::ClientGone)` is a cancel.
-            self.engine.tracker().on_cancel(p);
+            // `stream_end(StreamEnd::ClientGone)` is a cancel, unless nothing of the answer
+            // came and the engine answered nobody during a long wait (a hung engine that
+            // passes its health checks: `health.unanswered`).
+            if self.first_byte_seen || self.answered_head {
+                self.engine.tracker().on_cancel(p);
+            } else {
+                let may_open = self.may_open();
+                let now = self.gw.clock.now_us();
+                let worked = self.engine.generated_at_us.load(Ordering::Relaxed);
+                let out =
+                    self.engine
+                        .tracker()
+                        .on_unanswered(now, p, self.sent_us, worked, may_open);
+                if let Unanswered::Failed(ev) = out {
+                    self.engine.metrics.failed(FailKind::Unanswered);
+                    tracing::debug!(engine = %self.engine.url, waited_ms = now.saturating_sub(self.sent_us) / 1000, "the client left an attempt the engine never answered");
+                    self.breaker_moved(ev);
+                }
+            }
         }
         self.engine.end_request();
     }

@@ -338,3 +338,77 @@ async fn a_frozen_engine_is_marked_unhealthy_on_the_health_checks_schedule() {
     drop(proxy);
     stop_sims(sims).await;
 }
+
+/// An engine that hangs (takes requests, passes its health checks, never answers) while its
+/// clients give up after 0.8 s, long before the router's first-byte timeout: each client
+/// that leaves an attempt the engine never answered counts as a failure of kind
+/// `unanswered`, the breaker opens, and the requests that follow all go to the engine that
+/// answers. (QA: such an engine kept its full share for as long as it hung, with 0 errors
+/// and its breaker closed; half of the clients of a 2-engine router timed out.) The
+/// engine that answers gets no such failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_give_up_on_a_hung_engine_open_its_breaker() {
+    let sims = start_sims(2, |_| sim_cfg("test-model")).await;
+    let engines = urls(&sims);
+    let (good, victim) = (engines[0].clone(), engines[1].clone());
+    let mut cfg = serve_cfg(&engines);
+    // Every other request to the hung engine: load-aware policies send it fewer while its
+    // attempts are in flight, and none once they are counted as failures.
+    cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+    let h = &mut cfg.routing.health;
+    h.unanswered.after_ms = 300;
+    // Long enough that no half-open probe comes during the check below.
+    (h.breaker.open_ms, h.breaker.open_max_ms) = (60_000, 60_000);
+    let router = start_router_with(cfg, "test-model", 2).await;
+    let (c, base) = (client(), router.base_url());
+    set_faults(&c, &sims[1].base_url(), serde_json::json!({"hang": true})).await;
+    let url = format!("{base}/v1/chat/completions");
+    let load = |n: u64| Load {
+        concurrency: 4,
+        max_requests: n,
+        max_time: Duration::from_secs(20),
+        request_timeout: Duration::from_millis(800),
+    };
+    let make: MakeRequest = Arc::new(|i| {
+        let text = format!("question {i}");
+        (vec![], chat_body("test-model", &text, 8, true))
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let first = run_load(&c, &url, &load(24), stop.clone(), make.clone()).await;
+    let lost = first.iter().filter(|r| !r.ok()).count();
+    // The router learns that a client left when its connection closes: give it a moment.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let page = scrape(&c, &base).await;
+    let unanswered =
+        |e: &str| engine_kind_metric(&page, "kvmesh_engine_errors_total", e, "unanswered");
+    println!(
+        "while the engine learned: {lost} of {} requests lost; unanswered: victim {}, good {}; breaker {}; in flight {}",
+        first.len(),
+        unanswered(&victim),
+        unanswered(&good),
+        engine_metric(&page, "kvmesh_engine_breaker_state", &victim),
+        engine_metric(&page, "kvmesh_engine_in_flight", &victim)
+    );
+    assert!(lost >= 1, "the hung engine got no request: {first:?}");
+    assert!(unanswered(&victim) >= 5.0, "{page}");
+    assert_eq!(unanswered(&good), 0.0);
+    assert_eq!(
+        engine_metric(&page, "kvmesh_engine_ejections_total", &victim),
+        1.0
+    );
+    assert_eq!(
+        engine_metric(&page, "kvmesh_engine_breaker_state", &victim),
+        1.0
+    );
+    // From now on every request is answered.
+    let after = run_load(&c, &url, &load(24), stop, make).await;
+    assert_eq!(failures(&after), Vec::<String>::new());
+    assert!(
+        after
+            .iter()
+            .all(|r| r.engine.as_deref() == Some(good.as_str()))
+    );
+    router.shutdown().await;
+    clear_faults(&c, &sims[1].base_url()).await;
+    stop_sims(sims).await;
+}

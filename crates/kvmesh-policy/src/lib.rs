@@ -41,12 +41,12 @@ pub use config::{
     ActiveHealthConfig, AutoWeightConfig, BreakerConfig, ConfigInvalid, ConsistentHashConfig,
     EjectionConfig, HealthConfig, LatencyConfig, LeastRequestConfig, MAX_CANDIDATES, PolicyConfig,
     PolicyKind, PrefixAffinityConfig, RetryBudgetConfig, RoutingConfig, ScoredConfig,
-    SlowStartConfig,
+    SlowStartConfig, UnansweredConfig,
 };
 pub use health::{
     ActiveHealth, BreakerEvent, BreakerState, CircuitBreaker, EjectionGuard, EngineTracker,
-    ErrorRate, HealthEvent, LatencyTracker, PeakEwma, Permit, SlowStart, auto_weight_factor,
-    fleet_reference_latency, slow_start_factor,
+    ErrorRate, HealthEvent, LatencyTracker, PeakEwma, Permit, SlowStart, Unanswered,
+    auto_weight_factor, fleet_reference_latency, slow_start_factor,
 };
 pub use policy::{Policy, load_score};
 pub use retry::{AtomicRetryBudget, RetryBudget};

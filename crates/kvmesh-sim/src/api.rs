@@ -428,6 +428,8 @@ struct StreamState {
     first: bool,
     tokens: u32,
     pending_echo: Option<String>,
+    /// The engine's event read before the opening chunk was sent: handled next.
+    held: Option<ReqEvent>,
     finished: bool,
 }
 
@@ -448,6 +450,7 @@ fn stream_response(
         first: true,
         tokens: 0,
         pending_echo: echo,
+        held: None,
         finished: false,
     };
     // Each engine event becomes one SSE frame, sent as soon as it exists (no buffering).
@@ -456,15 +459,24 @@ fn stream_response(
             return None;
         }
         let out = loop {
-            // Chat streams open with the role; completions with echo open with the prompt.
+            let event = match s.held.take() {
+                Some(e) => Some(e),
+                None => s.rx.recv().await,
+            };
+            // Chat streams open with the role, completions with echo with the prompt, once
+            // the engine's first output exists (vLLM sends them in the first iteration over
+            // its outputs): the first byte comes at the first token, and an engine that
+            // never steps sends nothing but the head.
             if s.first && s.ctx.kind == Kind::Chat {
                 s.first = false;
+                s.held = event;
                 break chunk(&s.ctx, "", true, None);
             }
             if let Some(e) = s.pending_echo.take() {
+                s.held = event;
                 break chunk(&s.ctx, &e, false, None);
             }
-            match s.rx.recv().await {
+            match event {
                 Some(ReqEvent::Token { token }) => {
                     s.tokens += 1;
                     match s.decoder.push(token) {

@@ -119,6 +119,57 @@ async fn hang_holds_requests_until_cleared() {
     sim.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A streamed chat on a hung engine gets its head and nothing else: the stream opens with
+/// the role once the engine's first token exists, as vLLM's does (the sim used to send the
+/// role at once, so a router saw a first byte from an engine that never answered and took
+/// ~0 ms for its time to first token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_engine_s_stream_sends_nothing_before_its_first_token() {
+    use http_body_util::BodyExt;
+    let sim = kvmesh_sim::start(cfg()).await.expect("start");
+    let base = sim.base_url();
+    let c = client();
+    let (s, _) = post(&c, &format!("{base}/admin/faults"), json!({"hang": true})).await;
+    assert_eq!(s, 200);
+    let body = json!({"model": "sim-model", "stream": true, "max_tokens": 3,
+        "messages": [{"role": "user", "content": "are you there"}]});
+    let req = http::Request::post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(5), c.request(req))
+        .await
+        .expect("head in time")
+        .expect("head");
+    assert_eq!(resp.status(), 200);
+    let mut b = resp.into_body();
+    let early = tokio::time::timeout(Duration::from_millis(400), b.frame()).await;
+    assert!(early.is_err(), "a hung engine sent {early:?}");
+    let (s, _) = request(
+        &c,
+        "DELETE",
+        &format!("{base}/admin/faults"),
+        bytes::Bytes::new(),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let mut text = String::new();
+    while let Some(f) = tokio::time::timeout(Duration::from_secs(10), b.frame())
+        .await
+        .expect("the stream goes on once the fault is cleared")
+    {
+        if let Some(d) = f.expect("frame").data_ref() {
+            text.push_str(&String::from_utf8_lossy(d));
+        }
+    }
+    let first = text.lines().next().unwrap_or_default();
+    assert!(first.contains(r#""role":"assistant""#), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    sim.shutdown(Duration::from_secs(5)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_aborts_the_engine_request() {
     let mut cfg = cfg();

@@ -20,6 +20,8 @@ pub struct HealthConfig {
     pub auto_weight: AutoWeightConfig,
     /// Peak-EWMA latency tracking (TTFT and end to end).
     pub latency: LatencyConfig,
+    /// Attempts whose client gave up before any answer while the engine answered nothing.
+    pub unanswered: UnansweredConfig,
 }
 
 impl HealthConfig {
@@ -203,7 +205,43 @@ impl HealthConfig {
             at,
             "latency.failure_penalty_factor",
             "must be between 1 and 1000",
+        )?;
+        check(
+            self.unanswered.after_ms >= 1,
+            at,
+            "unanswered.after_ms",
+            "must be at least 1 ms",
         )
+    }
+}
+
+/// An attempt whose client went away before any byte of the answer came, after waiting
+/// `after_ms` or more, while the engine answered nothing else either (no first byte and no
+/// finished answer at this router, and its token counter did not grow): counted as a failed
+/// attempt (`kvmesh_engine_errors_total{kind="unanswered"}`: breaker, error rate, latency).
+/// This is how a hung engine is found that accepts requests and passes its health checks
+/// but never answers, when clients give up long before `timeouts.first_byte_ms`. An engine
+/// that answers other requests meanwhile is busy, not hung: the attempt is a cancel.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UnansweredConfig {
+    /// A client that goes away before any answer, after waiting `after_ms` or more while the
+    /// engine answered nothing (no first byte or finished answer at this router, its token
+    /// counter not grown), counts as a failed attempt of kind `unanswered` (breaker, error
+    /// rate, latency): how a hung engine that passes its health checks is found when clients
+    /// give up long before `timeouts.first_byte_ms`. Off = never held against the engine.
+    /// Default true.
+    pub enabled: bool,
+    /// The least wait that counts. Default 1,000 ms.
+    pub after_ms: u64,
+}
+
+impl Default for UnansweredConfig {
+    fn default() -> Self {
+        UnansweredConfig {
+            enabled: true,
+            after_ms: 1_000,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ mod health;
 
 pub use health::{
     ActiveHealthConfig, AutoWeightConfig, BreakerConfig, EjectionConfig, HealthConfig,
-    LatencyConfig, SlowStartConfig,
+    LatencyConfig, SlowStartConfig, UnansweredConfig,
 };
 
 /// The largest number of candidates (first choice + fallbacks) a policy returns.

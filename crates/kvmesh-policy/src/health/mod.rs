@@ -6,7 +6,9 @@ mod ewma;
 pub use breaker::{BreakerEvent, BreakerState, CircuitBreaker, EjectionGuard, Permit};
 pub use ewma::{ErrorRate, LatencyTracker, PeakEwma};
 
-use crate::config::{ActiveHealthConfig, AutoWeightConfig, HealthConfig, SlowStartConfig};
+use crate::config::{
+    ActiveHealthConfig, AutoWeightConfig, HealthConfig, SlowStartConfig, UnansweredConfig,
+};
 use crate::view::EngineView;
 
 /// Slow start: the weight factor of an engine that just joined or recovered.
@@ -176,7 +178,8 @@ impl ActiveHealth {
 /// 1. [`try_acquire`](Self::try_acquire) before sending (None = try the next candidate);
 /// 2. [`on_first_byte`](Self::on_first_byte) at the first data frame (TTFT);
 /// 3. exactly one of [`on_success`](Self::on_success) (end of stream),
-///    [`on_failure`](Self::on_failure) or [`on_cancel`](Self::on_cancel);
+///    [`on_failure`](Self::on_failure), [`on_cancel`](Self::on_cancel) or, when the client
+///    went away before any answer, [`on_unanswered`](Self::on_unanswered);
 /// 4. [`on_health_check`](Self::on_health_check) with each active check result;
 /// 5. [`view`](Self::view) to build the [`EngineView`] a policy reads.
 ///
@@ -190,6 +193,18 @@ pub struct EngineTracker {
     slow_start: SlowStart,
     slow_cfg: SlowStartConfig,
     auto_cfg: AutoWeightConfig,
+    unanswered_cfg: UnansweredConfig,
+    /// When the engine last answered at this router: a first byte or a finished answer.
+    answered_us: u64,
+}
+
+/// What [`EngineTracker::on_unanswered`] made of an attempt the client left unanswered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unanswered {
+    /// The engine was silent the whole wait: a failed attempt (with the breaker's event).
+    Failed(Option<BreakerEvent>),
+    /// Too short a wait, or the engine answered others meanwhile: a cancel.
+    Cancelled,
 }
 
 impl EngineTracker {
@@ -209,6 +224,8 @@ impl EngineTracker {
             slow_start,
             slow_cfg: cfg.slow_start,
             auto_cfg: cfg.auto_weight,
+            unanswered_cfg: cfg.unanswered,
+            answered_us: now_us,
         }
     }
 
@@ -307,11 +324,13 @@ impl EngineTracker {
 
     /// The first data frame arrived `ttft_us` after sending.
     pub fn on_first_byte(&mut self, now_us: u64, ttft_us: u64) {
+        self.answered_us = self.answered_us.max(now_us);
         self.latency.on_ttft(now_us, ttft_us);
     }
 
     /// The stream ended well, `e2e_us` after sending.
     pub fn on_success(&mut self, now_us: u64, permit: Permit, e2e_us: u64) -> Option<BreakerEvent> {
+        self.answered_us = self.answered_us.max(now_us);
         self.latency.on_end(now_us, e2e_us);
         self.errors.observe(now_us, false);
         let ev = self.breaker.on_success(now_us, permit);
@@ -337,6 +356,31 @@ impl EngineTracker {
     /// The request ended without a verdict (client disconnected).
     pub fn on_cancel(&mut self, permit: Permit) {
         self.breaker.on_cancel(permit);
+    }
+
+    /// The client went away before any byte of the answer to the attempt of `permit`, sent
+    /// at `sent_us`. `worked_us`: when the engine was last seen working by other means (its
+    /// token counter grew; 0 = never). A wait of at least `unanswered.after_ms` during which
+    /// the engine answered nothing at this router and was not seen working is a failure
+    /// (see [`UnansweredConfig`]: a hung engine that passes its health checks); anything else
+    /// is a cancel. `may_open` as for [`on_failure`](Self::on_failure).
+    pub fn on_unanswered(
+        &mut self,
+        now_us: u64,
+        permit: Permit,
+        sent_us: u64,
+        worked_us: u64,
+        may_open: bool,
+    ) -> Unanswered {
+        let cfg = &self.unanswered_cfg;
+        let waited = now_us.saturating_sub(sent_us);
+        let silent = self.answered_us < sent_us && worked_us <= sent_us;
+        if cfg.enabled && silent && waited >= cfg.after_ms.saturating_mul(1000) {
+            Unanswered::Failed(self.on_failure(now_us, permit, may_open))
+        } else {
+            self.on_cancel(permit);
+            Unanswered::Cancelled
+        }
     }
 
     /// One active health-check result.
@@ -399,6 +443,98 @@ mod tests {
         assert_eq!(h.on_check(false), Some(HealthEvent::BecameUnhealthy));
         assert_eq!(h.on_check(true), None);
         assert_eq!(h.on_check(true), Some(HealthEvent::BecameHealthy));
+    }
+
+    /// A hung engine (takes requests, never answers) whose clients give up after 2 s: each
+    /// abandoned attempt is a failure, and the breaker opens after `consecutive_failures`.
+    #[test]
+    fn clients_leaving_a_silent_engine_open_its_breaker() {
+        let cfg = HealthConfig::default();
+        let mut t = EngineTracker::new(&cfg, 0, false);
+        let mut now = 1_000_000;
+        let mut events = Vec::new();
+        for _ in 0..cfg.breaker.consecutive_failures {
+            let p = t.try_acquire(now).expect("closed");
+            let out = t.on_unanswered(now + 2_000_000, p, now, 0, true);
+            let Unanswered::Failed(ev) = out else {
+                panic!("a silent engine's unanswered attempt is a failure: {out:?}")
+            };
+            events.push(ev);
+            now += 100_000;
+        }
+        assert!(matches!(
+            events.last(),
+            Some(Some(BreakerEvent::Opened { .. }))
+        ));
+        assert!(!t.eligible(now + 2_000_000));
+        // Its half-open probe left unanswered as well: open again, for longer.
+        let later = now + 2_000_000 + cfg.breaker.open_ms * 1000;
+        let p = t.try_acquire(later).expect("half-open probe");
+        assert!(p.is_probe());
+        let out = t.on_unanswered(later + 1_500_000, p, later, 0, true);
+        assert!(
+            matches!(out, Unanswered::Failed(Some(BreakerEvent::Opened { for_us })) if for_us > cfg.breaker.open_ms * 1000),
+            "{out:?}"
+        );
+    }
+
+    /// An engine that answers others while one client waits is busy, not hung; a short wait,
+    /// an engine seen generating, or the switch off are cancels too.
+    #[test]
+    fn only_a_long_wait_on_a_silent_engine_is_held_against_it() {
+        let cfg = HealthConfig::default();
+        let sent = 10_000_000;
+        let left = sent + 5_000_000;
+        // Another request's first byte during the wait.
+        let mut t = EngineTracker::new(&cfg, 0, false);
+        let p = t.try_acquire(sent).unwrap();
+        t.on_first_byte(sent + 1, 300_000);
+        assert_eq!(
+            t.on_unanswered(left, p, sent, 0, true),
+            Unanswered::Cancelled
+        );
+        // Another request finished during the wait.
+        let mut t = EngineTracker::new(&cfg, 0, false);
+        let p = t.try_acquire(sent).unwrap();
+        let q = t.try_acquire(sent).unwrap();
+        t.on_success(sent + 3_000_000, q, 4_000_000);
+        assert_eq!(
+            t.on_unanswered(left, p, sent, 0, true),
+            Unanswered::Cancelled
+        );
+        // The engine's token counter grew during the wait.
+        let mut t = EngineTracker::new(&cfg, 0, false);
+        let p = t.try_acquire(sent).unwrap();
+        assert_eq!(
+            t.on_unanswered(left, p, sent, sent + 2_000_000, true),
+            Unanswered::Cancelled
+        );
+        // An answer before the attempt was sent says nothing about the wait.
+        let mut t = EngineTracker::new(&cfg, 0, false);
+        t.on_first_byte(sent - 1, 300_000);
+        let p = t.try_acquire(sent).unwrap();
+        assert!(matches!(
+            t.on_unanswered(left, p, sent, sent - 5, true),
+            Unanswered::Failed(_)
+        ));
+        // Shorter than `after_ms`.
+        let mut t = EngineTracker::new(&cfg, 0, false);
+        let p = t.try_acquire(sent).unwrap();
+        let short = sent + cfg.unanswered.after_ms * 1000 - 1;
+        assert_eq!(
+            t.on_unanswered(short, p, sent, 0, true),
+            Unanswered::Cancelled
+        );
+        // Switched off.
+        let mut off = cfg.clone();
+        off.unanswered.enabled = false;
+        let mut t = EngineTracker::new(&off, 0, false);
+        let p = t.try_acquire(sent).unwrap();
+        assert_eq!(
+            t.on_unanswered(left, p, sent, 0, true),
+            Unanswered::Cancelled
+        );
+        assert_eq!(t.error_rate(left), 0.0);
     }
 
     #[test]

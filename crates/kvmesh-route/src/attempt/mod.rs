@@ -31,17 +31,21 @@ pub enum FailKind {
     /// Any other transport error before the first byte of the answer (before the head, or a
     /// success's body that broke before its first data).
     Transport,
+    /// The client went away before any answer, after a wait in which the engine answered
+    /// nothing at all (`health.unanswered`; never retried: nobody is left to answer).
+    Unanswered,
 }
 
 impl FailKind {
     /// Every kind, in a fixed order (metric arrays index by it).
-    pub const ALL: [FailKind; 6] = [
+    pub const ALL: [FailKind; 7] = [
         FailKind::Connect,
         FailKind::Timeout,
         FailKind::Status5xx,
         FailKind::Status429,
         FailKind::Stream,
         FailKind::Transport,
+        FailKind::Unanswered,
     ];
 
     /// Metric label.
@@ -53,6 +57,7 @@ impl FailKind {
             FailKind::Status429 => "429",
             FailKind::Stream => "stream",
             FailKind::Transport => "transport",
+            FailKind::Unanswered => "unanswered",
         }
     }
 
