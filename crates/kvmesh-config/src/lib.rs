@@ -129,6 +129,16 @@ impl KvmeshConfig {
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).unwrap_or_default()
     }
+
+    /// Its `[serve]` section alone, as TOML (what `kvmesh serve --check-config` prints: the
+    /// router's configuration, without a `[sim]` it never reads).
+    pub fn serve_toml(&self) -> String {
+        let Ok(mut t) = toml::Table::try_from(self) else {
+            return String::new();
+        };
+        t.retain(|k, _| k == "serve");
+        toml::to_string_pretty(&t).unwrap_or_default()
+    }
 }
 
 pub(crate) fn check(ok: bool, key: &str, message: &str) -> Result<(), ConfigError> {
@@ -150,6 +160,13 @@ mod tests {
         let text = KvmeshConfig::defaults_toml();
         let back = KvmeshConfig::from_toml_str(&text, "defaults").expect("defaults parse");
         assert_eq!(back, cfg);
+        let serve = cfg.serve_toml();
+        assert!(
+            serve.contains("[serve]") && !serve.contains("[sim"),
+            "{serve}"
+        );
+        let back = KvmeshConfig::from_toml_str(&serve, "serve").expect("serve parses");
+        assert_eq!(back.serve, cfg.serve);
     }
 
     #[test]

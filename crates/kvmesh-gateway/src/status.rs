@@ -33,7 +33,7 @@ fn finite(bits: &std::sync::atomic::AtomicU64) -> Option<f64> {
     Some(f64::from_bits(bits.load(Relaxed))).filter(|v| v.is_finite())
 }
 
-fn engine_json(e: &Engine, now_us: u64, meshed: bool) -> serde_json::Value {
+fn engine_json(e: &Engine, now_us: u64, fleet_latency_us: f64, meshed: bool) -> serde_json::Value {
     let t = e.tracker();
     let breaker = match t.breaker().state(now_us) {
         BreakerState::Closed => "closed",
@@ -61,6 +61,8 @@ fn engine_json(e: &Engine, now_us: u64, meshed: bool) -> serde_json::Value {
         "kv_cache_usage": e.kv_usage(),
         "requests": e.metrics.requests.load(Relaxed),
         "errors": errors,
+        "weight": e.base_weight(),
+        "effective_weight": e.view(now_us, fleet_latency_us).weight,
         "kv_events": !e.kv_events.is_empty(),
         "events_connected": events.0,
         "events_stale": events.1,
@@ -76,16 +78,17 @@ fn engine_json(e: &Engine, now_us: u64, meshed: bool) -> serde_json::Value {
 }
 
 /// `GET /status.json`: this router (policy, mesh node, requests), per engine its health,
-/// breaker, load (own, peers', engine-reported), the router's predicted hit rate against the
+/// breaker, attempts and failed attempts, base and effective weight, load (own, peers', engine-reported), the router's predicted hit rate against the
 /// engine's own, and the last routing decisions, newest first.
 pub fn status_json(gw: &Gateway) -> http::Response<Body> {
     let now = gw.clock.now_us();
     let meshed = gw.mesh.get().is_some();
+    let fleet = gw.registry.fleet_latency_us();
     let mut engines: Vec<serde_json::Value> = gw
         .registry
         .members()
         .iter()
-        .map(|e| engine_json(e, now, meshed))
+        .map(|e| engine_json(e, now, fleet, meshed))
         .collect();
     engines.sort_by(|a, b| a["url"].as_str().cmp(&b["url"].as_str()));
     let recent: Vec<serde_json::Value> = gw

@@ -33,6 +33,15 @@ async fn status_json_shows_engines_and_the_last_decisions() {
     want.sort();
     assert_eq!(listed, want);
     assert_eq!(v["recent"].as_array().map(Vec::len), Some(0));
+    // Failed attempts and weights are on the page (QA: an engine failing every request
+    // looked like a good one there).
+    for e in v["engines"].as_array().expect("engines") {
+        assert_eq!(e["errors"], 0, "{e}");
+        assert_eq!(e["weight"], 1.0, "{e}");
+        let w = e["effective_weight"].as_f64().expect("effective weight");
+        assert!(w > 0.0 && w <= 1.0, "{e}");
+    }
+    assert!(page.contains("failed") && page.contains("e.effective_weight"));
 
     // The same long prompt twice, then a short one: three decisions, newest first.
     let long = "the same system prompt ".repeat(60);

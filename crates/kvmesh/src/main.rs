@@ -142,7 +142,14 @@ fn main() -> ExitCode {
         Cmd::Up(a) => up_cmd::log_file(a),
         _ => None,
     };
-    match log_file.and_then(|p| std::fs::File::create(p).ok()) {
+    let file = match log_file.as_ref().map(std::fs::File::create) {
+        Some(Err(e)) => {
+            eprintln!("kvmesh: error: cannot write the log file: {e}");
+            return ExitCode::from(2);
+        }
+        f => f.and_then(Result::ok),
+    };
+    match file {
         Some(f) => logs
             .with_writer(std::sync::Mutex::new(f))
             .with_ansi(false)
@@ -173,7 +180,7 @@ fn main() -> ExitCode {
                         serve: cfg,
                         ..Default::default()
                     };
-                    print!("{}", toml_of(&whole));
+                    print!("{}", toml_of(&whole, true));
                 }),
             Ok(cfg) => runtime().and_then(|rt| rt.block_on(serve_cmd::run(cfg))),
             Err(e) => Err(e),
@@ -211,6 +218,12 @@ fn main() -> ExitCode {
         }
         Cmd::Config(ConfigCmd::Check { file }) => config_check(&file),
     };
+    // A run that logged nothing (a start refused early) leaves no empty file behind.
+    if let Some(p) = &log_file
+        && std::fs::metadata(p).is_ok_and(|m| m.len() == 0)
+    {
+        let _ = std::fs::remove_file(p);
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -248,18 +261,22 @@ fn config_check(file: &std::path::Path) -> Result<(), String> {
             serve_cmd::check_mesh_certificates(&c.serve)?;
         }
     }
-    print!("{}", toml_of(&c));
+    print!("{}", toml_of(&c, false));
     Ok(())
 }
 
-/// The configuration as TOML, with the admin token masked: a check's output lands in pod and
+/// The configuration as TOML (`serve_only`: its `[serve]` section), with the admin token masked: a check's output lands in pod and
 /// CI logs (QA: the token from `KVMESH_ADMIN_TOKEN` was printed).
-fn toml_of(c: &kvmesh_config::KvmeshConfig) -> String {
+fn toml_of(c: &kvmesh_config::KvmeshConfig, serve_only: bool) -> String {
     let mut c = c.clone();
     if !c.serve.admin_token.is_empty() {
         c.serve.admin_token = "<redacted>".into();
     }
-    c.to_toml()
+    if serve_only {
+        c.serve_toml()
+    } else {
+        c.to_toml()
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, String> {

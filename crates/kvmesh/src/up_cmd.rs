@@ -54,6 +54,10 @@ pub struct UpArgs {
     /// Logs on stderr instead of a file.
     #[arg(short, long)]
     pub verbose: bool,
+    /// Where the logs go without -v (default: kvmesh-up-<pid>.log in the temporary directory;
+    /// removed at exit when nothing was logged).
+    #[arg(long, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
     /// Run the routers as independent replicas (no shared state).
     #[arg(long)]
     pub no_mesh: bool,
@@ -128,7 +132,11 @@ pub(crate) fn parse_policy(s: &str) -> Result<PolicyKind, String> {
 
 /// Where `kvmesh up` writes its logs (`None`: stderr, with `-v`).
 pub fn log_file(a: &UpArgs) -> Option<PathBuf> {
-    (!a.verbose).then(|| std::env::temp_dir().join(format!("kvmesh-up-{}.log", std::process::id())))
+    (!a.verbose).then(|| {
+        a.log_file.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("kvmesh-up-{}.log", std::process::id()))
+        })
+    })
 }
 
 /// The ports of a cluster started at `base` (every one ≥ `base`), or all OS-assigned.
@@ -274,6 +282,18 @@ impl UpArgs {
         if self.kv_blocks() < 2 {
             return Err("--kv-blocks must be at least 2".into());
         }
+        if let Some(p) = &self.log_file {
+            if self.verbose {
+                return Err("--log-file and -v: the logs go to one or the other".into());
+            }
+            let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+            if p.is_dir() || dir.is_some_and(|d| !d.is_dir()) {
+                return Err(format!(
+                    "--log-file {}: not a file in an existing directory",
+                    p.display()
+                ));
+            }
+        }
         if self.compare.is_empty() {
             Layout::new(self.base_port, self.routers, self.engines)?;
         } else if self.routers == 0 {
@@ -403,6 +423,12 @@ fn try_it(c: &Cluster) -> String {
         (
             "no router: this is the first engine",
             format!("metrics {base}/metrics"),
+        )
+    } else if c.routers.len() == 1 {
+        // One router runs alone: no mesh to show.
+        (
+            "the router answers; its status page shows engines and decisions",
+            format!("status page {base}/    metrics {base}/metrics"),
         )
     } else {
         (

@@ -203,6 +203,8 @@ fn check_kubernetes() -> Routers {
         "the Deployment's args with its ConfigMap: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The router's configuration alone (QA: a `[sim]` section it never reads came with it).
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("[sim"));
     let mut effective =
         KvmeshConfig::from_toml_str(&String::from_utf8_lossy(&out.stdout), "printed")
             .expect("the printed configuration is valid");
