@@ -421,7 +421,10 @@ pub struct TimeoutConfig {
     /// prefills before answering). Until then nothing has reached the client: a failure is
     /// retried on another engine. A request without `stream` is answered only once its whole
     /// generation is done, so `total_ms` bounds its wait instead, and it is not tried again
-    /// once that has passed.
+    /// once that has passed; but an engine silent this long meanwhile (and for at least 3
+    /// `discovery_interval_ms`: nothing answered at this router, its
+    /// `vllm:generation_tokens_total` not grown) is given up as hung and the request is
+    /// retried on another engine (engines whose token counter is unknown are waited for).
     pub first_byte_ms: u64,
     /// Whole request, including the streamed body (SGLang's gateway default: 1800 s). A
     /// stream it cuts counts as the engine's failure only when the engine had sent nothing

@@ -38,9 +38,12 @@ use serde::Deserialize;
 mod answered;
 #[path = "proxy/failed.rs"]
 mod failed;
+#[path = "proxy/silence.rs"]
+mod silence;
 #[path = "proxy/views.rs"]
 mod views;
 use failed::{Failed, Sent, failed, give_up};
+use silence::Waited;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -417,7 +420,8 @@ fn decide_step(
 enum Wait {
     /// `timeouts.first_byte_ms` from the attempt's start (a streamed answer).
     FirstByte,
-    /// Until the request's total deadline (a whole answer: it comes after the generation).
+    /// Until the request's total deadline (a whole answer: it comes after the generation),
+    /// or until the engine is silent for `silence::silence_limit`.
     Until(tokio::time::Instant),
 }
 
@@ -634,12 +638,29 @@ async fn send(
         Wait::FirstByte => Duration::from_millis(gw.cfg.timeouts.first_byte_ms),
         Wait::Until(end) => end.saturating_duration_since(tokio::time::Instant::now()),
     };
-    let resp = match tokio::time::timeout(first_byte, gw.upstream.send(up)).await {
-        Err(_) => {
+    let waited = match wait {
+        Wait::FirstByte => match tokio::time::timeout(first_byte, gw.upstream.send(up)).await {
+            Ok(r) => Waited::Done(r),
+            Err(_) => Waited::Deadline,
+        },
+        Wait::Until(end) => {
+            let sent = attempt.sent_us();
+            silence::until_or_silent(gw, engine, sent, end, gw.upstream.send(up)).await
+        }
+    };
+    let resp = match waited {
+        Waited::Deadline => {
             let detail = format!("{}: no response within {first_byte:?}", engine.url);
             return failed(FailKind::Timeout, detail, attempt);
         }
-        Ok(Err(e)) => {
+        Waited::Silent(quiet) => {
+            let detail = format!(
+                "{}: the engine answered nothing and generated no token for {quiet:?}",
+                engine.url
+            );
+            return failed(FailKind::Timeout, detail, attempt);
+        }
+        Waited::Done(Err(e)) => {
             let kind = if e.connect {
                 FailKind::Connect
             } else {
@@ -647,7 +668,7 @@ async fn send(
             };
             return failed(kind, format!("{}: {e}", engine.url), attempt);
         }
-        Ok(Ok(r)) => r,
+        Waited::Done(Ok(r)) => r,
     };
     let status = resp.status();
     if let Verdict::Failed(kind) = classify_status(status.as_u16(), retry_429) {

@@ -412,3 +412,36 @@ async fn clients_that_give_up_on_a_hung_engine_open_its_breaker() {
     clear_faults(&c, &sims[1].base_url()).await;
     stop_sims(sims).await;
 }
+
+/// A request without `stream` waits for its whole answer, so no first-byte timeout bounds it:
+/// on a hung engine it used to wait out the total timeout (30 minutes by default). Now the
+/// attempt is given up once the engine has been silent (nothing answered here, its token
+/// counter, read from its metrics, not grown) for the first-byte timeout, and the request is
+/// answered by the other engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_on_a_hung_engine_is_answered_by_another() {
+    let sims = start_sims(2, |_| sim_cfg("test-model")).await;
+    let engines = urls(&sims);
+    let mut cfg = serve_cfg(&engines);
+    cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+    cfg.timeouts.first_byte_ms = 1_000;
+    cfg.discovery_interval_ms = 100;
+    let router = start_router_with(cfg, "test-model", 2).await;
+    let (c, base) = (client(), router.base_url());
+    set_faults(&c, &sims[1].base_url(), serde_json::json!({"hang": true})).await;
+    let url = format!("{base}/v1/chat/completions");
+    for i in 0..4 {
+        let t0 = Instant::now();
+        let body = chat_body("test-model", &format!("question {i}"), 8, false).to_string();
+        let r = send(&c, "POST", &url, &[], body, Duration::from_secs(20)).await;
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(r.engine.as_deref(), Some(engines[0].as_str()));
+        assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    }
+    let page = scrape(&c, &base).await;
+    let timeouts = engine_kind_metric(&page, "kvmesh_engine_errors_total", &engines[1], "timeout");
+    assert!(timeouts >= 1.0, "the hung engine was never tried: {page}");
+    router.shutdown().await;
+    clear_faults(&c, &sims[1].base_url()).await;
+    stop_sims(sims).await;
+}

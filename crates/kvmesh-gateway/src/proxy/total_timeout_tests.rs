@@ -152,3 +152,81 @@ async fn a_whole_answer_is_bounded_by_the_total_timeout_and_not_tried_again() {
     );
     assert_eq!(in_flight(&gw), 0);
 }
+
+/// A router over A and B whose token counters are known (read once: 0 tokens), with a
+/// silence limit of 1 s (first-byte timeout 1 s, discovery every 100 ms), a total of 10 s.
+fn counted(mock: &Arc<MockUpstream>) -> Arc<Gateway> {
+    let mut c = cfg();
+    c.timeouts.first_byte_ms = 1_000;
+    c.timeouts.total_ms = 10_000;
+    c.discovery_interval_ms = 100;
+    let gw = gateway(c, mock, &[A, B]);
+    for e in [A, B] {
+        engine(&gw, e)
+            .generation_bits
+            .store(0f64.to_bits(), Ordering::Relaxed);
+    }
+    gw
+}
+
+/// A whole answer on an engine that hangs (it answers nothing and generates no token) is
+/// given up after the silence limit and retried on the other engine, not waited for until
+/// the total timeout (QA: a hung engine kept such requests for the whole 30 minutes).
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_on_a_silent_engine_is_retried_elsewhere() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, MockReply::Hang);
+    mock.set_default(B, MockReply::ok(200, r#"{"ok":true}"#));
+    let gw = counted(&mock);
+    let t0 = tokio::time::Instant::now();
+    let (status, _, body) = a_first(&gw, call(&gw)).await;
+    assert_eq!(status, 200, "{body}");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took <= Duration::from_millis(1_300),
+        "{took:?}"
+    );
+    assert_eq!(calls_to(&mock, A), 1);
+    assert_eq!(calls_to(&mock, B), 1);
+    assert_eq!(errors(&gw, A, FailKind::Timeout), 1);
+    assert_eq!(in_flight(&gw), 0);
+}
+
+/// An engine seen working meanwhile — its token counter grew at a scrape, or it answered
+/// another request at this router — is not silent: the whole answer is waited for until the
+/// total timeout, as before; so is an engine whose counter is unknown (the tests above).
+#[tokio::test(start_paused = true)]
+async fn a_whole_answer_on_a_working_engine_is_waited_for() {
+    for by_answer in [false, true] {
+        let mock = MockUpstream::new();
+        mock.set_default(A, MockReply::Hang);
+        mock.set_default(B, MockReply::Hang);
+        let gw = counted(&mock);
+        let g = gw.clone();
+        let work = tokio::spawn(async move {
+            for _ in 0..40 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let now = g.clock.now_us();
+                for e in [A, B] {
+                    let e = engine(&g, e);
+                    if by_answer {
+                        e.tracker().on_first_byte(now, 100_000);
+                    } else {
+                        e.generated_at_us.store(now, Ordering::Relaxed);
+                    }
+                }
+            }
+        });
+        let t0 = tokio::time::Instant::now();
+        let (status, ..) = call(&gw).await;
+        assert_eq!(status, 504, "by answer: {by_answer}");
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_secs(10),
+            "by answer: {by_answer}"
+        );
+        assert_eq!(mock.calls().len(), 1, "by answer: {by_answer}");
+        work.abort();
+        assert_eq!(in_flight(&gw), 0);
+    }
+}

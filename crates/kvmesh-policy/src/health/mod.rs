@@ -249,6 +249,12 @@ impl EngineTracker {
         self.errors.value(now_us)
     }
 
+    /// When the engine last answered at this router: a first byte or a finished answer (its
+    /// creation time before any).
+    pub fn answered_us(&self) -> u64 {
+        self.answered_us
+    }
+
     /// The slow-start state.
     pub fn slow_start(&self) -> &SlowStart {
         &self.slow_start
