@@ -128,11 +128,18 @@ impl Attempt {
     /// The answer's first data reached the router (once per attempt): the engine's latency
     /// for its tracker (peak EWMA, automatic weights), and for a streamed answer its TTFT
     /// (a whole answer's first byte is its end: QA found the TTFT figures equal to e2e).
+    /// The body of an answer that is not a success (a refusal, a redirect) is neither: the
+    /// API server answers those without the engine stepping, so they say nothing of its
+    /// latency nor that it works (QA: a hung engine refusing bad requests at once looked
+    /// fast, and answering, which kept its unanswered attempts from being held against it).
     pub fn first_byte(&mut self) {
         if self.first_byte_seen {
             return;
         }
         self.first_byte_seen = true;
+        if self.answered_head {
+            return;
+        }
         let now = self.gw.clock.now_us();
         let ttft = now.saturating_sub(self.sent_us);
         self.engine.tracker().on_first_byte(now, ttft);

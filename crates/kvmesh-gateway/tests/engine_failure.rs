@@ -374,7 +374,44 @@ async fn clients_that_give_up_on_a_hung_engine_open_its_breaker() {
         (vec![], chat_body("test-model", &text, 8, true))
     });
     let stop = Arc::new(AtomicBool::new(false));
-    let first = run_load(&c, &url, &load(24), stop.clone(), make.clone()).await;
+    // Meanwhile bad requests, which the hung engine's API server refuses at once (400), as a
+    // stuck vLLM's does: a refusal is no sign that the engine works (QA: they kept its
+    // unanswered attempts from counting, and half of the requests were lost for good).
+    let refusals = {
+        let (c, url, stop) = (c.clone(), url.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut bad = chat_body("test-model", "hi", 8, true);
+            bad["temperature"] = serde_json::json!(-1);
+            let mut refused = 0;
+            for _ in 0..200 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let r = send(
+                    &c,
+                    "POST",
+                    &url,
+                    &[],
+                    bad.to_string(),
+                    Duration::from_secs(5),
+                )
+                .await;
+                refused += usize::from(r.status == 400);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            refused
+        })
+    };
+    let first = run_load(
+        &c,
+        &url,
+        &load(24),
+        Arc::new(AtomicBool::new(false)),
+        make.clone(),
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let refused = refusals.await.expect("refusals");
     let lost = first.iter().filter(|r| !r.ok()).count();
     // The router learns that a client left when its connection closes: give it a moment.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -390,6 +427,7 @@ async fn clients_that_give_up_on_a_hung_engine_open_its_breaker() {
         engine_metric(&page, "kvmesh_engine_in_flight", &victim)
     );
     assert!(lost >= 1, "the hung engine got no request: {first:?}");
+    assert!(refused >= 5, "{refused} bad requests refused");
     assert!(unanswered(&victim) >= 5.0, "{page}");
     assert_eq!(unanswered(&good), 0.0);
     assert_eq!(
@@ -401,7 +439,7 @@ async fn clients_that_give_up_on_a_hung_engine_open_its_breaker() {
         1.0
     );
     // From now on every request is answered.
-    let after = run_load(&c, &url, &load(24), stop, make).await;
+    let after = run_load(&c, &url, &load(24), Arc::new(AtomicBool::new(false)), make).await;
     assert_eq!(failures(&after), Vec::<String>::new());
     assert!(
         after
