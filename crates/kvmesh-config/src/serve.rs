@@ -422,9 +422,12 @@ pub struct TimeoutConfig {
     /// retried on another engine. A request without `stream` is answered only once its whole
     /// generation is done, so `total_ms` bounds its wait instead, and it is not tried again
     /// once that has passed; but an engine silent this long meanwhile (and for at least 3
-    /// `discovery_interval_ms`: nothing answered at this router, its
-    /// `vllm:generation_tokens_total` not grown) is given up as hung and the request is
-    /// retried on another engine (engines whose token counter is unknown are waited for).
+    /// `discovery_interval_ms`: nothing answered at this router, its work counters —
+    /// `vllm:generation_tokens_total`, `prompt_tokens_total`, `prefix_cache_queries_total`,
+    /// `iteration_tokens_total` — unchanged) is given up as hung and the request is retried
+    /// on another engine (engines without such counters are waited for). An answer that
+    /// stops midway for this long (nothing more from the engine) is ended as a stall: an
+    /// error event for a stream, a failure of the engine's.
     pub first_byte_ms: u64,
     /// Whole request, including the streamed body (SGLang's gateway default: 1800 s). A
     /// stream it cuts counts as the engine's failure only when the engine had sent nothing

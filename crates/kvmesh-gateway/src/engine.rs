@@ -8,7 +8,7 @@
 use crate::prefix::SlotLease;
 use kvmesh_config::EngineEntry;
 use kvmesh_metrics::{Histogram, LATENCY_BUCKETS};
-use kvmesh_policy::{EngineTracker, EngineView};
+use kvmesh_policy::{EngineTracker, EngineView, Work};
 use kvmesh_prefix::EngineId;
 use kvmesh_route::FailKind;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, Ordering::Relaxed};
@@ -159,11 +159,16 @@ pub struct Engine {
     /// Where the open window of that ratio starts: the engine's hits and queries (f64 bits;
     /// NaN = no scrape yet) and this router's predicted and prompt tokens.
     pub(crate) ratio_base: [AtomicU64; 4],
-    /// The engine's `vllm:generation_tokens_total` at the last scrape (f64 bits; NaN =
-    /// unknown), and when (cluster µs) a scrape last found it grown: the engine was
-    /// generating then.
-    pub(crate) generation_bits: AtomicU64,
-    pub generated_at_us: AtomicU64,
+    /// The engine's work counters at the last scrape, summed (f64 bits; NaN = its metrics
+    /// have none): [`WORK_COUNTERS`](crate::probe::WORK_COUNTERS).
+    pub(crate) work_bits: AtomicU64,
+    /// When (cluster µs) a scrape last found them changed: the engine was working then; and
+    /// when the scrape before that one was made: the work it found came after.
+    pub worked_at_us: AtomicU64,
+    pub(crate) worked_after_us: AtomicU64,
+    /// When the last two scrapes that read them were made (cluster µs; 0 = none): the
+    /// last, and the one before.
+    pub(crate) scraped_us: [AtomicU64; 2],
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -238,9 +243,39 @@ impl Engine {
                 AtomicU64::new(0),
                 AtomicU64::new(0),
             ],
-            generation_bits: AtomicU64::new(f64::NAN.to_bits()),
-            generated_at_us: AtomicU64::new(0),
+            work_bits: AtomicU64::new(f64::NAN.to_bits()),
+            worked_at_us: AtomicU64::new(0),
+            worked_after_us: AtomicU64::new(0),
+            scraped_us: [AtomicU64::new(0), AtomicU64::new(0)],
         })
+    }
+
+    /// Whether its metrics have work counters.
+    pub fn work_known(&self) -> bool {
+        !f64::from_bits(self.work_bits.load(Relaxed)).is_nan()
+    }
+
+    /// What its metrics showed of its work (for the unanswered rule).
+    pub fn work(&self) -> Work {
+        if !self.work_known() {
+            return Work::Unknown;
+        }
+        Work::Counted {
+            worked_after_us: self.worked_after_us.load(Relaxed),
+            prev_scrape_us: self.scraped_us[1].load(Relaxed),
+        }
+    }
+
+    /// A scrape at `now_us` read its work counters, summed: `work`.
+    pub(crate) fn note_work(&self, now_us: u64, work: f64) {
+        let before = f64::from_bits(self.work_bits.swap(work.to_bits(), Relaxed));
+        let last = self.scraped_us[0].swap(now_us, Relaxed);
+        self.scraped_us[1].store(last, Relaxed);
+        // Any change: a restarted engine's counters start again from 0.
+        if !before.is_nan() && work != before {
+            self.worked_after_us.store(last, Relaxed);
+            self.worked_at_us.store(now_us, Relaxed);
+        }
     }
 
     /// Its KV events are being received and its blocks are exactly known (precise routing

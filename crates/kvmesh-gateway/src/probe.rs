@@ -126,16 +126,27 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
             peers,
         );
         note_prefix_counters(e, &text);
-        if let Some(g) = scrape(&text, "vllm:generation_tokens_total") {
-            let before = f64::from_bits(e.generation_bits.swap(g.to_bits(), Ordering::Relaxed));
-            if g > before {
-                e.generated_at_us
-                    .store(gw.clock.now_us(), Ordering::Relaxed);
-            }
+        let work: Vec<f64> = WORK_COUNTERS
+            .iter()
+            .filter_map(|c| scrape(&text, c))
+            .collect();
+        if !work.is_empty() {
+            e.note_work(gw.clock.now_us(), work.iter().sum());
         }
         note_start_time(gw, e, scrape(&text, "process_start_time_seconds"));
     }
 }
+
+/// The counters of an engine's metrics that grow while it works: tokens generated, prompt
+/// tokens done, prompt tokens looked up in the prefix cache at scheduling, and engine steps
+/// (vLLM's `iteration_tokens_total` histogram counts one per step, prefill chunks included:
+/// a long prefill shows as work before its first token).
+pub(crate) const WORK_COUNTERS: [&str; 4] = [
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:iteration_tokens_total_count",
+];
 
 /// How long after reading an engine's page the peers' in-flight count on it is read again
 /// (see [`discover`]): many times the mesh's propagation of a count on a LAN.

@@ -542,8 +542,7 @@ async fn attempt_step(
                     Action::TryNext { .. }
                         if matches!(wait, Wait::Until(_))
                             && f.kind == FailKind::Timeout
-                            && engine.generated_at_us.load(Ordering::Relaxed)
-                                > attempt.sent_us() =>
+                            && engine.worked_at_us.load(Ordering::Relaxed) > attempt.sent_us() =>
                     {
                         attempt.account(Accounting::Cancel, None);
                     }

@@ -29,6 +29,9 @@ pub struct Attempt {
     /// A head that is the whole answer was passed on (not a success's, which waits for its
     /// first data): the engine answered.
     answered_head: bool,
+    /// Since when the attempt has had nothing from the engine (cluster µs): when it was sent,
+    /// or when its answer's data last came (set as its body is dropped).
+    quiet_since_us: u64,
     /// A whole answer was asked for (no `"stream": true`): its first byte comes with its
     /// end, so it is no time to first token.
     whole: bool,
@@ -57,6 +60,7 @@ impl Attempt {
             first_byte_seen: false,
             refused: false,
             answered_head: false,
+            quiet_since_us: sent_us,
             whole,
         }
     }
@@ -181,22 +185,23 @@ impl Drop for Attempt {
     fn drop(&mut self) {
         if let Some(p) = self.permit.take() {
             // No verdict: the client went away (or the router is shutting down):
-            // `stream_end(StreamEnd::ClientGone)` is a cancel, unless nothing of the answer
-            // came and the engine answered nobody during a long wait (a hung engine that
-            // passes its health checks: `health.unanswered`).
-            if self.first_byte_seen || self.answered_head {
+            // `stream_end(StreamEnd::ClientGone)` is a cancel, unless the engine had gone
+            // silent on it — nothing of the answer (or nothing more of it) for a long wait in
+            // which the engine answered nobody and did no work (a hung engine that passes its
+            // health checks: `health.unanswered`).
+            if self.answered_head {
                 self.engine.tracker().on_cancel(p);
             } else {
                 let may_open = self.may_open();
                 let now = self.gw.clock.now_us();
-                let worked = self.engine.generated_at_us.load(Ordering::Relaxed);
-                let out =
-                    self.engine
-                        .tracker()
-                        .on_unanswered(now, p, self.sent_us, worked, may_open);
+                let (since, work) = (self.quiet_since_us, self.engine.work());
+                let out = self
+                    .engine
+                    .tracker()
+                    .on_unanswered(now, p, since, work, may_open);
                 if let Unanswered::Failed(ev) = out {
                     self.engine.metrics.failed(FailKind::Unanswered);
-                    tracing::debug!(engine = %self.engine.url, waited_ms = now.saturating_sub(self.sent_us) / 1000, "the client left an attempt the engine never answered");
+                    tracing::debug!(engine = %self.engine.url, waited_ms = now.saturating_sub(since) / 1000, "the client left an attempt the engine had gone silent on");
                     self.breaker_moved(ev);
                 }
             }
@@ -242,6 +247,9 @@ pub struct TrackedBody {
     /// the total timeout, an engine silent for a whole first-byte timeout is the one that
     /// failed; one still sending is not (the router's budget ran out).
     last_data: tokio::time::Instant,
+    /// An engine silent this long in the middle of its answer (`timeouts.first_byte_ms`) has
+    /// hung: the attempt ends there as a stall.
+    idle: Duration,
     held: Option<Held>,
     /// The upstream body returned its end (it is never polled again).
     ended: bool,
@@ -251,6 +259,19 @@ pub struct TrackedBody {
     /// error event goes before the error that closes the connection (an OpenAI client
     /// raises it as an API error, not as a bare connection reset).
     tell_break: bool,
+}
+
+impl Drop for TrackedBody {
+    fn drop(&mut self) {
+        // The client went away in the middle of the answer: its attempt has had nothing
+        // from the engine since the last data came.
+        if let Some(a) = self.attempt.as_mut()
+            && a.first_byte_seen
+        {
+            let quiet = self.last_data.elapsed().as_micros() as u64;
+            a.quiet_since_us = a.gw.clock.now_us().saturating_sub(quiet).max(a.sent_us);
+        }
+    }
 }
 
 /// What the caller of [`TrackedBody::new`] read of the upstream body before the head was
@@ -280,6 +301,7 @@ impl TrackedBody {
         event_stream: bool,
     ) -> Self {
         let left = total.saturating_sub(attempt.elapsed());
+        let idle = Duration::from_millis(attempt.gw.cfg.timeouts.first_byte_ms);
         let first = match ahead {
             ReadAhead::Nothing => None,
             ReadAhead::First(f) => Some(f),
@@ -291,6 +313,7 @@ impl TrackedBody {
             deadline_at: tokio::time::Instant::now() + left,
             deadline: None,
             last_data: tokio::time::Instant::now(),
+            idle,
             held: None,
             ended: false,
             unflushed: false,
@@ -302,6 +325,20 @@ impl TrackedBody {
         if let Some(a) = self.attempt.take() {
             a.end(end);
         }
+    }
+
+    /// Polls the timer, made when missing: due at the total timeout, or, while the attempt
+    /// is on, at the idle check (`idle` after the last data) if sooner. Whether it is due.
+    fn poll_timer(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut at = self.deadline_at;
+        if self.attempt.is_some() {
+            at = at.min(self.last_data + self.idle);
+        }
+        self.deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
+            .as_mut()
+            .poll(cx)
+            .is_ready()
     }
 
     /// Appends to `first` what the upstream body has ready now (never waits).
@@ -443,20 +480,27 @@ impl HttpBody for TrackedBody {
                 Poll::Ready(None)
             }
             Poll::Pending => {
-                let at = this.deadline_at;
                 if this.unflushed {
                     this.last_data = tokio::time::Instant::now();
                 }
-                let due = this
-                    .deadline
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
-                    .as_mut()
-                    .poll(cx)
-                    .is_ready();
+                let mut due = this.poll_timer(cx);
                 if due && this.attempt.is_none() {
                     // Whole since the terminator passed: the client's answer ends here.
                     this.ended = true;
                     return Poll::Ready(None);
+                }
+                if due && tokio::time::Instant::now() < this.deadline_at {
+                    // The idle check, not the total timeout: an engine silent for a whole
+                    // first-byte timeout in the middle of its answer has hung (QA: such a
+                    // stream held its client until the total timeout, 30 minutes).
+                    if this.last_data.elapsed() >= this.idle {
+                        this.end(StreamEnd::Stalled);
+                        let why = "the engine sent nothing more for the first-byte timeout (serve.timeouts.first_byte_ms)";
+                        return this.error_after_flush(why.into(), 504, cx);
+                    }
+                    // Data came since the timer was set: check again from the last of it.
+                    this.deadline = None;
+                    due = this.poll_timer(cx);
                 }
                 if due && let Some(a) = &this.attempt {
                     let stall = Duration::from_millis(a.gw.cfg.timeouts.first_byte_ms);

@@ -355,6 +355,8 @@ async fn clients_that_give_up_on_a_hung_engine_open_its_breaker() {
     // Every other request to the hung engine: load-aware policies send it fewer while its
     // attempts are in flight, and none once they are counted as failures.
     cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+    // Its metrics read every 100 ms: two reads with no work seen show it idle.
+    cfg.discovery_interval_ms = 100;
     let h = &mut cfg.routing.health;
     h.unanswered.after_ms = 300;
     // Long enough that no half-open probe comes during the check below.
@@ -481,5 +483,134 @@ async fn a_whole_answer_on_a_hung_engine_is_answered_by_another() {
     assert!(timeouts >= 1.0, "the hung engine was never tried: {page}");
     router.shutdown().await;
     clear_faults(&c, &sims[1].base_url()).await;
+    stop_sims(sims).await;
+}
+
+/// A busy engine is not a hung one: clients that give up on requests whose long prefill
+/// (about 1.9 s here, in real time) has not produced a token yet leave an engine that is
+/// working — its steps show in its metrics (`vllm:iteration_tokens_total`) — so they are
+/// cancels, and its breaker stays closed. (QA: with only the generated-token counter read,
+/// 5 such clients opened the only engine's breaker, and every request got a 503 for 5 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_give_up_on_long_prefills_leave_the_engine_in() {
+    let sims = start_sims(1, |_| {
+        let mut c = sim_cfg("test-model");
+        c.time_scale = 1.0;
+        c
+    })
+    .await;
+    let engines = urls(&sims);
+    let mut cfg = serve_cfg(&engines);
+    cfg.discovery_interval_ms = 100;
+    cfg.routing.health.unanswered.after_ms = 300;
+    let router = start_router_with(cfg, "test-model", 1).await;
+    let (c, base) = (client(), router.base_url());
+    let url = format!("{base}/v1/completions");
+    let long = "word ".repeat(27_000);
+    for i in 0..6 {
+        let body = completion_body("test-model", &format!("{i} {long}"), 8, false);
+        let r = send(
+            &c,
+            "POST",
+            &url,
+            &[],
+            body.to_string(),
+            Duration::from_millis(900),
+        )
+        .await;
+        assert!(
+            !r.ok(),
+            "answered within 0.9 s: the prefill is not long enough here"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let page = scrape(&c, &base).await;
+    let e = &engines[0];
+    assert_eq!(
+        engine_kind_metric(&page, "kvmesh_engine_errors_total", e, "unanswered"),
+        0.0
+    );
+    assert_eq!(engine_metric(&page, "kvmesh_engine_breaker_state", e), 0.0);
+    let r = post_json(&c, &url, &completion_body("test-model", "short", 4, false)).await;
+    assert!(r.ok(), "{r:?}");
+    router.shutdown().await;
+    stop_sims(sims).await;
+}
+
+/// An engine that hangs in the middle of its answers: a client that leaves a stream after
+/// a long silence counts against it (`unanswered`), and a client that waits has its stream
+/// ended by the router once the engine has sent nothing for the first-byte timeout (an error
+/// event; a `stream` failure), not at the total timeout. (QA: a patient client got nothing
+/// for 150 s, and clients that left counted as cancels.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_engine_stops_mid_way_is_ended_and_held_against_it() {
+    use http_body_util::BodyExt;
+    let sims = start_sims(1, |_| sim_cfg("test-model")).await;
+    let engines = urls(&sims);
+    let mut cfg = serve_cfg(&engines);
+    cfg.discovery_interval_ms = 100;
+    cfg.routing.health.unanswered.after_ms = 300;
+    cfg.timeouts.first_byte_ms = 1_500;
+    let router = start_router_with(cfg, "test-model", 1).await;
+    let (c, base) = (client(), router.base_url());
+    let url = format!("{base}/v1/chat/completions");
+    // Opens a long stream and reads its first chunk.
+    let open = |text: &'static str| {
+        let c = c.clone();
+        let url = url.clone();
+        async move {
+            let body = chat_body("test-model", text, 4_000, true).to_string();
+            let req = http::Request::post(url)
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                .expect("request");
+            let resp = c.request(req).await.expect("head");
+            assert_eq!(resp.status(), 200);
+            let mut b = resp.into_body();
+            let f = b.frame().await.expect("a first frame").expect("frame");
+            assert!(f.is_data());
+            b
+        }
+    };
+    let sim = sims[0].base_url();
+    let page_of = |c: HttpClient, base: String| async move { scrape(&c, &base).await };
+    // A client that leaves after 1 s of silence.
+    let leaving = open("one").await;
+    set_faults(&c, &sim, serde_json::json!({"hang": true})).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    drop(leaving);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let page = page_of(c.clone(), base.clone()).await;
+    let e = &engines[0];
+    assert_eq!(
+        engine_kind_metric(&page, "kvmesh_engine_errors_total", e, "unanswered"),
+        1.0
+    );
+    // A client that waits: ended about 1.5 s after the engine's last data, with an error.
+    clear_faults(&c, &sim).await;
+    let mut waiting = open("two").await;
+    set_faults(&c, &sim, serde_json::json!({"hang": true})).await;
+    let t0 = Instant::now();
+    let mut text = String::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), waiting.frame()).await {
+            Err(_) => panic!("not ended 10 s after the engine hung: {text}"),
+            Ok(None) | Ok(Some(Err(_))) => break,
+            Ok(Some(Ok(f))) => {
+                if let Some(d) = f.data_ref() {
+                    text.push_str(&String::from_utf8_lossy(d));
+                }
+            }
+        }
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(text.contains("\"error\""), "{text}");
+    let page = page_of(c.clone(), base.clone()).await;
+    assert_eq!(
+        engine_kind_metric(&page, "kvmesh_engine_errors_total", e, "stream"),
+        1.0
+    );
+    router.shutdown().await;
+    clear_faults(&c, &sim).await;
     stop_sims(sims).await;
 }

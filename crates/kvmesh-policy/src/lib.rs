@@ -45,7 +45,7 @@ pub use config::{
 };
 pub use health::{
     ActiveHealth, BreakerEvent, BreakerState, CircuitBreaker, EjectionGuard, EngineTracker,
-    ErrorRate, HealthEvent, LatencyTracker, PeakEwma, Permit, SlowStart, Unanswered,
+    ErrorRate, HealthEvent, LatencyTracker, PeakEwma, Permit, SlowStart, Unanswered, Work,
     auto_weight_factor, fleet_reference_latency, slow_start_factor,
 };
 pub use policy::{Policy, load_score};

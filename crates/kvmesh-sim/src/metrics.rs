@@ -22,6 +22,12 @@ const ITL_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
+/// `vllm:iteration_tokens_total` (tokens per engine step): token counts, recorded through
+/// [`Histogram::observe_us`] as "seconds" (a count of n is observed as n × 10⁶ µs), so the
+/// rendered buckets and sum are token counts.
+const ITERATION_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
 
 /// Every metric of one simulated engine.
 pub struct SimMetrics {
@@ -29,6 +35,7 @@ pub struct SimMetrics {
     ttft: Histogram,
     e2e: Histogram,
     itl: Histogram,
+    iteration_tokens: Histogram,
     success: AtomicU64,
     aborted: AtomicU64,
     injected_errors: AtomicU64,
@@ -54,6 +61,7 @@ impl SimMetrics {
             ttft: Histogram::new(TTFT_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
+            iteration_tokens: Histogram::new(ITERATION_BUCKETS),
             success: AtomicU64::new(0),
             aborted: AtomicU64::new(0),
             injected_errors: AtomicU64::new(0),
@@ -66,8 +74,15 @@ impl SimMetrics {
         }
     }
 
-    /// After each engine step: inter-token latencies (every non-first token waited one step).
+    /// After each engine step: the tokens it computed (prefill chunks and decodes: vLLM's
+    /// `iteration_tokens_total`, one observation per step that scheduled any) and
+    /// inter-token latencies (every non-first token waited one step).
     pub fn observe_step(&self, out: &StepOutput) {
+        let tokens = out.shape.scheduled_tokens();
+        if tokens > 0 {
+            self.iteration_tokens
+                .observe_us(tokens.saturating_mul(1_000_000));
+        }
         for t in &out.tokens {
             if t.index > 0 {
                 self.itl.observe_us(out.duration_us);
@@ -219,6 +234,12 @@ impl SimMetrics {
             &mut out,
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
+            l,
+        );
+        self.iteration_tokens.render(
+            &mut out,
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
             l,
         );
         let mut counter = |name: &str, help: &str, v: u64| {

@@ -1,10 +1,10 @@
 //! The wait for a whole answer (no `"stream": true`: the head comes with the end of the
 //! generation, so no first-byte timeout can bound it): until the request's total deadline,
 //! and cut sooner when the engine has gone silent — it answered nothing at this router and
-//! its generated-token counter did not grow for [`silence_limit`]. A hung engine used to keep
+//! its work counters (`probe::WORK_COUNTERS`) did not change for [`silence_limit`]. A hung engine used to keep
 //! such a request for the whole total timeout (30 minutes by default) while another engine
-//! could have answered it. Only for engines whose counter is known (`vllm:generation_tokens_total`
-//! read from their metrics): without it, a long generation is not told from a hang.
+//! could have answered it. Only for engines whose metrics have such counters (vLLM's):
+//! without them, a long generation is not told from a hang.
 
 use crate::engine::Engine;
 use crate::gateway::Gateway;
@@ -36,13 +36,13 @@ pub(super) fn silence_limit(gw: &Gateway) -> Duration {
 }
 
 /// How long `engine` has been silent since `sent_us` (cluster µs), or `None` when its
-/// generated-token counter is unknown.
+/// work counters are unknown.
 fn silent_for(gw: &Gateway, engine: &Engine, sent_us: u64) -> Option<Duration> {
-    if f64::from_bits(engine.generation_bits.load(Ordering::Relaxed)).is_nan() {
+    if !engine.work_known() {
         return None;
     }
     let answered = engine.tracker().answered_us();
-    let worked = engine.generated_at_us.load(Ordering::Relaxed);
+    let worked = engine.worked_at_us.load(Ordering::Relaxed);
     let last = sent_us.max(answered).max(worked);
     Some(Duration::from_micros(
         gw.clock.now_us().saturating_sub(last),

@@ -73,8 +73,12 @@ async fn a_stream_still_delivering_at_the_total_timeout_is_not_the_engine_s_fail
     assert_eq!(in_flight(&gw), 0);
 }
 
+/// A stream that stops in the middle (a wedged engine) is cut once the engine has sent
+/// nothing for a first-byte timeout, as a stall held against the engine, not at the total
+/// timeout (QA: such a stream held its client for the whole total timeout, 30 minutes by
+/// default).
 #[tokio::test(start_paused = true)]
-async fn a_stream_silent_for_a_first_byte_timeout_at_the_total_timeout_is_a_stall() {
+async fn a_stream_silent_for_a_first_byte_timeout_is_cut_as_a_stall() {
     let mock = MockUpstream::new();
     // Two events, then nothing for a minute: a wedged engine.
     let stalled = MockReply::Respond {
@@ -99,13 +103,32 @@ async fn a_stream_silent_for_a_first_byte_timeout_at_the_total_timeout_is_a_stal
     let body = stream_until_cut(&gw).await;
     assert_eq!(
         t0.elapsed(),
-        Duration::from_secs(10),
-        "cut at the total timeout"
+        Duration::from_millis(2_100),
+        "cut a first-byte timeout after the last data"
     );
     assert_eq!(body.matches("data: {}").count(), 2, "{body}");
     assert_eq!(
         errors(&gw, A, FailKind::Stream) + errors(&gw, B, FailKind::Stream),
         1
+    );
+    assert_eq!(in_flight(&gw), 0);
+}
+
+/// Events with gaps shorter than the first-byte timeout are never cut before the total
+/// timeout (the idle check moves with the data).
+#[tokio::test(start_paused = true)]
+async fn a_stream_with_gaps_shorter_than_the_first_byte_timeout_is_not_cut_early() {
+    let mock = MockUpstream::new();
+    mock.set_default(A, stream_of(8, Duration::from_millis(1_900)));
+    mock.set_default(B, stream_of(8, Duration::from_millis(1_900)));
+    let gw = timed(2_000, 10_000, &mock);
+    let t0 = tokio::time::Instant::now();
+    let body = stream_until_cut(&gw).await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(10), "{body}");
+    assert_eq!(body.matches("data: {}").count(), 5, "{body}");
+    assert_eq!(
+        errors(&gw, A, FailKind::Stream) + errors(&gw, B, FailKind::Stream),
+        0
     );
     assert_eq!(in_flight(&gw), 0);
 }
@@ -119,7 +142,7 @@ async fn a_whole_answer_cut_while_the_engine_generates_is_not_the_engine_s_failu
         tokio::time::sleep(Duration::from_secs(2)).await;
         for e in [A, B] {
             engine(&g, e)
-                .generated_at_us
+                .worked_at_us
                 .store(g.clock.now_us(), Ordering::Relaxed);
         }
     });
@@ -163,7 +186,7 @@ fn counted(mock: &Arc<MockUpstream>) -> Arc<Gateway> {
     let gw = gateway(c, mock, &[A, B]);
     for e in [A, B] {
         engine(&gw, e)
-            .generation_bits
+            .work_bits
             .store(0f64.to_bits(), Ordering::Relaxed);
     }
     gw
@@ -212,7 +235,7 @@ async fn a_whole_answer_on_a_working_engine_is_waited_for() {
                     if by_answer {
                         e.tracker().on_first_byte(now, 100_000);
                     } else {
-                        e.generated_at_us.store(now, Ordering::Relaxed);
+                        e.worked_at_us.store(now, Ordering::Relaxed);
                     }
                 }
             }

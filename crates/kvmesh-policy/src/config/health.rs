@@ -215,22 +215,25 @@ impl HealthConfig {
     }
 }
 
-/// An attempt whose client went away before any byte of the answer came, after waiting
-/// `after_ms` or more, while the engine answered nothing else either (no first byte and no
-/// finished answer at this router, and its token counter did not grow): counted as a failed
-/// attempt (`kvmesh_engine_errors_total{kind="unanswered"}`: breaker, error rate, latency).
-/// This is how a hung engine is found that accepts requests and passes its health checks
-/// but never answers, when clients give up long before `timeouts.first_byte_ms`. An engine
-/// that answers other requests meanwhile is busy, not hung: the attempt is a cancel.
+/// An attempt whose client went away while it waited for the engine — for the first byte
+/// of the answer, or for more of a stream that stopped — for `after_ms` or more, in which the
+/// engine answered nobody at this router and its metrics showed no work (two scrapes of its
+/// work counters, none changed; engines without them: this router's answers alone): counted
+/// as a failed attempt (`kvmesh_engine_errors_total{kind="unanswered"}`: breaker, error rate,
+/// latency). This is how a hung engine is found that accepts requests and passes its health
+/// checks but never answers, when clients give up long before `timeouts.first_byte_ms`. An
+/// engine that answers others or works meanwhile (a long prefill steps) is busy, not hung:
+/// the attempt is a cancel.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UnansweredConfig {
-    /// A client that goes away before any answer, after waiting `after_ms` or more while the
-    /// engine answered nothing (no first byte or finished answer at this router, its token
-    /// counter not grown), counts as a failed attempt of kind `unanswered` (breaker, error
-    /// rate, latency): how a hung engine that passes its health checks is found when clients
-    /// give up long before `timeouts.first_byte_ms`. Off = never held against the engine.
-    /// Default true.
+    /// A client that goes away after waiting `after_ms` or more for the answer (or for more
+    /// of it) while the engine answered nobody at this router and its metrics showed no
+    /// work (two scrapes of its work counters, tokens and steps, none changed) counts as a
+    /// failed attempt of kind `unanswered` (breaker, error rate, latency): how a hung engine
+    /// that passes its health checks is found when clients give up long before
+    /// `timeouts.first_byte_ms`. Engines without such counters: this router's answers alone
+    /// tell. Off = never held against the engine. Default true.
     pub enabled: bool,
     /// The least wait that counts. Default 1,000 ms.
     pub after_ms: u64,

@@ -198,6 +198,41 @@ pub struct EngineTracker {
     answered_us: u64,
 }
 
+/// What the engine's own metrics showed of its work, as the router's scrapes read them (for
+/// [`EngineTracker::on_unanswered`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// Its metrics have no work counter (tokens generated, prompt tokens, engine steps): only
+    /// this router's answers tell whether it works.
+    Unknown,
+    /// Its work counters, read at every scrape: each pair of scrapes in a row tells whether
+    /// the engine worked between them.
+    Counted {
+        /// Where the last such span that saw them change began (the scrape before the one
+        /// that found the change; 0 = never changed): the last work seen came after it.
+        worked_after_us: u64,
+        /// When the scrape before the last one was made (0 = fewer than two scrapes).
+        prev_scrape_us: u64,
+    },
+}
+
+impl Work {
+    /// Whether the engine was seen idle over a wait that began at `since_us`: no span that
+    /// saw its counters change began after it, and a whole span since it saw none (the last
+    /// two scrapes were made since). The span around `since_us` may show the work done just
+    /// before it — a stream that stopped when its engine hung. Always true when the counters
+    /// are unknown (nothing says otherwise).
+    pub fn idle_since(self, since_us: u64) -> bool {
+        match self {
+            Work::Unknown => true,
+            Work::Counted {
+                worked_after_us,
+                prev_scrape_us,
+            } => worked_after_us < since_us && prev_scrape_us >= since_us,
+        }
+    }
+}
+
 /// What [`EngineTracker::on_unanswered`] made of an attempt the client left unanswered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unanswered {
@@ -364,23 +399,25 @@ impl EngineTracker {
         self.breaker.on_cancel(permit);
     }
 
-    /// The client went away before any byte of the answer to the attempt of `permit`, sent
-    /// at `sent_us`. `worked_us`: when the engine was last seen working by other means (its
-    /// token counter grew; 0 = never). A wait of at least `unanswered.after_ms` during which
-    /// the engine answered nothing at this router and was not seen working is a failure
-    /// (see [`UnansweredConfig`]: a hung engine that passes its health checks); anything else
-    /// is a cancel. `may_open` as for [`on_failure`](Self::on_failure).
+    /// The client went away from the attempt of `permit` while it waited for the engine:
+    /// since `since_us`, when it was sent, or when the last data of its answer came (a stream
+    /// that stopped). `work`: what the engine's metrics showed of its work. A wait of at least
+    /// `unanswered.after_ms` during which the engine answered nothing at this router and was
+    /// seen idle ([`Work::idle_since`]: two scrapes since, no growth) is a failure (see
+    /// [`UnansweredConfig`]: a hung engine that passes its health checks); anything else is a
+    /// cancel (a busy engine in a long prefill steps, and its counters grow). `may_open` as
+    /// for [`on_failure`](Self::on_failure).
     pub fn on_unanswered(
         &mut self,
         now_us: u64,
         permit: Permit,
-        sent_us: u64,
-        worked_us: u64,
+        since_us: u64,
+        work: Work,
         may_open: bool,
     ) -> Unanswered {
         let cfg = &self.unanswered_cfg;
-        let waited = now_us.saturating_sub(sent_us);
-        let silent = self.answered_us < sent_us && worked_us <= sent_us;
+        let waited = now_us.saturating_sub(since_us);
+        let silent = self.answered_us <= since_us && work.idle_since(since_us);
         if cfg.enabled && silent && waited >= cfg.after_ms.saturating_mul(1000) {
             Unanswered::Failed(self.on_failure(now_us, permit, may_open))
         } else {
@@ -461,7 +498,11 @@ mod tests {
         let mut events = Vec::new();
         for _ in 0..cfg.breaker.consecutive_failures {
             let p = t.try_acquire(now).expect("closed");
-            let out = t.on_unanswered(now + 2_000_000, p, now, 0, true);
+            let work = Work::Counted {
+                worked_after_us: 0,
+                prev_scrape_us: now + 1_000_000,
+            };
+            let out = t.on_unanswered(now + 2_000_000, p, now, work, true);
             let Unanswered::Failed(ev) = out else {
                 panic!("a silent engine's unanswered attempt is a failure: {out:?}")
             };
@@ -477,7 +518,7 @@ mod tests {
         let later = now + 2_000_000 + cfg.breaker.open_ms * 1000;
         let p = t.try_acquire(later).expect("half-open probe");
         assert!(p.is_probe());
-        let out = t.on_unanswered(later + 1_500_000, p, later, 0, true);
+        let out = t.on_unanswered(later + 1_500_000, p, later, Work::Unknown, true);
         assert!(
             matches!(out, Unanswered::Failed(Some(BreakerEvent::Opened { for_us })) if for_us > cfg.breaker.open_ms * 1000),
             "{out:?}"
@@ -491,55 +532,60 @@ mod tests {
         let cfg = HealthConfig::default();
         let sent = 10_000_000;
         let left = sent + 5_000_000;
-        // Another request's first byte during the wait.
-        let mut t = EngineTracker::new(&cfg, 0, false);
-        let p = t.try_acquire(sent).unwrap();
-        t.on_first_byte(sent + 1, 300_000);
-        assert_eq!(
-            t.on_unanswered(left, p, sent, 0, true),
-            Unanswered::Cancelled
-        );
-        // Another request finished during the wait.
-        let mut t = EngineTracker::new(&cfg, 0, false);
-        let p = t.try_acquire(sent).unwrap();
-        let q = t.try_acquire(sent).unwrap();
-        t.on_success(sent + 3_000_000, q, 4_000_000);
-        assert_eq!(
-            t.on_unanswered(left, p, sent, 0, true),
-            Unanswered::Cancelled
-        );
-        // The engine's token counter grew during the wait.
-        let mut t = EngineTracker::new(&cfg, 0, false);
-        let p = t.try_acquire(sent).unwrap();
-        assert_eq!(
-            t.on_unanswered(left, p, sent, sent + 2_000_000, true),
-            Unanswered::Cancelled
-        );
-        // An answer before the attempt was sent says nothing about the wait.
-        let mut t = EngineTracker::new(&cfg, 0, false);
-        t.on_first_byte(sent - 1, 300_000);
-        let p = t.try_acquire(sent).unwrap();
+        // Scrapes every second found nothing grown since before the attempt was sent.
+        // (The span from 0.5 s before it was sent saw work: done before the wait.)
+        let idle = Work::Counted {
+            worked_after_us: sent - 500_000,
+            prev_scrape_us: left - 1_000_000,
+        };
+        let silent = |t: &mut EngineTracker, work: Work| {
+            let p = t.try_acquire(sent).unwrap();
+            t.on_unanswered(left, p, sent, work, true)
+        };
+        let fresh = || EngineTracker::new(&cfg, 0, false);
+        assert!(matches!(silent(&mut fresh(), idle), Unanswered::Failed(_)));
         assert!(matches!(
-            t.on_unanswered(left, p, sent, sent - 5, true),
+            silent(&mut fresh(), Work::Unknown),
             Unanswered::Failed(_)
         ));
+        // Another request's first byte during the wait.
+        let mut t = fresh();
+        t.on_first_byte(sent + 1, 300_000);
+        assert_eq!(silent(&mut t, idle), Unanswered::Cancelled);
+        // Another request finished during the wait.
+        let mut t = fresh();
+        let q = t.try_acquire(sent).unwrap();
+        t.on_success(sent + 3_000_000, q, 4_000_000);
+        assert_eq!(silent(&mut t, idle), Unanswered::Cancelled);
+        // The engine's counters grew during the wait (a long prefill steps too).
+        let worked = Work::Counted {
+            worked_after_us: sent + 2_000_000,
+            prev_scrape_us: left - 1_000_000,
+        };
+        assert_eq!(silent(&mut fresh(), worked), Unanswered::Cancelled);
+        // Fewer than two scrapes since it was sent: the counters cannot tell yet.
+        let early = Work::Counted {
+            worked_after_us: 0,
+            prev_scrape_us: sent - 1,
+        };
+        assert_eq!(silent(&mut fresh(), early), Unanswered::Cancelled);
+        // An answer before the attempt was sent says nothing about the wait.
+        let mut t = fresh();
+        t.on_first_byte(sent - 1, 300_000);
+        assert!(matches!(silent(&mut t, idle), Unanswered::Failed(_)));
         // Shorter than `after_ms`.
-        let mut t = EngineTracker::new(&cfg, 0, false);
+        let mut t = fresh();
         let p = t.try_acquire(sent).unwrap();
         let short = sent + cfg.unanswered.after_ms * 1000 - 1;
         assert_eq!(
-            t.on_unanswered(short, p, sent, 0, true),
+            t.on_unanswered(short, p, sent, Work::Unknown, true),
             Unanswered::Cancelled
         );
         // Switched off.
         let mut off = cfg.clone();
         off.unanswered.enabled = false;
         let mut t = EngineTracker::new(&off, 0, false);
-        let p = t.try_acquire(sent).unwrap();
-        assert_eq!(
-            t.on_unanswered(left, p, sent, 0, true),
-            Unanswered::Cancelled
-        );
+        assert_eq!(silent(&mut t, idle), Unanswered::Cancelled);
         assert_eq!(t.error_rate(left), 0.0);
     }
 

@@ -31,8 +31,9 @@ pub enum FailKind {
     /// Any other transport error before the first byte of the answer (before the head, or a
     /// success's body that broke before its first data).
     Transport,
-    /// The client went away before any answer, after a wait in which the engine answered
-    /// nothing at all (`health.unanswered`; never retried: nobody is left to answer).
+    /// The client went away after a wait for an answer (or for more of it) in which the
+    /// engine answered nobody and did no work (`health.unanswered`; never retried: nobody is
+    /// left to answer).
     Unanswered,
 }
 
