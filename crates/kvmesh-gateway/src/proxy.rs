@@ -479,7 +479,9 @@ async fn attempt_step(
                 if matches!(g, GiveUp::BudgetExhausted { .. }) {
                     gw.metrics.budget_exhausted.inc();
                 }
-                let last_failure = last.as_ref().map_or("", |f| f.detail.as_str());
+                let last_failure = last
+                    .as_ref()
+                    .map_or("none: no attempt was sent", |f| f.detail.as_str());
                 tracing::warn!(request_id = ?request_id, model = %route.model, verdict = ?g, last_failure, "request given up");
                 return (give_up(g, last, &route.model), None);
             }
