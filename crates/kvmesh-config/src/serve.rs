@@ -432,8 +432,9 @@ pub struct TimeoutConfig {
     /// Whole request, including the streamed body (SGLang's gateway default: 1800 s). A
     /// stream it cuts counts as the engine's failure only when the engine had sent nothing
     /// for `first_byte_ms` (a stall); a whole answer (no `stream`) it cuts, only when the
-    /// engine's `vllm:generation_tokens_total` did not grow meanwhile (as its scrapes saw).
-    /// Cut while the engine was working, the router's budget ran out, not the engine.
+    /// engine's work counters (tokens, prompt tokens, prefix lookups, engine steps) did not
+    /// change meanwhile (as its scrapes saw). Cut while the engine was working, the router's
+    /// budget ran out, not the engine.
     pub total_ms: u64,
 }
 

@@ -30,7 +30,8 @@ pub struct Attempt {
     /// first data): the engine answered.
     answered_head: bool,
     /// Since when the attempt has had nothing from the engine (cluster µs): when it was sent,
-    /// or when its answer's data last came (set as its body is dropped).
+    /// or when its answer's data last came (set as its body is dropped; the drop's own time
+    /// when the silence was within the answer's pace).
     quiet_since_us: u64,
     /// A whole answer was asked for (no `"stream": true`): its first byte comes with its
     /// end, so it is no time to first token.
@@ -250,6 +251,8 @@ pub struct TrackedBody {
     /// An engine silent this long in the middle of its answer (`timeouts.first_byte_ms`) has
     /// hung: the attempt ends there as a stall.
     idle: Duration,
+    /// The longest wait between two bursts of data so far: this answer's own pace.
+    longest_gap: Duration,
     held: Option<Held>,
     /// The upstream body returned its end (it is never polled again).
     ended: bool,
@@ -264,12 +267,19 @@ pub struct TrackedBody {
 impl Drop for TrackedBody {
     fn drop(&mut self) {
         // The client went away in the middle of the answer: its attempt has had nothing
-        // from the engine since the last data came.
+        // from the engine since the last data came. A silence within this answer's own pace
+        // (under 3 × its longest gap so far: a slow engine between two steps) is no sign of a
+        // hang (QA: a working engine 1.7 s between tokens was held to have gone silent).
         if let Some(a) = self.attempt.as_mut()
             && a.first_byte_seen
         {
-            let quiet = self.last_data.elapsed().as_micros() as u64;
-            a.quiet_since_us = a.gw.clock.now_us().saturating_sub(quiet).max(a.sent_us);
+            let quiet = self.last_data.elapsed();
+            a.quiet_since_us = if quiet < 3 * self.longest_gap {
+                a.gw.clock.now_us()
+            } else {
+                let quiet = quiet.as_micros() as u64;
+                a.gw.clock.now_us().saturating_sub(quiet).max(a.sent_us)
+            };
         }
     }
 }
@@ -314,6 +324,7 @@ impl TrackedBody {
             deadline: None,
             last_data: tokio::time::Instant::now(),
             idle,
+            longest_gap: Duration::ZERO,
             held: None,
             ended: false,
             unflushed: false,
@@ -481,7 +492,9 @@ impl HttpBody for TrackedBody {
             }
             Poll::Pending => {
                 if this.unflushed {
-                    this.last_data = tokio::time::Instant::now();
+                    let now = tokio::time::Instant::now();
+                    this.longest_gap = this.longest_gap.max(now - this.last_data);
+                    this.last_data = now;
                 }
                 let mut due = this.poll_timer(cx);
                 if due && this.attempt.is_none() {

@@ -253,3 +253,58 @@ async fn a_whole_answer_on_a_working_engine_is_waited_for() {
         assert_eq!(in_flight(&gw), 0);
     }
 }
+
+/// Reads `n` data frames of a streamed answer, waits `then`, and leaves (drops the body).
+async fn read_then_leave(gw: &Arc<Gateway>, n: usize, then: Duration) {
+    let r = send_chat(gw, Bytes::from_static(STREAM_BODY.as_bytes())).await;
+    assert_eq!(r.status(), 200);
+    let mut body = r.into_body();
+    let mut got = 0;
+    while got < n {
+        match body.frame().await {
+            Some(Ok(f)) if f.is_data() => got += 1,
+            Some(Ok(_)) => {}
+            other => panic!("the stream ended after {got} frames: {other:?}"),
+        }
+    }
+    tokio::time::sleep(then).await;
+    drop(body);
+}
+
+/// A client that leaves a stream after 2 s of silence: held against an engine that had kept
+/// a pace of 0.1 s between events (it stopped), not against one whose events come every
+/// 1.7 s (it is slow, and working: QA saw such engines counted as unanswered).
+#[tokio::test(start_paused = true)]
+async fn leaving_a_stream_counts_only_a_silence_beyond_its_pace() {
+    for (every, held) in [
+        (Duration::from_millis(1_700), 0),
+        (Duration::from_millis(100), 1),
+    ] {
+        let mock = MockUpstream::new();
+        // Three events at the pace, then nothing for a minute.
+        let chunks = vec![
+            (Duration::ZERO, Ok(Bytes::from_static(b"data: {}\n\n"))),
+            (every, Ok(Bytes::from_static(b"data: {}\n\n"))),
+            (every, Ok(Bytes::from_static(b"data: {}\n\n"))),
+            (
+                Duration::from_secs(60),
+                Ok(Bytes::from_static(b"data: {}\n\n")),
+            ),
+        ];
+        let reply = MockReply::Respond {
+            head_after: Duration::ZERO,
+            status: 200,
+            chunks,
+        };
+        mock.set_default(A, reply.clone());
+        mock.set_default(B, reply);
+        let gw = timed(20_000, 120_000, &mock);
+        read_then_leave(&gw, 3, Duration::from_secs(2)).await;
+        // The body is dropped with the response: give the drop its turn.
+        tokio::task::yield_now().await;
+        let unanswered =
+            errors(&gw, A, FailKind::Unanswered) + errors(&gw, B, FailKind::Unanswered);
+        assert_eq!(unanswered, held, "events every {every:?}");
+        assert_eq!(in_flight(&gw), 0);
+    }
+}
