@@ -126,12 +126,12 @@ pub async fn discover(gw: &Gateway, e: &Engine) {
             peers,
         );
         note_prefix_counters(e, &text);
-        let work: Vec<f64> = WORK_COUNTERS
+        let work = WORK_COUNTERS
             .iter()
             .filter_map(|c| scrape(&text, c))
-            .collect();
-        if !work.is_empty() {
-            e.note_work(gw.clock.now_us(), work.iter().sum());
+            .reduce(|a, b| a + b);
+        if let Some(w) = work {
+            e.note_work(gw.clock.now_us(), w);
         }
         note_start_time(gw, e, scrape(&text, "process_start_time_seconds"));
     }

@@ -656,7 +656,7 @@ async fn send(
         }
         Waited::Silent(quiet) => {
             let detail = format!(
-                "{}: the engine answered nothing and generated no token for {quiet:?}",
+                "{}: the engine answered nothing and did no work for {quiet:?}",
                 engine.url
             );
             return failed(FailKind::Timeout, detail, attempt);

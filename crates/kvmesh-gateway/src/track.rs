@@ -8,7 +8,7 @@ use crate::upstream::{BoxError, UpstreamBody};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use kvmesh_openai::{ApiError, SSE_DONE};
-use kvmesh_policy::{BreakerEvent, Permit, Unanswered};
+use kvmesh_policy::{BreakerEvent, Permit};
 use kvmesh_route::{Accounting, FailKind, StreamEnd, stream_end};
 use std::future::Future;
 use std::pin::Pin;
@@ -190,21 +190,19 @@ impl Drop for Attempt {
             // silent on it — nothing of the answer (or nothing more of it) for a long wait in
             // which the engine answered nobody and did no work (a hung engine that passes its
             // health checks: `health.unanswered`).
-            if self.answered_head {
-                self.engine.tracker().on_cancel(p);
-            } else {
+            let (now, since) = (self.gw.clock.now_us(), self.quiet_since_us);
+            let work = self.engine.work();
+            let silent = !self.answered_head && self.engine.tracker().went_silent(now, since, work);
+            if silent {
+                // The ejection cap reads every engine's tracker: asked without this one's
+                // locked, and only for a failure.
                 let may_open = self.may_open();
-                let now = self.gw.clock.now_us();
-                let (since, work) = (self.quiet_since_us, self.engine.work());
-                let out = self
-                    .engine
-                    .tracker()
-                    .on_unanswered(now, p, since, work, may_open);
-                if let Unanswered::Failed(ev) = out {
-                    self.engine.metrics.failed(FailKind::Unanswered);
-                    tracing::debug!(engine = %self.engine.url, waited_ms = now.saturating_sub(since) / 1000, "the client left an attempt the engine had gone silent on");
-                    self.breaker_moved(ev);
-                }
+                let ev = self.engine.tracker().on_failure(now, p, may_open);
+                self.engine.metrics.failed(FailKind::Unanswered);
+                tracing::debug!(engine = %self.engine.url, waited_ms = now.saturating_sub(since) / 1000, "the client left an attempt the engine had gone silent on");
+                self.breaker_moved(ev);
+            } else {
+                self.engine.tracker().on_cancel(p);
             }
         }
         self.engine.end_request();
@@ -515,9 +513,8 @@ impl HttpBody for TrackedBody {
                     this.deadline = None;
                     due = this.poll_timer(cx);
                 }
-                if due && let Some(a) = &this.attempt {
-                    let stall = Duration::from_millis(a.gw.cfg.timeouts.first_byte_ms);
-                    let (end, why) = if this.last_data.elapsed() >= stall {
+                if due && this.attempt.is_some() {
+                    let (end, why) = if this.last_data.elapsed() >= this.idle {
                         (
                             StreamEnd::Stalled,
                             "the engine sent nothing more before the request's total timeout",

@@ -415,8 +415,9 @@ async fn clients_that_give_up_on_a_hung_engine_open_its_breaker() {
     stop.store(true, Ordering::Relaxed);
     let refused = refusals.await.expect("refusals");
     let lost = first.iter().filter(|r| !r.ok()).count();
-    // The router learns that a client left when its connection closes: give it a moment.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The router learns that a client left when its connection closes: each attempt is
+    // accounted for before its in-flight count drops.
+    settled(&c, &base, &victim).await;
     let page = scrape(&c, &base).await;
     let unanswered =
         |e: &str| engine_kind_metric(&page, "kvmesh_engine_errors_total", e, "unanswered");
@@ -523,9 +524,9 @@ async fn clients_that_give_up_on_long_prefills_leave_the_engine_in() {
             "answered within 0.9 s: the prefill is not long enough here"
         );
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let page = scrape(&c, &base).await;
     let e = &engines[0];
+    settled(&c, &base, e).await;
+    let page = scrape(&c, &base).await;
     assert_eq!(
         engine_kind_metric(&page, "kvmesh_engine_errors_total", e, "unanswered"),
         0.0
@@ -573,15 +574,14 @@ async fn a_stream_the_engine_stops_mid_way_is_ended_and_held_against_it() {
         }
     };
     let sim = sims[0].base_url();
-    let page_of = |c: HttpClient, base: String| async move { scrape(&c, &base).await };
     // A client that leaves after 1 s of silence.
     let leaving = open("one").await;
     set_faults(&c, &sim, serde_json::json!({"hang": true})).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     drop(leaving);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let page = page_of(c.clone(), base.clone()).await;
     let e = &engines[0];
+    settled(&c, &base, e).await;
+    let page = scrape(&c, &base).await;
     assert_eq!(
         engine_kind_metric(&page, "kvmesh_engine_errors_total", e, "unanswered"),
         1.0
@@ -605,7 +605,8 @@ async fn a_stream_the_engine_stops_mid_way_is_ended_and_held_against_it() {
     }
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert!(text.contains("\"error\""), "{text}");
-    let page = page_of(c.clone(), base.clone()).await;
+    settled(&c, &base, e).await;
+    let page = scrape(&c, &base).await;
     assert_eq!(
         engine_kind_metric(&page, "kvmesh_engine_errors_total", e, "stream"),
         1.0
@@ -613,4 +614,17 @@ async fn a_stream_the_engine_stops_mid_way_is_ended_and_held_against_it() {
     router.shutdown().await;
     clear_faults(&c, &sim).await;
     stop_sims(sims).await;
+}
+
+/// Waits until the router holds no request in flight on `engine`: every attempt on it
+/// (those whose clients left included) has been accounted for.
+async fn settled(c: &HttpClient, base: &str, engine: &str) {
+    wait_until(
+        "no request in flight on the engine",
+        Duration::from_secs(5),
+        || async {
+            engine_metric(&scrape(c, base).await, "kvmesh_engine_in_flight", engine) == 0.0
+        },
+    )
+    .await;
 }

@@ -45,8 +45,8 @@ pub use config::{
 };
 pub use health::{
     ActiveHealth, BreakerEvent, BreakerState, CircuitBreaker, EjectionGuard, EngineTracker,
-    ErrorRate, HealthEvent, LatencyTracker, PeakEwma, Permit, SlowStart, Unanswered, Work,
-    auto_weight_factor, fleet_reference_latency, slow_start_factor,
+    ErrorRate, HealthEvent, LatencyTracker, PeakEwma, Permit, SlowStart, Work, auto_weight_factor,
+    fleet_reference_latency, slow_start_factor,
 };
 pub use policy::{Policy, load_score};
 pub use retry::{AtomicRetryBudget, RetryBudget};

@@ -1,8 +1,8 @@
 //! The wait for a whole answer (no `"stream": true`: the head comes with the end of the
 //! generation, so no first-byte timeout can bound it): until the request's total deadline,
 //! and cut sooner when the engine has gone silent — it answered nothing at this router and
-//! its work counters (`probe::WORK_COUNTERS`) did not change for [`silence_limit`]. A hung engine used to keep
-//! such a request for the whole total timeout (30 minutes by default) while another engine
+//! its work counters (`probe::WORK_COUNTERS`) did not change for [`silence_limit`]. A hung
+//! engine used to keep such a request for the whole total timeout (30 minutes by default) while another engine
 //! could have answered it. Only for engines whose metrics have such counters (vLLM's):
 //! without them, a long generation is not told from a hang.
 

@@ -20,15 +20,21 @@ fn hung(first_byte_ms: u64, total_ms: u64) -> (Arc<Gateway>, Arc<MockUpstream>) 
     (timed(first_byte_ms, total_ms, &mock), mock)
 }
 
-/// A streamed answer of `chunks` events, one every `every`, with no end.
-fn stream_of(chunks: usize, every: Duration) -> MockReply {
+/// A streamed answer of one event after each of `gaps`, with no end.
+fn events(gaps: &[Duration]) -> MockReply {
     MockReply::Respond {
         head_after: Duration::ZERO,
         status: 200,
-        chunks: (0..chunks)
-            .map(|_| (every, Ok(Bytes::from_static(b"data: {}\n\n"))))
+        chunks: gaps
+            .iter()
+            .map(|g| (*g, Ok(Bytes::from_static(b"data: {}\n\n"))))
             .collect(),
     }
+}
+
+/// A streamed answer of `chunks` events, one every `every`, with no end.
+fn stream_of(chunks: usize, every: Duration) -> MockReply {
+    events(&vec![every; chunks])
 }
 
 /// Sends a streamed request and reads its body until it ends or breaks: what the client got.
@@ -81,21 +87,11 @@ async fn a_stream_still_delivering_at_the_total_timeout_is_not_the_engine_s_fail
 async fn a_stream_silent_for_a_first_byte_timeout_is_cut_as_a_stall() {
     let mock = MockUpstream::new();
     // Two events, then nothing for a minute: a wedged engine.
-    let stalled = MockReply::Respond {
-        head_after: Duration::ZERO,
-        status: 200,
-        chunks: vec![
-            (Duration::ZERO, Ok(Bytes::from_static(b"data: {}\n\n"))),
-            (
-                Duration::from_millis(100),
-                Ok(Bytes::from_static(b"data: {}\n\n")),
-            ),
-            (
-                Duration::from_secs(60),
-                Ok(Bytes::from_static(b"data: {}\n\n")),
-            ),
-        ],
-    };
+    let stalled = events(&[
+        Duration::ZERO,
+        Duration::from_millis(100),
+        Duration::from_secs(60),
+    ]);
     mock.set_default(A, stalled.clone());
     mock.set_default(B, stalled);
     let gw = timed(2_000, 10_000, &mock);
@@ -282,20 +278,7 @@ async fn leaving_a_stream_counts_only_a_silence_beyond_its_pace() {
     ] {
         let mock = MockUpstream::new();
         // Three events at the pace, then nothing for a minute.
-        let chunks = vec![
-            (Duration::ZERO, Ok(Bytes::from_static(b"data: {}\n\n"))),
-            (every, Ok(Bytes::from_static(b"data: {}\n\n"))),
-            (every, Ok(Bytes::from_static(b"data: {}\n\n"))),
-            (
-                Duration::from_secs(60),
-                Ok(Bytes::from_static(b"data: {}\n\n")),
-            ),
-        ];
-        let reply = MockReply::Respond {
-            head_after: Duration::ZERO,
-            status: 200,
-            chunks,
-        };
+        let reply = events(&[Duration::ZERO, every, every, Duration::from_secs(60)]);
         mock.set_default(A, reply.clone());
         mock.set_default(B, reply);
         let gw = timed(20_000, 120_000, &mock);

@@ -178,8 +178,8 @@ impl ActiveHealth {
 /// 1. [`try_acquire`](Self::try_acquire) before sending (None = try the next candidate);
 /// 2. [`on_first_byte`](Self::on_first_byte) at the first data frame (TTFT);
 /// 3. exactly one of [`on_success`](Self::on_success) (end of stream),
-///    [`on_failure`](Self::on_failure), [`on_cancel`](Self::on_cancel) or, when the client
-///    went away before any answer, [`on_unanswered`](Self::on_unanswered);
+///    [`on_failure`](Self::on_failure) or [`on_cancel`](Self::on_cancel) — when the client
+///    went away while waiting, a failure if [`went_silent`](Self::went_silent), else a cancel;
 /// 4. [`on_health_check`](Self::on_health_check) with each active check result;
 /// 5. [`view`](Self::view) to build the [`EngineView`] a policy reads.
 ///
@@ -199,7 +199,7 @@ pub struct EngineTracker {
 }
 
 /// What the engine's own metrics showed of its work, as the router's scrapes read them (for
-/// [`EngineTracker::on_unanswered`]).
+/// [`EngineTracker::went_silent`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Work {
     /// Its metrics have no work counter (tokens generated, prompt tokens, engine steps): only
@@ -231,15 +231,6 @@ impl Work {
             } => worked_after_us < since_us && prev_scrape_us >= since_us,
         }
     }
-}
-
-/// What [`EngineTracker::on_unanswered`] made of an attempt the client left unanswered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unanswered {
-    /// The engine was silent the whole wait: a failed attempt (with the breaker's event).
-    Failed(Option<BreakerEvent>),
-    /// Too short a wait, or the engine answered others meanwhile: a cancel.
-    Cancelled,
 }
 
 impl EngineTracker {
@@ -399,31 +390,23 @@ impl EngineTracker {
         self.breaker.on_cancel(permit);
     }
 
-    /// The client went away from the attempt of `permit` while it waited for the engine:
-    /// since `since_us`, when it was sent, or when the last data of its answer came (a stream
-    /// that stopped). `work`: what the engine's metrics showed of its work. A wait of at least
-    /// `unanswered.after_ms` during which the engine answered nothing at this router and was
-    /// seen idle ([`Work::idle_since`]: two scrapes since, no growth) is a failure (see
-    /// [`UnansweredConfig`]: a hung engine that passes its health checks); anything else is a
-    /// cancel (a busy engine in a long prefill steps, and its counters grow). `may_open` as
-    /// for [`on_failure`](Self::on_failure).
-    pub fn on_unanswered(
-        &mut self,
-        now_us: u64,
-        permit: Permit,
-        since_us: u64,
-        work: Work,
-        may_open: bool,
-    ) -> Unanswered {
+    /// Whether the engine went silent on an attempt whose client went away while it waited:
+    /// since `since_us` (when it was sent, or when the last data of its answer came: a stream
+    /// that stopped). `work`: what the engine's metrics showed of its work. A wait of at
+    /// least `unanswered.after_ms` during which the engine answered nothing at this router
+    /// and was seen idle ([`Work::idle_since`]: two scrapes since, no change) makes the
+    /// attempt a failure (see [`UnansweredConfig`]: a hung engine that passes its health
+    /// checks); anything else a cancel (a busy engine in a long prefill steps, and its
+    /// counters change). A query: the caller then calls [`on_failure`](Self::on_failure) or
+    /// [`on_cancel`](Self::on_cancel) (the ejection cap, which reads every engine, is only
+    /// asked for a failure).
+    pub fn went_silent(&self, now_us: u64, since_us: u64, work: Work) -> bool {
         let cfg = &self.unanswered_cfg;
         let waited = now_us.saturating_sub(since_us);
-        let silent = self.answered_us <= since_us && work.idle_since(since_us);
-        if cfg.enabled && silent && waited >= cfg.after_ms.saturating_mul(1000) {
-            Unanswered::Failed(self.on_failure(now_us, permit, may_open))
-        } else {
-            self.on_cancel(permit);
-            Unanswered::Cancelled
-        }
+        cfg.enabled
+            && waited >= cfg.after_ms.saturating_mul(1000)
+            && self.answered_us <= since_us
+            && work.idle_since(since_us)
     }
 
     /// One active health-check result.
@@ -502,11 +485,9 @@ mod tests {
                 worked_after_us: 0,
                 prev_scrape_us: now + 1_000_000,
             };
-            let out = t.on_unanswered(now + 2_000_000, p, now, work, true);
-            let Unanswered::Failed(ev) = out else {
-                panic!("a silent engine's unanswered attempt is a failure: {out:?}")
-            };
-            events.push(ev);
+            let left = now + 2_000_000;
+            assert!(t.went_silent(left, now, work), "a silent engine's attempt");
+            events.push(t.on_failure(left, p, true));
             now += 100_000;
         }
         assert!(matches!(
@@ -518,9 +499,10 @@ mod tests {
         let later = now + 2_000_000 + cfg.breaker.open_ms * 1000;
         let p = t.try_acquire(later).expect("half-open probe");
         assert!(p.is_probe());
-        let out = t.on_unanswered(later + 1_500_000, p, later, Work::Unknown, true);
+        assert!(t.went_silent(later + 1_500_000, later, Work::Unknown));
+        let out = t.on_failure(later + 1_500_000, p, true);
         assert!(
-            matches!(out, Unanswered::Failed(Some(BreakerEvent::Opened { for_us })) if for_us > cfg.breaker.open_ms * 1000),
+            matches!(out, Some(BreakerEvent::Opened { for_us }) if for_us > cfg.breaker.open_ms * 1000),
             "{out:?}"
         );
     }
@@ -538,55 +520,42 @@ mod tests {
             worked_after_us: sent - 500_000,
             prev_scrape_us: left - 1_000_000,
         };
-        let silent = |t: &mut EngineTracker, work: Work| {
-            let p = t.try_acquire(sent).unwrap();
-            t.on_unanswered(left, p, sent, work, true)
-        };
+        let silent = |t: &EngineTracker, work: Work| t.went_silent(left, sent, work);
         let fresh = || EngineTracker::new(&cfg, 0, false);
-        assert!(matches!(silent(&mut fresh(), idle), Unanswered::Failed(_)));
-        assert!(matches!(
-            silent(&mut fresh(), Work::Unknown),
-            Unanswered::Failed(_)
-        ));
+        assert!(silent(&fresh(), idle));
+        assert!(silent(&fresh(), Work::Unknown));
         // Another request's first byte during the wait.
         let mut t = fresh();
         t.on_first_byte(sent + 1, 300_000);
-        assert_eq!(silent(&mut t, idle), Unanswered::Cancelled);
+        assert!(!silent(&t, idle));
         // Another request finished during the wait.
         let mut t = fresh();
         let q = t.try_acquire(sent).unwrap();
         t.on_success(sent + 3_000_000, q, 4_000_000);
-        assert_eq!(silent(&mut t, idle), Unanswered::Cancelled);
-        // The engine's counters grew during the wait (a long prefill steps too).
+        assert!(!silent(&t, idle));
+        // The engine's counters changed during the wait (a long prefill steps too).
         let worked = Work::Counted {
             worked_after_us: sent + 2_000_000,
             prev_scrape_us: left - 1_000_000,
         };
-        assert_eq!(silent(&mut fresh(), worked), Unanswered::Cancelled);
+        assert!(!silent(&fresh(), worked));
         // Fewer than two scrapes since it was sent: the counters cannot tell yet.
         let early = Work::Counted {
             worked_after_us: 0,
             prev_scrape_us: sent - 1,
         };
-        assert_eq!(silent(&mut fresh(), early), Unanswered::Cancelled);
+        assert!(!silent(&fresh(), early));
         // An answer before the attempt was sent says nothing about the wait.
         let mut t = fresh();
         t.on_first_byte(sent - 1, 300_000);
-        assert!(matches!(silent(&mut t, idle), Unanswered::Failed(_)));
+        assert!(silent(&t, idle));
         // Shorter than `after_ms`.
-        let mut t = fresh();
-        let p = t.try_acquire(sent).unwrap();
         let short = sent + cfg.unanswered.after_ms * 1000 - 1;
-        assert_eq!(
-            t.on_unanswered(short, p, sent, Work::Unknown, true),
-            Unanswered::Cancelled
-        );
+        assert!(!fresh().went_silent(short, sent, Work::Unknown));
         // Switched off.
         let mut off = cfg.clone();
         off.unanswered.enabled = false;
-        let mut t = EngineTracker::new(&off, 0, false);
-        assert_eq!(silent(&mut t, idle), Unanswered::Cancelled);
-        assert_eq!(t.error_rate(left), 0.0);
+        assert!(!silent(&EngineTracker::new(&off, 0, false), idle));
     }
 
     #[test]
