@@ -425,13 +425,16 @@ pub struct TimeoutConfig {
     /// `discovery_interval_ms`: nothing answered at this router, its work counters —
     /// `vllm:generation_tokens_total`, `prompt_tokens_total`, `prefix_cache_queries_total`,
     /// `iteration_tokens_total` — unchanged) is given up as hung and the request is retried
-    /// on another engine (engines without such counters are waited for). An answer that
-    /// stops midway for this long (nothing more from the engine) is ended as a stall: an
-    /// error event for a stream, a failure of the engine's.
+    /// on another engine (engines without such counters are waited for).
     pub first_byte_ms: u64,
+    /// An answer that stops midway for this long (nothing more from the engine after its
+    /// first data) is ended as a stall: an error event for a stream, a failure of the
+    /// engine's. As long as `first_byte_ms` by default: an engine that preempts a sequence
+    /// under memory pressure holds its stream while the sequence waits in its queue again.
+    pub stream_idle_ms: u64,
     /// Whole request, including the streamed body (SGLang's gateway default: 1800 s). A
     /// stream it cuts counts as the engine's failure only when the engine had sent nothing
-    /// for `first_byte_ms` (a stall); a whole answer (no `stream`) it cuts, only when the
+    /// for `stream_idle_ms` (a stall); a whole answer (no `stream`) it cuts, only when the
     /// engine's work counters (tokens, prompt tokens, prefix lookups, engine steps) did not
     /// change meanwhile (as its scrapes saw). Cut while the engine was working, the router's
     /// budget ran out, not the engine.
@@ -443,6 +446,7 @@ impl Default for TimeoutConfig {
         TimeoutConfig {
             connect_ms: 2_000,
             first_byte_ms: 120_000,
+            stream_idle_ms: 120_000,
             total_ms: 1_800_000,
         }
     }
@@ -599,6 +603,11 @@ impl ServeConfig {
         check(
             t.first_byte_ms >= 1,
             &format!("{at}.timeouts.first_byte_ms"),
+            "must be at least 1",
+        )?;
+        check(
+            t.stream_idle_ms >= 1,
+            &format!("{at}.timeouts.stream_idle_ms"),
             "must be at least 1",
         )?;
         check(

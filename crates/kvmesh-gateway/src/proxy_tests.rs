@@ -225,14 +225,29 @@ async fn every_engine_timing_out_is_a_504_and_refusing_is_a_502() {
     mock.set_default(A, MockReply::Hang);
     mock.set_default(B, MockReply::Hang);
     let gw = gateway(c.clone(), &mock, &[A, B]);
-    let (status, _, body) = call_with(&gw, STREAM_BODY).await;
+    let (status, h, body) = call_with(&gw, STREAM_BODY).await;
     assert_eq!(status, 504, "{body}");
     assert!(body.contains("upstream timeout"), "{body}");
+    // The router's own error names the engine whose failure it reports (the last tried).
+    let last = mock
+        .calls()
+        .last()
+        .expect("attempts were sent")
+        .authority
+        .clone();
+    assert_eq!(h["x-kvmesh-engine"], engine(&gw, &last).header_value);
     let mock = MockUpstream::new();
     let gw = gateway(c, &mock, &[A, B]);
-    let (status, _, body) = call(&gw).await;
+    let (status, h, body) = call(&gw).await;
     assert_eq!(status, 502, "{body}");
     assert!(body.contains("\"error\""), "OpenAI-shaped: {body}");
+    let last = mock
+        .calls()
+        .last()
+        .expect("attempts were sent")
+        .authority
+        .clone();
+    assert_eq!(h["x-kvmesh-engine"], engine(&gw, &last).header_value);
     assert_eq!(in_flight(&gw), 0);
 }
 

@@ -66,6 +66,11 @@ impl Attempt {
         }
     }
 
+    /// The engine the attempt was sent to.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
     /// Ends the attempt with the core's verdict: `kind` is counted as a failed attempt of
     /// that kind (a 429 is counted but, accounted as a cancel, not held against the engine).
     pub fn account(mut self, account: Accounting, kind: Option<FailKind>) {
@@ -243,10 +248,10 @@ pub struct TrackedBody {
     deadline_at: tokio::time::Instant,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// When the engine last sent data (read at a `Pending` after data: once per burst). At
-    /// the total timeout, an engine silent for a whole first-byte timeout is the one that
+    /// the total timeout, an engine silent for a whole stream idle timeout is the one that
     /// failed; one still sending is not (the router's budget ran out).
     last_data: tokio::time::Instant,
-    /// An engine silent this long in the middle of its answer (`timeouts.first_byte_ms`) has
+    /// An engine silent this long in the middle of its answer (`timeouts.stream_idle_ms`) has
     /// hung: the attempt ends there as a stall.
     idle: Duration,
     /// The longest wait between two bursts of data so far: this answer's own pace.
@@ -309,7 +314,7 @@ impl TrackedBody {
         event_stream: bool,
     ) -> Self {
         let left = total.saturating_sub(attempt.elapsed());
-        let idle = Duration::from_millis(attempt.gw.cfg.timeouts.first_byte_ms);
+        let idle = Duration::from_millis(attempt.gw.cfg.timeouts.stream_idle_ms);
         let first = match ahead {
             ReadAhead::Nothing => None,
             ReadAhead::First(f) => Some(f),
@@ -502,11 +507,11 @@ impl HttpBody for TrackedBody {
                 }
                 if due && tokio::time::Instant::now() < this.deadline_at {
                     // The idle check, not the total timeout: an engine silent for a whole
-                    // first-byte timeout in the middle of its answer has hung (QA: such a
+                    // stream idle timeout in the middle of its answer has hung (QA: such a
                     // stream held its client until the total timeout, 30 minutes).
                     if this.last_data.elapsed() >= this.idle {
                         this.end(StreamEnd::Stalled);
-                        let why = "the engine sent nothing more for the first-byte timeout (serve.timeouts.first_byte_ms)";
+                        let why = "the engine sent nothing more for the stream idle timeout (serve.timeouts.stream_idle_ms)";
                         return this.error_after_flush(why.into(), 504, cx);
                     }
                     // Data came since the timer was set: check again from the last of it.

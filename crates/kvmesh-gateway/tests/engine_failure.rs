@@ -540,7 +540,7 @@ async fn clients_that_give_up_on_long_prefills_leave_the_engine_in() {
 
 /// An engine that hangs in the middle of its answers: a client that leaves a stream after
 /// a long silence counts against it (`unanswered`), and a client that waits has its stream
-/// ended by the router once the engine has sent nothing for the first-byte timeout (an error
+/// ended by the router once the engine has sent nothing for the stream idle timeout (an error
 /// event; a `stream` failure), not at the total timeout. (QA: a patient client got nothing
 /// for 150 s, and clients that left counted as cancels.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -551,7 +551,7 @@ async fn a_stream_the_engine_stops_mid_way_is_ended_and_held_against_it() {
     let mut cfg = serve_cfg(&engines);
     cfg.discovery_interval_ms = 100;
     cfg.routing.health.unanswered.after_ms = 300;
-    cfg.timeouts.first_byte_ms = 1_500;
+    cfg.timeouts.stream_idle_ms = 1_500;
     let router = start_router_with(cfg, "test-model", 1).await;
     let (c, base) = (client(), router.base_url());
     let url = format!("{base}/v1/chat/completions");

@@ -5,7 +5,7 @@ use crate::engine::Engine;
 use crate::track::Attempt;
 use crate::upstream::UpstreamBody;
 use bytes::Bytes;
-use http::{HeaderMap, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
 use kvmesh_http::{Body, error, strip_hop_by_hop};
 use kvmesh_openai::ApiError;
@@ -22,6 +22,9 @@ pub(super) struct Failed {
     /// For the client instead of `detail` under `hide_engine_urls`: the engine's id and the
     /// kind of failure (an error's text may hold addresses).
     pub public: Option<String>,
+    /// The engine's `x-kvmesh-engine` value: the router's own error names the engine whose
+    /// failure it reports, as a passed-on answer does.
+    pub engine: HeaderValue,
 }
 
 /// What one attempt produced.
@@ -46,6 +49,7 @@ pub(super) fn failed(kind: FailKind, detail: String, attempt: Attempt) -> Sent {
             answer: None,
             detail,
             public: None,
+            engine: attempt.engine().header_value.clone(),
         },
         attempt,
     )
@@ -101,6 +105,7 @@ pub(super) async fn error_answer(
             answer,
             detail,
             public: None,
+            engine: engine.header_value.clone(),
         },
         attempt,
     )
@@ -130,16 +135,21 @@ pub(super) fn give_up(g: GiveUp, last: Option<Failed>, model: &str) -> Response<
             "every engine chosen for model `{model}` is refusing traffic (circuit breakers open or unhealthy)"
         ))),
         (g, f) => {
-            let detail = f.map(|f| f.public.unwrap_or(f.detail)).unwrap_or_default();
             let what = if g.status() == 504 {
                 "upstream timeout"
             } else {
                 "upstream failure"
             };
-            error(&ApiError::with_status(
+            let Some(f) = f else {
+                return error(&ApiError::with_status(g.status(), format!("{what}: ")));
+            };
+            let detail = f.public.unwrap_or(f.detail);
+            let mut r = error(&ApiError::with_status(
                 g.status(),
                 format!("{what}: {detail}"),
-            ))
+            ));
+            r.headers_mut().insert("x-kvmesh-engine", f.engine);
+            r
         }
     }
 }

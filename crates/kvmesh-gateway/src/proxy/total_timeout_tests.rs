@@ -5,9 +5,15 @@
 use super::*;
 
 /// A router over A and B with these timeouts.
-fn timed(first_byte_ms: u64, total_ms: u64, mock: &Arc<MockUpstream>) -> Arc<Gateway> {
+fn timed(
+    first_byte_ms: u64,
+    stream_idle_ms: u64,
+    total_ms: u64,
+    mock: &Arc<MockUpstream>,
+) -> Arc<Gateway> {
     let mut c = cfg();
     c.timeouts.first_byte_ms = first_byte_ms;
+    c.timeouts.stream_idle_ms = stream_idle_ms;
     c.timeouts.total_ms = total_ms;
     gateway(c, mock, &[A, B])
 }
@@ -17,7 +23,7 @@ fn hung(first_byte_ms: u64, total_ms: u64) -> (Arc<Gateway>, Arc<MockUpstream>) 
     let mock = MockUpstream::new();
     mock.set_default(A, MockReply::Hang);
     mock.set_default(B, MockReply::Hang);
-    (timed(first_byte_ms, total_ms, &mock), mock)
+    (timed(first_byte_ms, first_byte_ms, total_ms, &mock), mock)
 }
 
 /// A streamed answer of one event after each of `gaps`, with no end.
@@ -57,7 +63,7 @@ async fn a_stream_still_delivering_at_the_total_timeout_is_not_the_engine_s_fail
     // An event every 100 ms for a minute: the budget runs out first.
     mock.set_default(A, stream_of(600, Duration::from_millis(100)));
     mock.set_default(B, stream_of(600, Duration::from_millis(100)));
-    let gw = timed(2_000, 10_000, &mock);
+    let gw = timed(2_000, 2_000, 10_000, &mock);
     for _ in 0..6 {
         let t0 = tokio::time::Instant::now();
         let body = stream_until_cut(&gw).await;
@@ -80,11 +86,11 @@ async fn a_stream_still_delivering_at_the_total_timeout_is_not_the_engine_s_fail
 }
 
 /// A stream that stops in the middle (a wedged engine) is cut once the engine has sent
-/// nothing for a first-byte timeout, as a stall held against the engine, not at the total
+/// nothing for the stream idle timeout, as a stall held against the engine, not at the total
 /// timeout (QA: such a stream held its client for the whole total timeout, 30 minutes by
-/// default).
+/// default), nor at the first-byte timeout, which bounds only the wait for the first data.
 #[tokio::test(start_paused = true)]
-async fn a_stream_silent_for_a_first_byte_timeout_is_cut_as_a_stall() {
+async fn a_stream_silent_for_the_stream_idle_timeout_is_cut_as_a_stall() {
     let mock = MockUpstream::new();
     // Two events, then nothing for a minute: a wedged engine.
     let stalled = events(&[
@@ -94,13 +100,13 @@ async fn a_stream_silent_for_a_first_byte_timeout_is_cut_as_a_stall() {
     ]);
     mock.set_default(A, stalled.clone());
     mock.set_default(B, stalled);
-    let gw = timed(2_000, 10_000, &mock);
+    let gw = timed(1_000, 2_000, 10_000, &mock);
     let t0 = tokio::time::Instant::now();
     let body = stream_until_cut(&gw).await;
     assert_eq!(
         t0.elapsed(),
         Duration::from_millis(2_100),
-        "cut a first-byte timeout after the last data"
+        "cut a stream idle timeout after the last data"
     );
     assert_eq!(body.matches("data: {}").count(), 2, "{body}");
     assert_eq!(
@@ -110,18 +116,21 @@ async fn a_stream_silent_for_a_first_byte_timeout_is_cut_as_a_stall() {
     assert_eq!(in_flight(&gw), 0);
 }
 
-/// Events with gaps shorter than the first-byte timeout are never cut before the total
-/// timeout (the idle check moves with the data).
+/// Events with gaps shorter than the stream idle timeout (and longer than the first-byte
+/// timeout) are never cut before the total timeout (the idle check moves with the data).
 #[tokio::test(start_paused = true)]
-async fn a_stream_with_gaps_shorter_than_the_first_byte_timeout_is_not_cut_early() {
+async fn a_stream_with_gaps_shorter_than_the_idle_timeout_is_not_cut_early() {
     let mock = MockUpstream::new();
-    mock.set_default(A, stream_of(8, Duration::from_millis(1_900)));
-    mock.set_default(B, stream_of(8, Duration::from_millis(1_900)));
-    let gw = timed(2_000, 10_000, &mock);
+    // A first event at once, then one every 1.9 s.
+    let mut gaps = vec![Duration::from_millis(1_900); 8];
+    gaps[0] = Duration::ZERO;
+    mock.set_default(A, events(&gaps));
+    mock.set_default(B, events(&gaps));
+    let gw = timed(1_000, 2_000, 10_000, &mock);
     let t0 = tokio::time::Instant::now();
     let body = stream_until_cut(&gw).await;
     assert_eq!(t0.elapsed(), Duration::from_secs(10), "{body}");
-    assert_eq!(body.matches("data: {}").count(), 5, "{body}");
+    assert_eq!(body.matches("data: {}").count(), 6, "{body}");
     assert_eq!(
         errors(&gw, A, FailKind::Stream) + errors(&gw, B, FailKind::Stream),
         0
@@ -281,7 +290,7 @@ async fn leaving_a_stream_counts_only_a_silence_beyond_its_pace() {
         let reply = events(&[Duration::ZERO, every, every, Duration::from_secs(60)]);
         mock.set_default(A, reply.clone());
         mock.set_default(B, reply);
-        let gw = timed(20_000, 120_000, &mock);
+        let gw = timed(20_000, 20_000, 120_000, &mock);
         read_then_leave(&gw, 3, Duration::from_secs(2)).await;
         // The body is dropped with the response: give the drop its turn.
         tokio::task::yield_now().await;
