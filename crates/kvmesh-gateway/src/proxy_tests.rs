@@ -772,6 +772,12 @@ fn weight(gw: &Gateway, a: &str) -> f64 {
 async fn a_slowdown_of_the_whole_fleet_derates_no_engine_once_the_reference_follows() {
     let mock = MockUpstream::new();
     let gw = gateway(cfg(), &mock, &[A, B, C]);
+    // Every engine answers as the initial values say (200 ms to the first byte): the
+    // reference.
+    let now = gw.clock.now_us();
+    for a in [A, B, C] {
+        engine(&gw, a).tracker().on_first_byte(now, 200_000);
+    }
     gw.registry.refresh_fleet_latency();
     assert_eq!(weight(&gw, A), 1.0);
     // Every engine answers its first byte 2 s late (a burst queued on the whole fleet).

@@ -550,13 +550,13 @@ impl Registry {
         f64::from_bits(self.fleet_latency_bits.load(Ordering::Relaxed))
     }
 
-    /// Recomputes the fleet's median latency (off the request path).
+    /// Recomputes the fleet's median latency (off the request path): of the engines that
+    /// have latency samples (an engine without is weighed as this median).
     pub fn refresh_fleet_latency(&self) {
-        let now = self.clock.now_us();
         let mut lat: Vec<f64> = self
             .members()
             .iter()
-            .map(|e| e.tracker().latency().latency_us(now))
+            .filter_map(|e| e.tracker().latency().sampled_us())
             .collect();
         let v = kvmesh_policy::fleet_reference_latency(&mut lat);
         self.fleet_latency_bits

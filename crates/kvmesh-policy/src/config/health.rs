@@ -426,12 +426,17 @@ impl Default for AutoWeightConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LatencyConfig {
-    /// Time constant τ of the averages and of their decay toward the initial values while an
-    /// engine gets no samples. Default 10,000 ms (Finagle's and Linkerd's decay time).
+    /// Time constant τ of the averages and of the fading, while an engine gets no samples,
+    /// of its distance from the fleet's median latency (so an engine no policy chooses, for
+    /// looking slow once, is retried as an average one). Default 10,000 ms (Finagle's and
+    /// Linkerd's decay time).
     pub decay_ms: u64,
-    /// TTFT assumed for an engine without samples. Default 200 ms.
+    /// TTFT an engine's average starts from (its first samples pull it down within τ). An
+    /// engine without samples is weighed as the median of the engines with samples; these
+    /// values stand only while none has any. Default 200 ms.
     pub initial_ttft_ms: u64,
-    /// End-to-end latency assumed for an engine without samples. Default 2,000 ms.
+    /// End-to-end latency an engine's average starts from (as `initial_ttft_ms`). Default
+    /// 2,000 ms.
     pub initial_e2e_ms: u64,
     /// latency = TTFT + this × end-to-end. Default 0.1 (end to end is typically 10–50× TTFT,
     /// so both terms weigh about the same).

@@ -75,6 +75,8 @@ pub struct LatencyTracker {
     ttft: PeakEwma,
     e2e: PeakEwma,
     cfg: LatencyConfig,
+    /// A sample was recorded (a first byte, an end or a failure).
+    sampled: bool,
 }
 
 impl LatencyTracker {
@@ -85,16 +87,19 @@ impl LatencyTracker {
             ttft: PeakEwma::new(cfg.initial_ttft_ms as f64 * 1e3, tau, true, now_us),
             e2e: PeakEwma::new(cfg.initial_e2e_ms as f64 * 1e3, tau, false, now_us),
             cfg: *cfg,
+            sampled: false,
         }
     }
 
     /// The first data frame of a response arrived `ttft_us` after the request was sent.
     pub fn on_ttft(&mut self, now_us: u64, ttft_us: u64) {
+        self.sampled = true;
         self.ttft.observe(now_us, ttft_us as f64);
     }
 
     /// A response completed `e2e_us` after the request was sent.
     pub fn on_end(&mut self, now_us: u64, e2e_us: u64) {
+        self.sampled = true;
         self.e2e.observe(now_us, e2e_us as f64);
     }
 
@@ -109,6 +114,7 @@ impl LatencyTracker {
         let penalty = |cur: f64| (f * cur).min((f * floor).max(cur)).max(floor);
         let t = penalty(self.ttft.value(now_us));
         let e = penalty(self.e2e.value(now_us));
+        self.sampled = true;
         self.ttft.observe(now_us, t);
         self.e2e.observe(now_us, e);
     }
@@ -123,9 +129,38 @@ impl LatencyTracker {
         self.e2e.value(now_us)
     }
 
-    /// The combined latency estimate (µs) for [`EngineView::latency_us`](crate::EngineView).
+    /// The combined latency estimate (µs) on its own: drifting toward the configured initial
+    /// values while the engine gets no samples.
     pub fn latency_us(&self, now_us: u64) -> f64 {
         self.ttft.value(now_us) + self.cfg.e2e_weight * self.e2e.value(now_us)
+    }
+
+    /// The combined estimate as the last sample left it (no drift), if there was one: what
+    /// the fleet's reference latency is made of.
+    pub fn sampled_us(&self) -> Option<f64> {
+        self.sampled
+            .then_some(self.ttft.est + self.cfg.e2e_weight * self.e2e.est)
+    }
+
+    /// The combined estimate (µs) for [`EngineView::latency_us`](crate::EngineView) and the
+    /// automatic weight, against the fleet's reference `reference_us` (the median of the
+    /// sampled engines, [`crate::fleet_reference_latency`]; 0 = unknown). An engine without
+    /// samples is as fast as the fleet, and a sampled one's distance from the fleet fades
+    /// with τ while it gets no samples. Drifting toward the fixed initial values instead, an
+    /// engine a policy stopped choosing (it had no samples yet, or one slow answer) never
+    /// got the sample that would clear it where the fleet is faster than those values (QA:
+    /// an idle engine of a fresh router starved by its weight, 0 of 180 sequential requests).
+    /// Without a reference, [`LatencyTracker::latency_us`].
+    pub fn estimate_us(&self, now_us: u64, reference_us: f64) -> f64 {
+        if !(reference_us.is_finite() && reference_us > 0.0) {
+            return self.latency_us(now_us);
+        }
+        let Some(est) = self.sampled_us() else {
+            return reference_us;
+        };
+        let last = self.ttft.at_us.max(self.e2e.at_us);
+        let age = now_us.saturating_sub(last) as f64;
+        reference_us + (est - reference_us) * (-age / self.ttft.tau_us).exp()
     }
 }
 

@@ -95,8 +95,8 @@ fn error_term(cfg: &AutoWeightConfig, rate: f64) -> f64 {
     (1.0 - rate / cfg.error_rate_zero).clamp(0.0, 1.0)
 }
 
-/// The fleet's reference latency for [`auto_weight_factor`]: the median of the engines'
-/// latency estimates (reorders `latencies`; O(n)). Compute it off the request path, often
+/// The fleet's reference latency for [`auto_weight_factor`]: the median of the sampled
+/// engines' latency estimates ([`LatencyTracker::sampled_us`]; reorders `latencies`; O(n)). Compute it off the request path, often
 /// enough to follow the whole fleet (the gateway: every `auto_weight.reference_refresh_ms`),
 /// and hand it to every [`EngineTracker::view`]. 0 for an empty slice.
 pub fn fleet_reference_latency(latencies: &mut [f64]) -> f64 {
@@ -301,7 +301,7 @@ impl EngineTracker {
     /// [`EngineTracker::weight_factor`] at the error rate `rate` (read once per view).
     fn factor_at(&self, now_us: u64, rate: f64, fleet_latency_us: f64, kv: Option<f32>) -> f64 {
         let ratio = if fleet_latency_us > 0.0 {
-            self.latency.latency_us(now_us) / fleet_latency_us
+            self.latency.estimate_us(now_us, fleet_latency_us) / fleet_latency_us
         } else {
             1.0
         };
@@ -334,7 +334,7 @@ impl EngineTracker {
         v.in_flight = in_flight;
         v.engine_load = engine_load;
         v.kv_usage = kv_usage;
-        v.latency_us = self.latency.latency_us(now_us);
+        v.latency_us = self.latency.estimate_us(now_us, fleet_latency_us);
         v
     }
 
@@ -556,6 +556,51 @@ mod tests {
         let mut off = cfg.clone();
         off.unanswered.enabled = false;
         assert!(!silent(&EngineTracker::new(&off, 0, false), idle));
+    }
+
+    /// A fleet much faster than the configured initial latencies (200 ms TTFT, 2 s end to
+    /// end): an engine that has no samples yet is weighed as the fleet's median, and one that
+    /// looked slow once regains its weight without samples, as its distance fades (QA: a fresh
+    /// router's idle engine, weighed at the initial latencies, lost weight to engines
+    /// answering in 5 ms, and no policy chose it again: 0 of 180 sequential requests).
+    #[test]
+    fn an_engine_without_recent_samples_is_weighed_as_the_fleet() {
+        let cfg = HealthConfig::default();
+        let tau = cfg.latency.decay_ms * 1000;
+        let mut fast = EngineTracker::new(&cfg, 0, false);
+        let mut idle = EngineTracker::new(&cfg, 0, false);
+        let mut now = 1_000_000;
+        // Long enough (10 τ) for its estimate to come down from the initial values.
+        for _ in 0..2_000 {
+            fast.on_first_byte(now, 5_000);
+            let p = fast.try_acquire(now).expect("closed");
+            fast.on_success(now + 20_000, p, 20_000);
+            now += 50_000;
+        }
+        assert_eq!(idle.latency().sampled_us(), None);
+        let sampled = fast.latency().sampled_us().expect("sampled");
+        let fleet = fleet_reference_latency(&mut [sampled]);
+        assert!(fleet < 8_000.0, "{fleet}");
+        assert_eq!(idle.weight_factor(now, fleet, None), 1.0);
+        assert_eq!(fast.weight_factor(now, fleet, None), 1.0);
+        let view = idle.view(now, 1.0, 0, None, None, fleet);
+        assert_eq!(view.latency_us, fleet, "as fast as the fleet for peak_ewma");
+        // One slow answer (2 s to its first byte): the engine loses weight at once...
+        idle.on_first_byte(now, 2_000_000);
+        let slow = idle.weight_factor(now, fleet, None);
+        assert!(slow < 0.1, "{slow}");
+        // ...and, given no more samples, regains it as its distance from the fleet fades
+        // (a 300-fold one, in about 7 τ).
+        let rising = idle.weight_factor(now + 3 * tau, fleet, None);
+        assert!(rising > 2.0 * slow, "{rising} against {slow}");
+        let back = idle.weight_factor(now + 10 * tau, fleet, None);
+        assert!(back > 0.99, "{back}");
+        // Without a reference (no engine sampled), the initial values stand.
+        let none = EngineTracker::new(&cfg, 0, false);
+        let initial = (cfg.latency.initial_ttft_ms as f64
+            + cfg.latency.e2e_weight * cfg.latency.initial_e2e_ms as f64)
+            * 1e3;
+        assert!((none.latency().estimate_us(now, 0.0) - initial).abs() < 1e-6);
     }
 
     #[test]
