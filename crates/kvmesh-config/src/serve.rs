@@ -42,6 +42,12 @@ pub struct ServeConfig {
     /// is disabled. The
     /// `KVMESH_ADMIN_TOKEN` environment variable sets it too.
     pub admin_token: String,
+    /// Sent as `Authorization: Bearer KEY` with the router's own requests to the engines
+    /// (model discovery, health checks, metrics): for engines started with `--api-key` (vLLM,
+    /// SGLang), whose `/v1/models` refuses a request without it (so they serve no model).
+    /// Clients' requests are passed on with their own `Authorization`, as they came. Empty =
+    /// none. The `KVMESH_ENGINE_API_KEY` environment variable sets it too.
+    pub engine_api_key: String,
     /// How long a shutdown waits for in-flight requests to finish, ms. A meshed router leaves
     /// the mesh after, so its peers count its requests until they end.
     pub drain_timeout_ms: u64,
@@ -100,6 +106,7 @@ impl Default for ServeConfig {
             retry: RetryConfig::default(),
             max_body_bytes: 32 * 1024 * 1024,
             admin_token: String::new(),
+            engine_api_key: String::new(),
             drain_timeout_ms: 30_000,
             shutdown_delay_ms: 0,
             discovery_interval_ms: 1_000,
@@ -593,6 +600,14 @@ impl ServeConfig {
                 .any(|c| c.is_whitespace() || c.is_control()),
             &format!("{at}.admin_token"),
             "must not contain spaces or control characters (clients send it as `Authorization: Bearer TOKEN`)",
+        )?;
+        check(
+            !self
+                .engine_api_key
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control()),
+            &format!("{at}.engine_api_key"),
+            "must not contain spaces or control characters (sent as `Authorization: Bearer KEY`)",
         )?;
         let t = &self.timeouts;
         check(

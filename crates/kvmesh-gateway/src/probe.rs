@@ -12,11 +12,16 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// GET `url` with a timeout; returns (status, body up to 4 MiB).
+/// GET `url` with a timeout (and the engines' key, `engine_api_key`, when set); returns
+/// (status, body up to 4 MiB).
 async fn get(gw: &Gateway, url: &str, timeout: Duration) -> Result<(u16, Bytes), String> {
     let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-    let req = http::Request::get(uri)
-        .header(crate::hops::VIA, gw.via.clone())
+    let mut req = http::Request::get(uri).header(crate::hops::VIA, gw.via.clone());
+    let key = &gw.cfg.engine_api_key;
+    if !key.is_empty() {
+        req = req.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let req = req
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
     let fut = async {
@@ -61,8 +66,22 @@ pub async fn check_health(gw: &Gateway, e: &Engine) {
 
 /// The engine's `/v1/models`, when it answers with a model list.
 async fn model_list(gw: &Gateway, e: &Engine, t: Duration) -> Option<kvmesh_openai::ModelList> {
-    let Ok((200, body)) = get(gw, &format!("{}/v1/models", e.url), t).await else {
-        return None;
+    let body = match get(gw, &format!("{}/v1/models", e.url), t).await {
+        Ok((200, body)) => body,
+        Ok((status @ (401 | 403), _)) => {
+            // Said while it keeps the engine out of every route (QA: an engine started with
+            // --api-key was never routed to, and nothing said why).
+            if e.models().is_empty() {
+                let hint = if gw.cfg.engine_api_key.is_empty() {
+                    "an engine started with --api-key: set serve.engine_api_key (or KVMESH_ENGINE_API_KEY)"
+                } else {
+                    "serve.engine_api_key is not the engine's key"
+                };
+                tracing::warn!(engine = %e.url, status, "the engine's /v1/models refused the router: it serves no model until it answers ({hint}; or set its models in the config)");
+            }
+            return None;
+        }
+        _ => return None,
     };
     serde_json::from_slice(&body)
         .inspect_err(|err| {

@@ -94,22 +94,27 @@ enum ConfigCmd {
     },
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
+/// Resolves on Ctrl-C, SIGTERM or SIGHUP. A hangup (the terminal that started the process
+/// closed, or a `reload` sent to a service without a reload action) ends the process as
+/// SIGTERM does, gracefully: left to its default action it killed the router with its
+/// streams cut and no leave (QA26). The configuration is not reloaded: engines and weights
+/// change at run time through the admin API.
 pub async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut hup)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        ) else {
+            let _ = ctrl_c.await;
+            return;
+        };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
+            _ = hup.recv() => {}
         }
     }
     #[cfg(not(unix))]
@@ -265,12 +270,15 @@ fn config_check(file: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The configuration as TOML (`serve_only`: its `[serve]` section), with the admin token masked: a check's output lands in pod and
-/// CI logs (QA: the token from `KVMESH_ADMIN_TOKEN` was printed).
+/// The configuration as TOML (`serve_only`: its `[serve]` section), with the admin token and
+/// the engines' key masked: a check's output lands in pod and CI logs (QA: the token from
+/// `KVMESH_ADMIN_TOKEN` was printed).
 fn toml_of(c: &kvmesh_config::KvmeshConfig, serve_only: bool) -> String {
     let mut c = c.clone();
-    if !c.serve.admin_token.is_empty() {
-        c.serve.admin_token = "<redacted>".into();
+    for secret in [&mut c.serve.admin_token, &mut c.serve.engine_api_key] {
+        if !secret.is_empty() {
+            *secret = "<redacted>".into();
+        }
     }
     if serve_only {
         c.serve_toml()

@@ -52,6 +52,14 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub admin_token: Option<String>,
+    /// Key the router sends (`Authorization: Bearer KEY`) on its own requests to engines started with --api-key: model discovery, health checks, metrics.
+    #[arg(
+        long,
+        env = "KVMESH_ENGINE_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub engine_api_key: Option<String>,
     #[arg(long, value_name = "N", help = format!("Attempts per request including the first [default: {}]", d().retry.max_attempts))]
     pub max_attempts: Option<u32>,
     #[arg(
@@ -125,6 +133,9 @@ impl ServeArgs {
         }
         if let Some(t) = &self.admin_token {
             c.admin_token = t.clone();
+        }
+        if let Some(k) = &self.engine_api_key {
+            c.engine_api_key = k.clone();
         }
         if let Some(n) = self.max_attempts {
             c.retry.max_attempts = n;

@@ -344,3 +344,35 @@ fn serve_upstream_http2_speaks_h2c_to_the_engine() {
         assert_eq!(sim_http2_requests(&sim), h2, "{flags:?}");
     }
 }
+
+/// A hangup (the terminal that started the router closed) stops the router as SIGTERM does:
+/// it drains and exits with status 0 (QA26: SIGHUP's default action killed it, status 129,
+/// its streams cut).
+#[test]
+fn serve_stops_gracefully_on_a_hangup() {
+    let sim = Proc::start(&["--model", "test-model", "--profile", "instant"]);
+    let mut router = Proc::spawn("serve", &["--engine", sim.base().as_str()]);
+    let sent = Command::new("kill")
+        .args(["-HUP", &router.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = router.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the router did not stop after SIGHUP"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    if let Some(e) = router.child.stderr.as_mut() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(status.success(), "exit {status}: {err}");
+    assert!(err.contains("shutting down, draining"), "{err}");
+}
