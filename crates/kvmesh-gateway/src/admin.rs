@@ -280,7 +280,18 @@ async fn remove(
                 serde_json::json!({ "removed": e.url }).to_string(),
             ))
         }
-        None => Err(ApiError::with_status(404, format!("no engine {url}"))),
+        None => {
+            // This router's own address, taken as an engine by a peer's admin API: the peers
+            // route to it (through this router), this router refused it. Removed from every
+            // router through here too, as the cluster's other engines are (QA26: a 404, so it
+            // could be removed only through a router that had it).
+            if let (Some(m), Err(_)) = (gw.mesh.get(), gw.registry.refuse_own_address(&url)) {
+                m.engine_removed(&url);
+                tracing::info!(engine = %url, "engine (this router's own address) removed from the cluster by the admin API");
+                return Ok(json(200, serde_json::json!({ "removed": url }).to_string()));
+            }
+            Err(ApiError::with_status(404, format!("no engine {url}")))
+        }
     }
 }
 

@@ -125,6 +125,36 @@ fn three_serve_processes_share_prefixes_and_engines() {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
     assert!(weight > 0.0, "C routes to the new engine (weight {weight})");
+
+    // B's own address taken as an engine through A (B refuses it: requests would loop; A and
+    // C route to it): removed from every router through B as well.
+    let admin = |base: &str, method: &str, body: String| {
+        http(
+            method,
+            &format!("{base}/admin/engines"),
+            &[("authorization", "Bearer t")],
+            &body,
+            Duration::from_secs(10),
+        )
+        .expect("admin")
+    };
+    let b_as_engine = serde_json::json!({ "url": b }).to_string();
+    let quoted = format!("\"{b}\"");
+    let added = admin(&a, "POST", b_as_engine.clone());
+    assert_eq!(added.status, 201, "{}", added.body);
+    wait("C knows B as an engine", Duration::from_secs(5), || {
+        admin(&c, "GET", String::new()).body.contains(&quoted)
+    });
+    let removed = admin(&b, "DELETE", b_as_engine);
+    assert_eq!(removed.status, 200, "{}", removed.body);
+    wait(
+        "A and C forget B as an engine",
+        Duration::from_secs(5),
+        || {
+            !admin(&a, "GET", String::new()).body.contains(&quoted)
+                && !admin(&c, "GET", String::new()).body.contains(&quoted)
+        },
+    );
     drop(routers);
     drop(sims);
     let _ = std::fs::remove_dir_all(&dir);
