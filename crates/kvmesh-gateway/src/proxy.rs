@@ -206,8 +206,11 @@ fn prepare(
     let route = match model.as_deref() {
         Some(m) => match snap.routes.get(m) {
             Some(r) => r.clone(),
-            None => return Err(unknown_model(&snap.engines, m)),
+            None => return Err(unknown_model(&snap.engines, Some(m))),
         },
+        // No model routed yet: the engines' models are not known (QA27: "this router serves
+        // several models" while /v1/models listed none).
+        None if snap.routes.is_empty() => return Err(unknown_model(&snap.engines, None)),
         None if snap.routes.len() == 1 => snap
             .routes
             .values()
@@ -225,25 +228,29 @@ fn prepare(
     Ok((route, key, parsed, stream))
 }
 
-/// No route serves `model`. While some engine has not yet told its models (unreachable since
-/// the router started, models not configured), the model may be one of them: 503, to be
-/// retried, rather than a 404 that clients take as final.
+/// No route serves `model` (`None`: a request without one, and no model routed at all).
+/// While some engine has not yet told its models (unreachable since the router started,
+/// models not configured), the model may be one of them: 503, to be retried, rather than a
+/// 404 that clients take as final.
 /// With no engine at all (a router started empty, or its last engine removed: engines come
 /// from its admin API or its mesh), 503 as well.
-fn unknown_model(engines: &[Arc<Engine>], model: &str) -> ApiError {
+fn unknown_model(engines: &[Arc<Engine>], model: Option<&str>) -> ApiError {
     if engines.is_empty() {
         return ApiError::unavailable(
             "this router has no engines: they come from its admin API (/admin/engines) or its mesh",
         );
     }
     let untold = engines.iter().filter(|e| e.models().is_empty()).count();
-    if untold == 0 {
-        return ApiError::model_not_found(model);
+    match model {
+        Some(m) if untold == 0 => ApiError::model_not_found(m),
+        Some(m) => ApiError::unavailable(format!(
+            "no engine is known to serve model `{}` yet: {untold} engine(s) have not told their models (unreachable?)",
+            kvmesh_openai::clip(m)
+        )),
+        None => ApiError::unavailable(format!(
+            "no engine is known to serve any model yet: {untold} engine(s) have not told their models (unreachable?)"
+        )),
     }
-    ApiError::unavailable(format!(
-        "no engine is known to serve model `{}` yet: {untold} engine(s) have not told their models (unreachable?)",
-        kvmesh_openai::clip(model)
-    ))
 }
 
 /// The consistent-hash key: the configured header, else the OpenAI `user` field.
