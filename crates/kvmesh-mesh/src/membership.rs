@@ -24,6 +24,10 @@ use std::time::Duration;
 /// The largest SWIM packet (bytes): below a QUIC datagram's payload on a 1,280-byte path.
 pub const MAX_PACKET: usize = 1_100;
 
+/// How often members declared down are announced to, and to how many at a time.
+const DOWN_ANNOUNCE_US: u64 = 250_000;
+const DOWN_ANNOUNCE_TO: usize = 2;
+
 /// A router node as the membership knows it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct MeshId {
@@ -78,6 +82,13 @@ pub struct Membership {
     effects: Vec<Effect>,
     size_hint: u32,
     errors: u64,
+    /// With no live member: when its down members are next announced to (see
+    /// [`Membership::announce_down_when_alone`]).
+    down_announce_at: Option<u64>,
+    /// Where the next of those announces starts among the down members.
+    down_turn: usize,
+    /// Left the cluster: announces nothing more.
+    left: bool,
 }
 
 fn config(n: u32) -> Config {
@@ -90,9 +101,10 @@ fn config(n: u32) -> Config {
     // exchange takes a few of these periods, so the period is what a heal waits for
     // (cluster_sim, 32 nodes: membership agreed 1.6–3.0 s after the heal at 1 s, 0.7–1.05 s
     // at 250 ms).
+    // foca does so only while it has a live member; alone, `announce_down_when_alone` does.
     c.periodic_announce_to_down_members = Some(PeriodicParams {
-        frequency: Duration::from_millis(250),
-        num_members: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
+        frequency: Duration::from_micros(DOWN_ANNOUNCE_US),
+        num_members: NonZeroUsize::new(DOWN_ANNOUNCE_TO).unwrap_or(NonZeroUsize::MIN),
     });
     c
 }
@@ -115,6 +127,9 @@ impl Membership {
             effects: Vec::new(),
             size_hint: cluster_size.max(1),
             errors: 0,
+            down_announce_at: None,
+            down_turn: 0,
+            left: false,
         }
     }
 
@@ -160,11 +175,62 @@ impl Membership {
                 _ => break,
             }
         }
+        self.announce_down_when_alone(now_us);
     }
 
     /// When the next timer is due (µs), if any.
     pub fn next_due(&self) -> Option<u64> {
-        self.timers.iter().map(|t| t.0).min()
+        let foca = self.timers.iter().map(|t| t.0).min();
+        match (foca, self.down_announce_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// foca announces to members declared down only while it has a live member: its
+    /// periodic timer runs only while it is connected, and a node whose last live member
+    /// goes down (or leaves) is disconnected, its timers cancelled (foca 2.0.0, lib.rs:
+    /// `handle_timer`, `Timer::PeriodicAnnounceDown`; `adjust_connection_state` →
+    /// `become_disconnected`). Then nothing found the others again: a router whose peers
+    /// all left or died, one of them restarted with only a gone router as its seed, stayed
+    /// alone — neither knew a live address of the other — until that seed came back. So
+    /// while it has no live member, this node announces to its down members itself, at the
+    /// same pace and in turn (the answer, a feed from the peer's new identity, makes it a
+    /// member again and foca takes over).
+    fn announce_down_when_alone(&mut self, now_us: u64) {
+        if self.down_announce_at.is_none_or(|t| t > now_us) {
+            return;
+        }
+        self.down_announce_at = Some(now_us.saturating_add(DOWN_ANNOUNCE_US));
+        let down = self.down_members();
+        for k in 0..DOWN_ANNOUNCE_TO.min(down.len()) {
+            let to = down[(self.down_turn + k) % down.len()].clone();
+            if self.foca.announce(to, &mut self.rt).is_err() {
+                self.errors += 1;
+            }
+        }
+        self.down_turn = self.down_turn.wrapping_add(DOWN_ANNOUNCE_TO);
+        self.drain(now_us);
+    }
+
+    /// The members held down, this node's own address left out (a previous incarnation).
+    fn down_members(&self) -> Vec<MeshId> {
+        let me = self.foca.identity().addr;
+        self.foca
+            .iter_membership_state()
+            .filter(|m| m.state() == foca::State::Down && m.id().addr != me)
+            .map(|m| m.id().clone())
+            .collect()
+    }
+
+    /// Arms [`Membership::announce_down_when_alone`] when this node has no live member and
+    /// holds some down (disarms it otherwise).
+    fn arm_down_announce(&mut self, now_us: u64) {
+        if self.left || self.foca.num_members() > 0 || self.down_members().is_empty() {
+            self.down_announce_at = None;
+        } else if self.down_announce_at.is_none() {
+            self.down_announce_at = Some(now_us.saturating_add(DOWN_ANNOUNCE_US));
+        }
     }
 
     /// Leaves the cluster (tells the others) — on shutdown. The leave goes to every member at
@@ -186,6 +252,7 @@ impl Membership {
         if self.foca.leave_cluster(&mut self.rt).is_err() {
             self.errors += 1;
         }
+        self.left = true;
         self.drain(now_us);
     }
 
@@ -289,6 +356,7 @@ impl Membership {
                 self.errors += 1;
             }
         }
+        self.arm_down_announce(now_us);
     }
 }
 

@@ -192,3 +192,47 @@ fn routers_writing_both_envelope_versions_form_one_cluster_and_heal() {
         }
     }
 }
+
+/// Routers r0, r1, r2, r1 and r2 seeded with r0 only. r0 leaves, then r1 leaves and restarts
+/// (its only seed, r0, gone): r2, left with no live member, holds r1 down and is the only one
+/// that can find it again — by announcing to its down members. foca announces to down
+/// members only while it has a live one, so the two stayed apart until r0 came back.
+#[test]
+fn a_router_left_alone_finds_a_restarted_peer_it_holds_down() {
+    let mut cfg = cfg();
+    cfg.expected_size = 3;
+    for seed in 1..=10 {
+        let mut s = Sim::new(3, 4, cfg.clone(), NET, seed);
+        s.start(0, None);
+        for i in 1..3 {
+            s.run(500_000, |_| {});
+            s.start(i, Some(0));
+        }
+        s.run(3_000_000, |_| {});
+        assert!(
+            s.until(30_000_000, |s| s.converged()).is_some(),
+            "seed {seed}: the cluster never formed"
+        );
+        s.leave(0);
+        assert!(
+            s.until(10_000_000, |s| s.membership_converged()).is_some(),
+            "seed {seed}: r0's leave not seen\n{}",
+            s.explain()
+        );
+        s.leave(1);
+        assert!(
+            s.until(10_000_000, |s| s.view(2).is_empty()).is_some(),
+            "seed {seed}: r1's leave not seen"
+        );
+        // r2 alone for a while (its periodic timers long gone), then r1 restarts with r0,
+        // which nobody answers, as its only seed.
+        s.run(3_000_000, |_| {});
+        s.start(1, Some(0));
+        let met = s.until(5_000_000, |s| s.converged());
+        assert!(
+            met.is_some(),
+            "seed {seed}: r1 and r2 did not meet again within 5 s\n{}",
+            s.explain()
+        );
+    }
+}

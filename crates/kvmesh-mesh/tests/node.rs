@@ -1,6 +1,7 @@
 //! Three mesh nodes on loopback form a cluster through a seed, share a router's load, see a
-//! graceful leave at once and detect a crash; a node of another CA never joins. A router's
-//! in-flight counts and marks reach its peers' routers by the short way, in order.
+//! graceful leave at once and detect a crash; a node of another CA never joins; a node left
+//! alone finds a peer restarted behind a gone seed. A router's in-flight counts and marks
+//! reach its peers' routers by the short way, in order.
 
 use kvmesh_mesh::certs::{NodeTls, generate};
 use kvmesh_mesh::core::{Apply, CoreConfig};
@@ -145,6 +146,78 @@ async fn three_nodes_join_share_a_delta_and_see_leave_and_crash() {
     assert!(x.members.borrow().is_empty());
     x.leave().await;
     a.leave().await;
+}
+
+/// QA's case on real sockets: b and c joined through a; a leaves, then b leaves and restarts
+/// on its address with a (gone) as its only seed. c, left with no live member, holds b down
+/// and must find it again by announcing to it; before, the two stayed apart until a came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_left_alone_finds_a_peer_restarted_behind_a_gone_seed() {
+    let certs = generate(&names(&["a", "b", "c"])).expect("certs");
+    let tls = |n: &str| NodeTls::from_cluster(&certs, n).expect("tls");
+    let (a, _da) = start("a", &tls("a"), None, None).await;
+    let (b, _db) = start("b", &tls("b"), Some(&a), None).await;
+    let (c, _dc) = start("c", &tls("c"), Some(&a), None).await;
+    for (n, node) in [("a", &a), ("b", &b), ("c", &c)] {
+        assert!(
+            wait_for(node, 2, Duration::from_secs(20)).await,
+            "{n} sees the two others"
+        );
+    }
+    let (a_addr, b_addr) = (a.id.addr, b.id.addr);
+    a.leave().await;
+    assert!(
+        wait_for(&b, 1, Duration::from_secs(3)).await,
+        "b saw a leave"
+    );
+    assert!(
+        wait_for(&c, 1, Duration::from_secs(3)).await,
+        "c saw a leave"
+    );
+    b.leave().await;
+    assert!(
+        wait_for(&c, 0, Duration::from_secs(3)).await,
+        "c saw b leave"
+    );
+    let seeds = Seeds {
+        addrs: vec![a_addr.to_string()],
+        dns: None,
+    };
+    // b's port again (free once its endpoint has closed: a few tries, bounded).
+    let mut b2 = None;
+    for _ in 0..50 {
+        match MeshNode::start(
+            "b",
+            b_addr,
+            &tls("b"),
+            seeds.clone(),
+            cfg(false),
+            clock(),
+            None,
+            0,
+        )
+        .await
+        {
+            Ok(n) => {
+                b2 = Some(n);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let (b2, _db2) = b2.expect("b restarts on its address");
+    let t = tokio::time::Instant::now();
+    assert!(
+        wait_for(&b2, 1, Duration::from_secs(10)).await,
+        "the restarted b never met c"
+    );
+    assert!(
+        wait_for(&c, 1, Duration::from_secs(5)).await,
+        "c never met the restarted b"
+    );
+    println!("met again {:?} after b's restart", t.elapsed());
+    b2.leave().await;
+    c.leave().await;
 }
 
 /// Router a's side of the short way: one engine (7) whose count is read when signalled;
