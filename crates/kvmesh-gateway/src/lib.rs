@@ -303,6 +303,18 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         let rid = request_id(&gw, &req);
         return proxy::inference(gw, req, rid).await;
     }
+    // Every answer carries the request's id, as the inference answers do (QA27: a 404, a
+    // 405 or /v1/models came without it).
+    let rid = request_id(&gw, &req);
+    let mut resp = other(gw.clone(), req).await;
+    if let Some(n) = &gw.request_id_name {
+        resp.headers_mut().insert(n.clone(), rid);
+    }
+    resp
+}
+
+/// Every route but inference.
+async fn other(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     // HEAD is GET without the body (hyper sends the head only).

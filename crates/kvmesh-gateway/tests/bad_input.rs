@@ -140,12 +140,31 @@ async fn bad_requests_get_openai_errors_and_change_nothing() {
         &c,
         "POST",
         &format!("{base}/v1/embeddings"),
-        &[],
+        &[("x-request-id", "rid-404")],
         good("model-a").to_string(),
         Duration::from_secs(10),
     )
     .await;
     assert_openai_error(&r, 404);
+    // Every answer carries the request's id: the client's, else one of the router's (QA27:
+    // a 404, a 405 or /v1/models came without).
+    assert_eq!(r.headers["x-request-id"], "rid-404");
+    let r = send(
+        &c,
+        "GET",
+        &format!("{base}/v1/models"),
+        &[],
+        Bytes::new(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert!(
+        r.headers
+            .get("x-request-id")
+            .is_some_and(|v| v.as_bytes().starts_with(b"kvm-")),
+        "{:?}",
+        r.headers
+    );
 
     // None of it reached an engine, and the router still serves both models.
     let page = scrape(&c, &base).await;
