@@ -108,6 +108,8 @@ mod body;
 mod error_answer;
 #[path = "proxy/events_status_tests.rs"]
 mod events_status;
+#[path = "proxy/model_tests.rs"]
+mod model;
 #[path = "proxy/total_timeout_tests.rs"]
 mod total_timeout;
 
@@ -515,50 +517,6 @@ async fn in_flight_changes_are_signalled_once_until_read() {
     assert_eq!(rx.try_recv().ok(), Some(a.id.0));
     assert_eq!(a.read_load_change(), 2);
     assert!(rx.try_recv().is_err());
-}
-
-/// A model no engine is known to serve is a 404 only once every engine has told its models;
-/// before (an engine unreachable since the start, found by QA as a 404), a 503.
-#[tokio::test(start_paused = true)]
-async fn an_unknown_model_is_a_503_while_an_engine_has_not_told_its_models() {
-    let mock = MockUpstream::new();
-    let gw = gateway(cfg(), &mock, &[A]);
-    let other = r#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#;
-    let (status, _, body) = call_with(&gw, other).await;
-    assert_eq!(status, 404, "{body}");
-    let silent = EngineEntry {
-        url: format!("http://{B}"),
-        ..EngineEntry::default()
-    };
-    gw.registry.add(&silent, Source::Admin, false).expect("add");
-    let (status, _, body) = call_with(&gw, other).await;
-    assert_eq!(status, 503, "{body}");
-    assert!(
-        body.contains("1 engine(s) have not told their models"),
-        "{body}"
-    );
-    assert!(mock.calls().is_empty(), "nothing was sent");
-}
-
-/// A request without `model` while no engine has told its models: the same 503, not "several
-/// models" (QA27: said while /v1/models listed none).
-#[tokio::test(start_paused = true)]
-async fn a_request_without_a_model_is_a_503_while_no_engine_has_told_its_models() {
-    let mock = MockUpstream::new();
-    let gw = gateway(cfg(), &mock, &[]);
-    let silent = EngineEntry {
-        url: format!("http://{B}"),
-        ..EngineEntry::default()
-    };
-    gw.registry.add(&silent, Source::Admin, false).expect("add");
-    let no_model = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
-    let (status, _, body) = call_with(&gw, no_model).await;
-    assert_eq!(status, 503, "{body}");
-    assert!(
-        body.contains("no engine is known to serve any model yet: 1 engine(s)"),
-        "{body}"
-    );
-    assert!(mock.calls().is_empty(), "nothing was sent");
 }
 
 /// An engine removed while requests to it run, then added again (found by QA: the router's
