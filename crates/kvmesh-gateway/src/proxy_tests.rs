@@ -86,6 +86,12 @@ async fn a_first<T>(gw: &Gateway, f: impl std::future::Future<Output = T>) -> T 
     out
 }
 
+/// The engine the last attempt went to.
+fn last_tried(mock: &MockUpstream) -> String {
+    let calls = mock.calls();
+    calls.last().expect("attempts were sent").authority.clone()
+}
+
 fn calls_to(mock: &MockUpstream, a: &str) -> usize {
     mock.calls().iter().filter(|c| c.authority == a).count()
 }
@@ -231,25 +237,19 @@ async fn every_engine_timing_out_is_a_504_and_refusing_is_a_502() {
     assert_eq!(status, 504, "{body}");
     assert!(body.contains("upstream timeout"), "{body}");
     // The router's own error names the engine whose failure it reports (the last tried).
-    let last = mock
-        .calls()
-        .last()
-        .expect("attempts were sent")
-        .authority
-        .clone();
-    assert_eq!(h["x-kvmesh-engine"], engine(&gw, &last).header_value);
+    assert_eq!(
+        h["x-kvmesh-engine"],
+        engine(&gw, &last_tried(&mock)).header_value
+    );
     let mock = MockUpstream::new();
     let gw = gateway(c, &mock, &[A, B]);
     let (status, h, body) = call(&gw).await;
     assert_eq!(status, 502, "{body}");
     assert!(body.contains("\"error\""), "OpenAI-shaped: {body}");
-    let last = mock
-        .calls()
-        .last()
-        .expect("attempts were sent")
-        .authority
-        .clone();
-    assert_eq!(h["x-kvmesh-engine"], engine(&gw, &last).header_value);
+    assert_eq!(
+        h["x-kvmesh-engine"],
+        engine(&gw, &last_tried(&mock)).header_value
+    );
     assert_eq!(in_flight(&gw), 0);
 }
 

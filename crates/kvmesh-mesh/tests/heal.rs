@@ -111,6 +111,22 @@ fn a_healed_partition_is_repaired_when_the_halves_meet_not_by_anti_entropy() {
     }
 }
 
+/// Three nodes (4 engines), 1 and 2 seeded by 0, once their cluster has formed.
+fn three_formed(cfg: &CoreConfig, net: NetConfig, seed: u64) -> Sim {
+    let mut s = Sim::new(3, 4, cfg.clone(), net, seed);
+    s.start(0, None);
+    for i in 1..3 {
+        s.run(500_000, |_| {});
+        s.start(i, Some(0));
+    }
+    s.run(3_000_000, |_| {});
+    assert!(
+        s.until(30_000_000, |s| s.converged()).is_some(),
+        "seed {seed}: the cluster never formed"
+    );
+    s
+}
+
 /// A partition too short for SWIM to declare anyone down changes no membership, so no join
 /// exchange happens; the link coming back as a new connection (the transport closes one
 /// silent for 2 s) makes the two sides meet the same way.
@@ -122,17 +138,7 @@ fn a_link_back_after_a_short_partition_is_repaired_by_the_new_connection() {
     for seed in 1..=10 {
         let mut runs = Vec::new();
         for reconnect in [false, true] {
-            let mut s = Sim::new(3, 4, cfg.clone(), net, seed);
-            s.start(0, None);
-            for i in 1..3 {
-                s.run(500_000, |_| {});
-                s.start(i, Some(0));
-            }
-            s.run(3_000_000, |_| {});
-            assert!(
-                s.until(30_000_000, |s| s.converged()).is_some(),
-                "seed {seed}: the cluster never formed"
-            );
+            let mut s = three_formed(&cfg, net, seed);
             // Node 0 alone for 1.5 s, routing (marks, load) to the last moment.
             s.group[0] = 1;
             s.run(1_500_000, |s| {
@@ -202,17 +208,7 @@ fn a_router_left_alone_finds_a_restarted_peer_it_holds_down() {
     let mut cfg = cfg();
     cfg.expected_size = 3;
     for seed in 1..=10 {
-        let mut s = Sim::new(3, 4, cfg.clone(), NET, seed);
-        s.start(0, None);
-        for i in 1..3 {
-            s.run(500_000, |_| {});
-            s.start(i, Some(0));
-        }
-        s.run(3_000_000, |_| {});
-        assert!(
-            s.until(30_000_000, |s| s.converged()).is_some(),
-            "seed {seed}: the cluster never formed"
-        );
+        let mut s = three_formed(&cfg, NET, seed);
         s.leave(0);
         assert!(
             s.until(10_000_000, |s| s.membership_converged()).is_some(),
