@@ -51,7 +51,7 @@ pub struct ServeConfig {
     /// How long a shutdown waits for in-flight requests to finish, ms. A meshed router leaves
     /// the mesh after, so its peers count its requests until they end.
     pub drain_timeout_ms: u64,
-    /// On SIGTERM (or Ctrl-C), how long the router keeps accepting and serving while
+    /// On SIGTERM (SIGHUP, Ctrl-C), how long the router keeps accepting and serving while
     /// `/health` answers 503, before it stops accepting and drains, ms: the time load
     /// balancers and Kubernetes need to take it out of rotation, so that no client meets a
     /// refused connection. A second signal cuts it short. 0 = stop accepting at once.

@@ -141,7 +141,7 @@ pub(super) fn give_up(g: GiveUp, last: Option<Failed>, model: &str) -> Response<
                 "upstream failure"
             };
             let Some(f) = f else {
-                return error(&ApiError::with_status(g.status(), format!("{what}: ")));
+                return error(&ApiError::with_status(g.status(), what));
             };
             let detail = f.public.unwrap_or(f.detail);
             let mut r = error(&ApiError::with_status(
