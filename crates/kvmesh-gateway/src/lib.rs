@@ -306,7 +306,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     // Every answer carries the request's id, as the inference answers do (QA27: a 404, a
     // 405 or /v1/models came without it).
     let rid = request_id(&gw, &req);
-    let mut resp = other(gw.clone(), req).await;
+    let mut resp = other(&gw, req).await;
     if let Some(n) = &gw.request_id_name {
         resp.headers_mut().insert(n.clone(), rid);
     }
@@ -314,7 +314,7 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
 }
 
 /// Every route but inference.
-async fn other(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+async fn other(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     // HEAD is GET without the body (hyper sends the head only).
@@ -324,9 +324,9 @@ async fn other(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         method.clone()
     };
     match (&as_method, path.as_str()) {
-        (&Method::GET, "/v1/models") => models(&gw),
+        (&Method::GET, "/v1/models") => models(gw),
         (&Method::GET, "/") => status::page(),
-        (&Method::GET, "/status.json") => status::status_json(&gw),
+        (&Method::GET, "/status.json") => status::status_json(gw),
         (&Method::GET, "/health") => {
             if gw.stopping.load(std::sync::atomic::Ordering::Relaxed) {
                 error(&ApiError::unavailable(
@@ -347,7 +347,7 @@ async fn other(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             gw.clock.now_us(),
             gw.mesh.get().map(|m| m.collector()),
         )),
-        (_, "/admin/engines") => admin::engines(&gw, req).await,
+        (_, "/admin/engines") => admin::engines(gw, req).await,
         (&Method::GET, "/admin/cluster") => match gw.mesh.get() {
             Some(m) => {
                 // From the routing snapshot, read once (no registry lock taken while the

@@ -539,7 +539,7 @@ async fn attempt_step(
                         FailKind::Transport | FailKind::Stream => "the connection broke",
                         FailKind::Status5xx | FailKind::Status429 => "an error status",
                     };
-                    let id = String::from_utf8_lossy(engine.header_value.as_bytes());
+                    let id = String::from_utf8_lossy(f.engine.as_bytes());
                     f.public = Some(format!("engine {id}: {what}"));
                 }
                 tracing::debug!(request_id = ?request_id, engine = %engine.url, kind = f.kind.as_str(), detail = %f.detail, "attempt failed");

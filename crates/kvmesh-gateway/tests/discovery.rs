@@ -15,13 +15,35 @@ use kvmesh_http::{Body, json, ok_empty, prometheus};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The fake engines' `/v1/models`: model `m`.
+const MODELS: &str =
+    r#"{"object":"list","data":[{"id":"m","object":"model","created":0,"owned_by":"x"}]}"#;
+
+/// Serves `handler` on a loopback port: its URL, and the sender that stops it (on drop).
+async fn spawn_engine<H, F>(handler: H) -> (String, tokio::sync::oneshot::Sender<()>)
+where
+    H: Fn(Arc<()>, Request<Incoming>) -> F + Send + Sync + Copy + 'static,
+    F: std::future::Future<Output = Response<Body>> + Send + 'static,
+{
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(kvmesh_http::serve(
+        l,
+        Arc::new(()),
+        handler,
+        rx,
+        Duration::from_secs(1),
+        kvmesh_http::ServeLimits::default(),
+    ));
+    (url, tx)
+}
+
 async fn fake_engine(_: Arc<()>, req: Request<Incoming>) -> Response<Body> {
     match req.uri().path() {
-        "/v1/models" => json(
-            200,
-            r#"{"object":"list","data":[{"id":"m","object":"model","created":0,"owned_by":"x"}]}"#
-                .to_string(),
-        ),
+        "/v1/models" => json(200, MODELS.to_string()),
         "/metrics" => {
             prometheus("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n".into())
         }
@@ -36,20 +58,9 @@ async fn every_discovered_engine_is_routed() {
     let mut engines = Vec::new();
     let mut stops = Vec::new();
     for _ in 0..ENGINES {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        engines.push(format!("http://{}", l.local_addr().expect("addr")));
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        stops.push(tx);
-        tokio::spawn(kvmesh_http::serve(
-            l,
-            Arc::new(()),
-            fake_engine,
-            rx,
-            Duration::from_secs(1),
-            kvmesh_http::ServeLimits::default(),
-        ));
+        let (url, stop) = spawn_engine(fake_engine).await;
+        engines.push(url);
+        stops.push(stop);
     }
     // Busy threads preempt the rebuilding ones at random points, as a loaded machine does.
     let spin = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -112,11 +123,7 @@ async fn keyed_engine(_: Arc<()>, req: Request<Incoming>) -> Response<Body> {
         .is_some_and(|v| v == "Bearer k1");
     match req.uri().path() {
         "/v1/models" if !keyed => json(401, r#"{"error":"Unauthorized"}"#.to_string()),
-        "/v1/models" => json(
-            200,
-            r#"{"object":"list","data":[{"id":"m","object":"model","created":0,"owned_by":"x"}]}"#
-                .to_string(),
-        ),
+        "/v1/models" => json(200, MODELS.to_string()),
         _ => ok_empty(),
     }
 }
@@ -126,19 +133,7 @@ async fn keyed_engine(_: Arc<()>, req: Request<Incoming>) -> Response<Body> {
 /// routed to, and nothing said why: the router now warns).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_wants_a_key_is_discovered_with_the_router_s_engine_key() {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let engine = format!("http://{}", l.local_addr().expect("addr"));
-    let (_stop, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(kvmesh_http::serve(
-        l,
-        Arc::new(()),
-        keyed_engine,
-        rx,
-        Duration::from_secs(1),
-        kvmesh_http::ServeLimits::default(),
-    ));
+    let (engine, _stop) = spawn_engine(keyed_engine).await;
     let discovered = |gw: &kvmesh_gateway::Gateway| {
         gw.registry
             .members()

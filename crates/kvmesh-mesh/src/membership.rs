@@ -181,10 +181,7 @@ impl Membership {
     /// When the next timer is due (µs), if any.
     pub fn next_due(&self) -> Option<u64> {
         let foca = self.timers.iter().map(|t| t.0).min();
-        match (foca, self.down_announce_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        foca.into_iter().chain(self.down_announce_at).min()
     }
 
     /// foca announces to members declared down only while it has a live member: its

@@ -2,6 +2,15 @@
 
 use super::*;
 
+/// Adds engine B without models: it has not told them yet.
+fn add_silent(gw: &Gateway) {
+    let silent = EngineEntry {
+        url: format!("http://{B}"),
+        ..EngineEntry::default()
+    };
+    gw.registry.add(&silent, Source::Admin, false).expect("add");
+}
+
 /// A model no engine is known to serve is a 404 only once every engine has told its models;
 /// before (an engine unreachable since the start, found by QA as a 404), a 503.
 #[tokio::test(start_paused = true)]
@@ -11,11 +20,7 @@ async fn an_unknown_model_is_a_503_while_an_engine_has_not_told_its_models() {
     let other = r#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#;
     let (status, _, body) = call_with(&gw, other).await;
     assert_eq!(status, 404, "{body}");
-    let silent = EngineEntry {
-        url: format!("http://{B}"),
-        ..EngineEntry::default()
-    };
-    gw.registry.add(&silent, Source::Admin, false).expect("add");
+    add_silent(&gw);
     let (status, _, body) = call_with(&gw, other).await;
     assert_eq!(status, 503, "{body}");
     assert!(
@@ -31,11 +36,7 @@ async fn an_unknown_model_is_a_503_while_an_engine_has_not_told_its_models() {
 async fn a_request_without_a_model_is_a_503_while_no_engine_has_told_its_models() {
     let mock = MockUpstream::new();
     let gw = gateway(cfg(), &mock, &[]);
-    let silent = EngineEntry {
-        url: format!("http://{B}"),
-        ..EngineEntry::default()
-    };
-    gw.registry.add(&silent, Source::Admin, false).expect("add");
+    add_silent(&gw);
     let no_model = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
     let (status, _, body) = call_with(&gw, no_model).await;
     assert_eq!(status, 503, "{body}");

@@ -96,8 +96,8 @@ fn error_term(cfg: &AutoWeightConfig, rate: f64) -> f64 {
 }
 
 /// The fleet's reference latency for [`auto_weight_factor`]: the median of the sampled
-/// engines' latency estimates ([`LatencyTracker::sampled_us`]; reorders `latencies`; O(n)). Compute it off the request path, often
-/// enough to follow the whole fleet (the gateway: every `auto_weight.reference_refresh_ms`),
+/// engines' latency estimates ([`LatencyTracker::sampled_us`]; reorders `latencies`; O(n)).
+/// Compute it off the request path, often enough to follow the whole fleet (the gateway: every `auto_weight.reference_refresh_ms`),
 /// and hand it to every [`EngineTracker::view`]. 0 for an empty slice.
 pub fn fleet_reference_latency(latencies: &mut [f64]) -> f64 {
     if latencies.is_empty() {
@@ -295,13 +295,22 @@ impl EngineTracker {
     /// ([`fleet_reference_latency`]; 0 = unknown) and the engine's KV usage.
     pub fn weight_factor(&self, now_us: u64, fleet_latency_us: f64, kv_usage: Option<f32>) -> f64 {
         let rate = self.errors.value(now_us);
-        self.factor_at(now_us, rate, fleet_latency_us, kv_usage)
+        let latency = self.latency.estimate_us(now_us, fleet_latency_us);
+        self.factor_at(now_us, rate, latency, fleet_latency_us, kv_usage)
     }
 
-    /// [`EngineTracker::weight_factor`] at the error rate `rate` (read once per view).
-    fn factor_at(&self, now_us: u64, rate: f64, fleet_latency_us: f64, kv: Option<f32>) -> f64 {
+    /// [`EngineTracker::weight_factor`] at the error rate `rate` and the latency estimate
+    /// `latency_us` (each read once per view).
+    fn factor_at(
+        &self,
+        now_us: u64,
+        rate: f64,
+        latency_us: f64,
+        fleet_latency_us: f64,
+        kv: Option<f32>,
+    ) -> f64 {
         let ratio = if fleet_latency_us > 0.0 {
-            self.latency.estimate_us(now_us, fleet_latency_us) / fleet_latency_us
+            latency_us / fleet_latency_us
         } else {
             1.0
         };
@@ -321,7 +330,8 @@ impl EngineTracker {
         fleet_latency_us: f64,
     ) -> EngineView {
         let rate = self.errors.value(now_us);
-        let factor = self.factor_at(now_us, rate, fleet_latency_us, kv_usage);
+        let latency = self.latency.estimate_us(now_us, fleet_latency_us);
+        let factor = self.factor_at(now_us, rate, latency, fleet_latency_us, kv_usage);
         let mut v = EngineView::new(base_weight * factor);
         v.base_weight = base_weight;
         let cfg = &self.auto_cfg;
@@ -334,7 +344,7 @@ impl EngineTracker {
         v.in_flight = in_flight;
         v.engine_load = engine_load;
         v.kv_usage = kv_usage;
-        v.latency_us = self.latency.estimate_us(now_us, fleet_latency_us);
+        v.latency_us = latency;
         v
     }
 
