@@ -81,6 +81,12 @@ pub struct Cluster {
     realtime: bool,
     /// The envelope version this router writes (`mesh.wire_version`).
     wire_version: u8,
+    /// Engines of the cluster's registry this router refuses as its own address (a peer's
+    /// admin API took the router for an engine). The peers route to them, so the node is
+    /// told them as the router's engines: it keeps and passes on their counts as any
+    /// engine's, where it would drop them as an orphan's every ten anti-entropy periods and
+    /// be repaired (QA26: load digests apart for over 70 s, repairs rising).
+    own_address_engines: Mutex<BTreeSet<u64>>,
     now: NowFn,
 }
 
@@ -193,6 +199,15 @@ fn upsert(gw: &Arc<Gateway>, engine: u64, record: &EngineRecord) -> bool {
     }
 }
 
+/// Spellings of this router's own address kept as engines of its node, at most (each is an
+/// engine id; a member cannot grow the set without bound).
+const OWN_ADDRESS_ENGINES_MAX: usize = 16;
+
+/// Whether a peer's record of `engine` is well formed and names this router's own address.
+fn is_own_address(gw: &Gateway, engine: u64, record: &EngineRecord) -> bool {
+    peer_entry(engine, record).is_ok() && gw.registry.refuse_own_address(&record.url).is_err()
+}
+
 fn record(entry: &EngineEntry) -> EngineRecord {
     EngineRecord {
         url: kvmesh_config::canonical_base_url(&entry.url),
@@ -292,6 +307,7 @@ impl Cluster {
             dropped_marks: dropped.clone(),
             realtime,
             wire_version: cfg.wire_version,
+            own_address_engines: Mutex::new(BTreeSet::new()),
             now,
         });
         gw.registry.prefix.set_delta_sink(Some(Box::new(Outbox {
@@ -426,7 +442,8 @@ impl Cluster {
             tick.tick().await;
             self.warn_name_conflicts(&mut conflicts_warned);
             let members = gw.registry.members();
-            let all: BTreeSet<u64> = members.iter().map(|e| e.id.0).collect();
+            let mut all: BTreeSet<u64> = members.iter().map(|e| e.id.0).collect();
+            all.extend(lock(&self.own_address_engines).iter().copied());
             let events: BTreeSet<u64> = members
                 .iter()
                 .filter(|e| !e.kv_events.is_empty())
@@ -493,6 +510,14 @@ impl Cluster {
         }
     }
 
+    /// Keeps `engine` among the node's engines if its record names this router's address.
+    fn note_own_address(&self, gw: &Gateway, engine: u64, record: &EngineRecord) {
+        let mut own = lock(&self.own_address_engines);
+        if own.len() < OWN_ADDRESS_ENGINES_MAX && is_own_address(gw, engine, record) {
+            own.insert(engine);
+        }
+    }
+
     /// What the mesh says, applied in order.
     async fn apply_loop(self: Arc<Self>, gw: Arc<Gateway>, mut rx: mpsc::Receiver<Apply>) {
         let ctx = probe::ingest_ctx(&gw, Some(self.input.clone()));
@@ -510,6 +535,7 @@ impl Cluster {
                     // this router's (QA: a router read nothing while reporting it did).
                     let reads = upsert(&gw, engine, &record)
                         && lock(&self.core).owned().any(|o| o == engine);
+                    self.note_own_address(&gw, engine, &record);
                     if let Some(e) = gw.registry.get(EngineId(engine)).filter(|_| reads) {
                         tracing::info!(engine = %e.url, "reading this engine's kv events again");
                         // The reader starts over from the engine's replay: its feed starts
@@ -529,6 +555,7 @@ impl Cluster {
                     }
                 }
                 Apply::EngineRemoved { engine } => {
+                    lock(&self.own_address_engines).remove(&engine);
                     let Some(e) = gw.registry.get(EngineId(engine)) else {
                         continue;
                     };

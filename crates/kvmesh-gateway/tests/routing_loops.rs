@@ -134,3 +134,74 @@ async fn a_request_that_comes_back_is_refused_not_routed_again() {
     assert_eq!(metric(&page_a, "kvmesh_requests_total"), f64::from(n));
     stop_sims(sims).await;
 }
+
+/// A router's own address taken as an engine through a peer's admin API: the router refuses
+/// it, its peers route to it. Their in-flight counts of it are the cluster's, and the
+/// router's mesh node keeps them as any engine's: it used to hold them as an orphan's, drop
+/// them every ten anti-entropy periods and be repaired, again and again (QA26: load digests
+/// apart for over 70 s, repairs rising).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_keeps_the_cluster_s_counts_of_its_own_address_taken_as_an_engine() {
+    use common::mesh::*;
+    let sims = start_sims(2, |_| instant_sim_cfg("m")).await;
+    let engines = urls(&sims);
+    let (dir, [a, b, c3]) = mesh_of_three("own-address", 2, |_| {
+        let mut cfg = serve_cfg(&engines);
+        cfg.admin_token = "t".into();
+        cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+        // Orphans are dropped after ten periods: 1 s here.
+        cfg.mesh.anti_entropy_ms = 100;
+        cfg
+    })
+    .await;
+    let http = client();
+    let b_url = b.base_url();
+    let added = admin(&http, &a, "POST", json!({ "url": b_url })).await;
+    assert_eq!(added.status, 201, "{}", added.body);
+    let id = kvmesh_prefix::EngineId::from_url(&b_url);
+    let known = || {
+        [&a, &c3]
+            .iter()
+            .all(|r| r.gateway.registry.get(id).is_some())
+    };
+    assert!(until(Duration::from_secs(5), known).await, "A and C have B");
+    let routed = || {
+        a.gateway.registry.get(id).is_some_and(|e| {
+            e.metrics
+                .requests
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
+        })
+    };
+    for i in 0..30 {
+        if routed() {
+            break;
+        }
+        let body = chat_body("m", &format!("turn {i}"), 2, false);
+        let r = post_json(
+            &http,
+            &format!("{}/v1/chat/completions", a.base_url()),
+            &body,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert!(routed(), "A routed to B as an engine");
+    // Three orphan graces: the counts of B-as-engine stay at B, and the digests together.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let at_b = cluster_json(&http, &b).await;
+    assert_eq!(at_b["orphan_entries_dropped"], 0, "{at_b}");
+    assert_eq!(at_b["entries"]["orphan_engines"], 0, "{at_b}");
+    assert!(digests_agree(&http, [&a, &b, &c3]).await);
+    // Removed (through B itself), B's node lets them go with the engine.
+    let removed = admin(&http, &b, "DELETE", json!({ "url": b_url })).await;
+    assert_eq!(removed.status, 200, "{}", removed.body);
+    assert!(
+        until(Duration::from_secs(5), || !known()).await,
+        "A and C forget B as an engine"
+    );
+    assert!(digests_agree(&http, [&a, &b, &c3]).await);
+    drop((a, b, c3));
+    let _ = std::fs::remove_dir_all(&dir);
+    stop_sims(sims).await;
+}

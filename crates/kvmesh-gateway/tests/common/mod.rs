@@ -3,6 +3,8 @@
 //! waits on conditions with deadlines.
 #![allow(dead_code)]
 
+pub mod mesh;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
