@@ -49,7 +49,9 @@ pub struct ServeConfig {
     /// none. The `KVMESH_ENGINE_API_KEY` environment variable sets it too.
     pub engine_api_key: String,
     /// How long a shutdown waits for in-flight requests to finish, ms. A meshed router leaves
-    /// the mesh after, so its peers count its requests until they end.
+    /// the mesh after, so its peers count its requests until they end. An answer still
+    /// streaming at the end (a little before: a tenth of it, at most 250 ms) is ended with an
+    /// OpenAI error event (503) before its connection closes.
     pub drain_timeout_ms: u64,
     /// On SIGTERM (SIGHUP, Ctrl-C), how long the router keeps accepting and serving while
     /// `/health` answers 503, before it stops accepting and drains, ms: the time load

@@ -34,6 +34,11 @@ impl Clock {
         self.unix_at_t0_us + self.t0.elapsed().as_micros() as u64
     }
 
+    /// The instant `us` µs since the Unix epoch stands for (the clock's start at the latest).
+    pub fn instant_at(&self, us: u64) -> Instant {
+        self.t0 + std::time::Duration::from_micros(us.saturating_sub(self.unix_at_t0_us))
+    }
+
     /// The same instant as `at`, in µs since the Unix epoch.
     pub fn at_us(&self, at: Instant) -> u64 {
         self.unix_at_t0_us + at.saturating_duration_since(self.t0).as_micros() as u64

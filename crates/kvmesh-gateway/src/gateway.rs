@@ -92,9 +92,26 @@ pub struct Gateway {
     /// Told to stop: `/health` answers 503 so that load balancers take the router out while
     /// it still serves (`shutdown_delay_ms`), then it stops accepting and drains.
     pub(crate) stopping: std::sync::atomic::AtomicBool,
+    /// When the drain ends the answers still streaming (µs, cluster time; 0 = not
+    /// draining): each is told with an error event before its connection closes.
+    drain_cut_us: AtomicU64,
 }
 
 impl Gateway {
+    /// The answers still streaming at `at` are ended there (see [`crate::track::TrackedBody`]).
+    pub(crate) fn set_drain_cut(&self, at: tokio::time::Instant) {
+        let us = self.clock.at_us(at).max(1);
+        self.drain_cut_us.store(us, Ordering::Relaxed);
+    }
+
+    /// When the drain ends the answers still streaming, once the router drains.
+    pub(crate) fn drain_cut(&self) -> Option<tokio::time::Instant> {
+        match self.drain_cut_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(self.clock.instant_at(us)),
+        }
+    }
+
     /// A router's shared state, forwarding through `upstream` ([`PoolUpstream`] when `None`).
     /// No task is started: [`start`] does that.
     pub fn new(cfg: ServeConfig, upstream: Option<Arc<dyn Upstream>>) -> Gateway {
@@ -144,6 +161,7 @@ impl Gateway {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            drain_cut_us: AtomicU64::new(0),
             cfg,
         }
     }

@@ -111,6 +111,12 @@ impl GatewayServer {
     /// then leaves the mesh: while it drains, its peers still count its requests, and the
     /// engines it reads the events of are still read.
     pub async fn shutdown(mut self) {
+        // Answers still streaming when the drain ends are told why before their connections
+        // close: a little before, so that the error event is written first.
+        let timeout = Duration::from_millis(self.gateway.cfg.drain_timeout_ms);
+        let early = (timeout / 10).min(Duration::from_millis(250));
+        self.gateway
+            .set_drain_cut(tokio::time::Instant::now() + (timeout - early));
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }

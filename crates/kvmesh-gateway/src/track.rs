@@ -254,6 +254,9 @@ pub struct TrackedBody {
     /// An engine silent this long in the middle of its answer (`timeouts.stream_idle_ms`) has
     /// hung: the attempt ends there as a stall.
     idle: Duration,
+    /// When the router's drain ends this answer (read at the first `Pending` after the drain
+    /// began; the timer is made again to wake at it).
+    cut: Option<tokio::time::Instant>,
     /// The longest wait between two bursts of data so far: this answer's own pace.
     longest_gap: Duration,
     held: Option<Held>,
@@ -327,6 +330,7 @@ impl TrackedBody {
             deadline: None,
             last_data: tokio::time::Instant::now(),
             idle,
+            cut: None,
             longest_gap: Duration::ZERO,
             held: None,
             ended: false,
@@ -342,11 +346,15 @@ impl TrackedBody {
     }
 
     /// Polls the timer, made when missing: due at the total timeout, or, while the attempt
-    /// is on, at the idle check (`idle` after the last data) if sooner. Whether it is due.
+    /// is on, at the idle check (`idle` after the last data) or the drain's end if sooner.
+    /// Whether it is due.
     fn poll_timer(&mut self, cx: &mut Context<'_>) -> bool {
         let mut at = self.deadline_at;
         if self.attempt.is_some() {
             at = at.min(self.last_data + self.idle);
+            if let Some(cut) = self.cut {
+                at = at.min(cut);
+            }
         }
         self.deadline
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
@@ -499,7 +507,24 @@ impl HttpBody for TrackedBody {
                     this.longest_gap = this.longest_gap.max(now - this.last_data);
                     this.last_data = now;
                 }
+                if this.cut.is_none()
+                    && let Some(cut) = this.attempt.as_ref().and_then(|a| a.gw.drain_cut())
+                {
+                    this.cut = Some(cut);
+                    this.deadline = None;
+                }
                 let mut due = this.poll_timer(cx);
+                if due
+                    && this.attempt.is_some()
+                    && this.cut.is_some_and(|c| tokio::time::Instant::now() >= c)
+                {
+                    // The router is stopping and its drain is over: the client is told why
+                    // its answer ends here (its connection closes next), as a cancel, not the
+                    // engine's failure.
+                    drop(this.attempt.take());
+                    let why = "the router is shutting down and its drain timeout (serve.drain_timeout_ms) ended the answer; send the request again";
+                    return this.error_after_flush(why.into(), 503, cx);
+                }
                 if due && this.attempt.is_none() {
                     // Whole since the terminator passed: the client's answer ends here.
                     this.ended = true;

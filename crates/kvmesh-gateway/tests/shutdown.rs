@@ -120,3 +120,89 @@ async fn a_stop_is_announced_on_health_while_the_router_still_serves() {
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     stop_sims(sims).await;
 }
+
+/// A stream still going when the drain timeout ends is told why, with an OpenAI error event,
+/// before its connection closes (QA: it was cut without a word, `curl: (18)`), and the
+/// engine is not blamed for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_by_the_drain_timeout_is_told_with_an_error_event() {
+    // Real time: a 2,000-token answer streams for about 12 s.
+    let sims = start_sims(1, |_| {
+        let mut c = sim_cfg("test-model");
+        c.time_scale = 1.0;
+        c
+    })
+    .await;
+    let mut cfg = serve_cfg(&urls(&sims));
+    cfg.drain_timeout_ms = 1_000;
+    let router = start_router_with(cfg, "test-model", 1).await;
+    let base = router.base_url();
+    let gw = router.gateway.clone();
+    let c = client();
+    let body = chat_body("test-model", "tell me a long story", 2_000, true);
+    let req = http::Request::post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(20), c.request(req))
+        .await
+        .expect("head in time")
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.into_body();
+    let mut text = Vec::new();
+    let f = tokio::time::timeout(Duration::from_secs(10), stream.frame())
+        .await
+        .expect("frame in time")
+        .expect("a frame")
+        .expect("frame ok");
+    text.extend_from_slice(f.data_ref().expect("data"));
+
+    let shutdown = tokio::spawn(router.shutdown());
+    // Frames until the connection closes, within the drain timeout and a margin.
+    let read = async {
+        while let Some(f) = stream.frame().await {
+            match f {
+                Ok(f) => text.extend_from_slice(f.data_ref().map_or(&[][..], |d| &d[..])),
+                Err(_) => break,
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .expect("the stream ends with the drain");
+    let text = String::from_utf8_lossy(&text);
+    let tail = &text[text.len().saturating_sub(400)..];
+    assert!(!text.contains("data: [DONE]"), "{tail}");
+    let last = text
+        .trim_end()
+        .rsplit("\n\n")
+        .next()
+        .and_then(|e| e.strip_prefix("data: "))
+        .unwrap_or_default();
+    let event: serde_json::Value =
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {tail}"));
+    assert_eq!(event["error"]["code"], "service_unavailable", "{tail}");
+    assert!(
+        event["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("drain_timeout_ms")),
+        "{tail}"
+    );
+    tokio::time::timeout(Duration::from_secs(15), shutdown)
+        .await
+        .expect("shutdown finished")
+        .expect("task");
+    let engine = gw.registry.members()[0].clone();
+    assert_eq!(
+        engine
+            .metrics
+            .errors
+            .iter()
+            .map(|e| e.load(std::sync::atomic::Ordering::Relaxed))
+            .sum::<u64>(),
+        0,
+        "the engine is not blamed"
+    );
+    stop_sims(sims).await;
+}
