@@ -65,6 +65,14 @@ pub struct ServeConfig {
     pub discovery_interval_ms: u64,
     /// Header carrying the request id (taken from the client or generated).
     pub request_id_header: String,
+    /// Web pages of these origins (`https://app.example.com`, as a browser sends `Origin`;
+    /// `*` = any) may call the router from a browser (CORS): a preflight (`OPTIONS`) is
+    /// answered with what they ask for, and their answers name them in
+    /// `Access-Control-Allow-Origin` (and expose the request id and `x-kvmesh-engine`
+    /// headers). vLLM allows every origin by default (`--allowed-origins`); this router
+    /// allows none unless told: empty = no CORS headers, and `OPTIONS` is answered with
+    /// `Allow` only.
+    pub cors_allowed_origins: Vec<String>,
     /// Client connections served at once; one more is answered with a 503 JSON error and
     /// closed. Each takes a file descriptor, and its request in flight one more to the engine:
     /// keep the process's `ulimit -n` above twice this (beyond it, accepts fail and new
@@ -109,6 +117,7 @@ impl Default for ServeConfig {
             max_body_bytes: 32 * 1024 * 1024,
             admin_token: String::new(),
             engine_api_key: String::new(),
+            cors_allowed_origins: Vec::new(),
             drain_timeout_ms: 30_000,
             shutdown_delay_ms: 0,
             discovery_interval_ms: 1_000,
@@ -611,6 +620,15 @@ impl ServeConfig {
             &format!("{at}.engine_api_key"),
             "must not contain spaces or control characters (sent as `Authorization: Bearer KEY`)",
         )?;
+        for o in &self.cors_allowed_origins {
+            check(
+                is_origin(o),
+                &format!("{at}.cors_allowed_origins"),
+                &format!(
+                    "{o:?} is not an origin: `*`, or `http://` or `https://` and a host with an optional port, nothing after (as a browser sends `Origin`)"
+                ),
+            )?;
+        }
         let t = &self.timeouts;
         check(
             t.connect_ms >= 1,
@@ -694,6 +712,34 @@ impl ServeConfig {
             "must be a valid header name",
         )
     }
+}
+
+/// `*`, or an origin as a browser sends it in `Origin`: `http://` or `https://`, a host
+/// (letters, digits, `.`, `-`, or a bracketed IPv6 address) and an optional port, nothing
+/// after.
+fn is_origin(o: &str) -> bool {
+    if o == "*" {
+        return true;
+    }
+    let Some(rest) = o
+        .strip_prefix("http://")
+        .or_else(|| o.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !h.starts_with('[') || h.ends_with(']') => (h, Some(p)),
+        _ => (rest, None),
+    };
+    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        v6.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    };
+    host_ok && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0))
 }
 
 fn http_header_name_ok(s: &str) -> bool {

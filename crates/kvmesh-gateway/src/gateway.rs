@@ -84,6 +84,8 @@ pub struct Gateway {
     pub retry_budget: AtomicRetryBudget,
     /// `cfg.request_id_header` parsed once (`None` when it is not a valid header name).
     pub request_id_name: Option<http::HeaderName>,
+    /// Requests from web pages of other origins (`cors_allowed_origins`; `None`: off).
+    pub(crate) cors: Option<crate::cors::Cors>,
     /// This router's mark on what it sends to engines (`x-kvmesh-via`, [`crate::hops`]):
     /// random per process.
     pub via: http::HeaderValue,
@@ -132,7 +134,9 @@ impl Gateway {
         } else {
             cfg.seed
         };
+        let request_id_name = http::HeaderName::from_bytes(cfg.request_id_header.as_bytes()).ok();
         Gateway {
+            cors: crate::cors::Cors::new(&cfg.cors_allowed_origins, request_id_name.as_ref()),
             registry: Registry::new(cfg.clone(), clock),
             ejection: EjectionGuard::new(&cfg.routing.health.ejection),
             retry_budget: AtomicRetryBudget::new(&cfg.routing.retry_budget, clock.now_us()),
@@ -153,7 +157,7 @@ impl Gateway {
             tasks: Tasks::default(),
             mesh: std::sync::OnceLock::new(),
             decision_observer: std::sync::OnceLock::new(),
-            request_id_name: http::HeaderName::from_bytes(cfg.request_id_header.as_bytes()).ok(),
+            request_id_name,
             via: crate::hops::new_via(),
             seed: AtomicU64::new(seed),
             started_unix: std::time::SystemTime::now()

@@ -16,6 +16,7 @@
 mod admin;
 mod clock;
 mod cluster;
+mod cors;
 mod engine;
 mod gateway;
 pub mod hops;
@@ -297,6 +298,23 @@ fn request_id(gw: &Gateway, req: &Request<Incoming>) -> http::HeaderValue {
 }
 
 async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    // A browser's request from another origin, CORS on: its answer says the origin may read
+    // it (the preflight, `OPTIONS`, is answered whole in `other`).
+    if gw.cors.is_some()
+        && req.method() != Method::OPTIONS
+        && let Some(origin) = req.headers().get(http::header::ORIGIN).cloned()
+    {
+        let g = gw.clone();
+        let mut resp = route_all(gw, req).await;
+        if let Some(c) = &g.cors {
+            c.decorate(&origin, &mut resp);
+        }
+        return resp;
+    }
+    route_all(gw, req).await
+}
+
+async fn route_all(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     if let Some(e) = hops::looped(&gw.via, req.headers()) {
         tracing::warn!(path = %req.uri().path(), error = %e.message, "routing loop refused: an engine's address leads back to this router");
         gw.metrics.error_response(e.status);
@@ -329,6 +347,11 @@ async fn other(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     } else {
         method.clone()
     };
+    if method == Method::OPTIONS
+        && let Some(allow) = cors::methods_of(&path)
+    {
+        return cors::options(gw.cors.as_ref(), req.headers(), allow);
+    }
     match (&as_method, path.as_str()) {
         (&Method::GET, "/v1/models") => models(gw),
         (&Method::GET, "/") => status::page(),

@@ -218,3 +218,142 @@ async fn send_chunked(url: &str, body: Vec<u8>) -> Reply {
         sent_at: Duration::ZERO,
     }
 }
+
+/// Browsers (CORS): `OPTIONS` is answered with the methods a path takes; with
+/// `cors_allowed_origins`, a preflight from an allowed origin gets what it asks for and the
+/// answers name the origin (streamed ones too), while another origin gets no CORS header
+/// (QA: a preflight met a 405, so a browser client that worked against vLLM broke).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browsers_get_cors_answers_from_the_origins_allowed() {
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let t = Duration::from_secs(10);
+    let c = client();
+    let preflight = |origin: &'static str| {
+        [
+            ("origin", origin),
+            ("access-control-request-method", "POST"),
+            (
+                "access-control-request-headers",
+                "authorization, content-type",
+            ),
+        ]
+    };
+    // Off (the default): OPTIONS says what the path takes, and nothing of CORS.
+    let plain = start_router_with(serve_cfg(&urls(&sims)), "m", 1).await;
+    let chat = format!("{}/v1/chat/completions", plain.base_url());
+    let r = send(
+        &c,
+        "OPTIONS",
+        &chat,
+        &preflight("https://app.example.com"),
+        Bytes::new(),
+        t,
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    assert_eq!(r.headers["allow"], "POST, OPTIONS");
+    assert!(r.headers.get("access-control-allow-origin").is_none());
+    let r = send(
+        &c,
+        "OPTIONS",
+        &format!("{}/nowhere", plain.base_url()),
+        &[],
+        Bytes::new(),
+        t,
+    )
+    .await;
+    assert_openai_error(&r, 404);
+    let r = send(
+        &c,
+        "POST",
+        &chat,
+        &[("origin", "https://app.example.com")],
+        chat_body("m", "hi", 2, false).to_string(),
+        t,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.headers.get("access-control-allow-origin").is_none());
+
+    let mut cfg = serve_cfg(&urls(&sims));
+    cfg.cors_allowed_origins = vec!["https://app.example.com".into()];
+    let router = start_router_with(cfg, "m", 1).await;
+    let chat = format!("{}/v1/chat/completions", router.base_url());
+    let r = send(
+        &c,
+        "OPTIONS",
+        &chat,
+        &preflight("https://app.example.com"),
+        Bytes::new(),
+        t,
+    )
+    .await;
+    assert_eq!(r.status, 204, "{}", r.body);
+    assert_eq!(
+        r.headers["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+    assert_eq!(r.headers["access-control-allow-methods"], "POST, OPTIONS");
+    assert_eq!(
+        r.headers["access-control-allow-headers"],
+        "authorization, content-type"
+    );
+    assert!(r.headers.contains_key("access-control-max-age"));
+    let r = send(
+        &c,
+        "OPTIONS",
+        &chat,
+        &preflight("https://evil.example"),
+        Bytes::new(),
+        t,
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    assert!(r.headers.get("access-control-allow-origin").is_none());
+    for stream in [false, true] {
+        let r = send(
+            &c,
+            "POST",
+            &chat,
+            &[("origin", "https://app.example.com")],
+            chat_body("m", "hi", 2, stream).to_string(),
+            t,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            r.headers["access-control-allow-origin"],
+            "https://app.example.com"
+        );
+        assert_eq!(r.headers["vary"], "origin");
+        let exposed = r.headers["access-control-expose-headers"].to_str().unwrap();
+        assert!(exposed.contains("x-request-id") && exposed.contains("x-kvmesh-engine"));
+    }
+    // An error is readable too (the page can show it); another origin's is not.
+    let r = send(
+        &c,
+        "POST",
+        &chat,
+        &[("origin", "https://app.example.com")],
+        "{",
+        t,
+    )
+    .await;
+    assert_openai_error(&r, 400);
+    assert_eq!(
+        r.headers["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+    let r = send(
+        &c,
+        "GET",
+        &format!("{}/v1/models", router.base_url()),
+        &[("origin", "https://evil.example")],
+        Bytes::new(),
+        t,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert!(r.headers.get("access-control-allow-origin").is_none());
+    stop_sims(sims).await;
+}

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 /// Leaves first; a module may import only modules listed before it.
-const ORDER: [&str; 18] = [
-    "clock", "upstream", "tasks", "hops", "recent", "memo", "prefix", "engine", "registry",
+const ORDER: [&str; 19] = [
+    "clock", "upstream", "tasks", "hops", "cors", "recent", "memo", "prefix", "engine", "registry",
     "metrics", "gateway", "ingest", "track", "probe", "cluster", "proxy", "admin", "status",
 ];
 

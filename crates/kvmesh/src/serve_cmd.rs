@@ -60,6 +60,9 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     pub engine_api_key: Option<String>,
+    /// A web page origin that may call the router from a browser (CORS), as the browser sends `Origin` (`https://app.example.com`; `*` = any); repeatable, replaces the file's list.
+    #[arg(long = "cors-allowed-origin", value_name = "ORIGIN")]
+    pub cors_allowed_origins: Vec<String>,
     #[arg(long, value_name = "N", help = format!("Attempts per request including the first [default: {}]", d().retry.max_attempts))]
     pub max_attempts: Option<u32>,
     #[arg(
@@ -136,6 +139,9 @@ impl ServeArgs {
         }
         if let Some(k) = &self.engine_api_key {
             c.engine_api_key = k.clone();
+        }
+        if !self.cors_allowed_origins.is_empty() {
+            c.cors_allowed_origins = self.cors_allowed_origins.clone();
         }
         if let Some(n) = self.max_attempts {
             c.retry.max_attempts = n;

@@ -208,3 +208,36 @@ fn upstream_protocol_from_toml() {
     let e = parse("[serve.upstream]\nprotocol = \"h2\"\n").expect_err("unknown protocol");
     assert!(e.to_string().contains("protocol"), "{e}");
 }
+
+#[test]
+fn cors_origins_are_origins_as_browsers_send_them() {
+    for ok in [
+        "*",
+        "https://app.example.com",
+        "http://localhost:3000",
+        "http://[::1]:5173",
+        "https://[fe80::1]",
+    ] {
+        assert!(is_origin(ok), "{ok}");
+    }
+    for bad in [
+        "",
+        "app.example.com",
+        "https://app.example.com/",
+        "https://app.example.com/chat",
+        "https://",
+        "https://app.example.com:0",
+        "https://app.example.com:99999",
+        "ftp://app.example.com",
+        "https://*.example.com",
+        "http://[::1",
+    ] {
+        assert!(!is_origin(bad), "{bad}");
+    }
+    let e = crate::KvmeshConfig::from_toml_str(
+        "[serve]\ncors_allowed_origins = [\"https://app.example.com/\"]\n",
+        "test",
+    )
+    .expect_err("a path is refused");
+    assert!(e.to_string().contains("cors_allowed_origins"), "{e}");
+}
