@@ -620,6 +620,9 @@ async fn send(
     strip_hop_by_hop(&mut headers);
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
+    // Cross-origin answers are the router's to allow (`cors_allowed_origins`), not the
+    // engine's: vLLM allows any origin by default and would say so to the browser.
+    headers.remove(header::ORIGIN);
     if let Some(n) = &gw.request_id_name {
         headers.insert(n.clone(), request_id.clone());
     }

@@ -51,6 +51,7 @@ const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"
 async fn send_chat(gw: &Arc<Gateway>, body: Bytes) -> Response<Body> {
     let (parts, ()) = Request::post("/v1/chat/completions")
         .header("content-type", "application/json")
+        .header("origin", "https://app.example.com")
         .body(())
         .expect("request")
         .into_parts();
@@ -318,6 +319,9 @@ async fn hidden_engine_urls_name_the_engine_by_its_id() {
     let id = kvmesh_prefix::EngineId::from_url("http://127.0.0.1:9").to_string();
     assert_eq!(h["x-kvmesh-engine"], id.as_str());
     assert_eq!(mock.calls()[0].headers["x-request-id"], "rid");
+    // Cross-origin answers are the router's to allow: an engine is not shown the origin
+    // (vLLM allows any by default and would say so to the browser).
+    assert!(mock.calls()[0].headers.get("origin").is_none());
     // Nor do error answers name it by its address (found by QA: they did).
     let mut c = cfg();
     c.hide_engine_urls = true;
