@@ -217,6 +217,8 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
         http2: false,
         send_timeout: Duration::from_millis(gw.cfg.send_timeout_ms),
         counters: Some(gw.metrics.connections.clone()),
+        // hyper's 100, parsed on the stack (the simulator takes more: the router adds its own).
+        max_headers: None,
     };
     let task = tokio::spawn(kvmesh_http::serve(
         listener,

@@ -357,3 +357,25 @@ async fn browsers_get_cors_answers_from_the_origins_allowed() {
     assert!(r.headers.get("access-control-allow-origin").is_none());
     stop_sims(sims).await;
 }
+
+/// A request with as many headers as the router takes (hyper's 100) reaches the engine, to
+/// which the router adds its own (QA: the simulator answered 431 to 99 headers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_as_many_headers_as_the_router_takes_is_served() {
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let router = start_router_with(serve_cfg(&urls(&sims)), "m", 1).await;
+    let names: Vec<String> = (0..97).map(|i| format!("x-client-{i}")).collect();
+    // With `host` and `content-type`, 99 headers.
+    let headers: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+    let r = send(
+        &client(),
+        "POST",
+        &format!("{}/v1/chat/completions", router.base_url()),
+        &headers,
+        chat_body("m", "hi", 2, false).to_string(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    stop_sims(sims).await;
+}

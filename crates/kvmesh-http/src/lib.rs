@@ -205,6 +205,9 @@ pub async fn serve<S, H, F>(
     let mut h1 = http1::Builder::new();
     h1.timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
+    if let Some(n) = limits.max_headers {
+        h1.max_headers(n);
+    }
     // Both protocols: the connection preface tells them apart (h2c prior knowledge, no
     // upgrade). HTTP/1.1 only keeps hyper's plain server, without the peek at the preface.
     let both = limits.http2.then(|| {
@@ -212,6 +215,9 @@ pub async fn serve<S, H, F>(
         b.http1()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout);
+        if let Some(n) = limits.max_headers {
+            b.http1().max_headers(n);
+        }
         b.http2().timer(TokioTimer::new());
         b
     });
@@ -304,6 +310,9 @@ pub struct ServeLimits {
     pub send_timeout: Duration,
     /// Where the connections closed over these limits are counted, if anywhere.
     pub counters: Option<Arc<ConnCounters>>,
+    /// Headers a request may have (HTTP/1.1; more is a 431). `None`: hyper's 100, parsed
+    /// on the stack; a larger bound costs a heap allocation per request.
+    pub max_headers: Option<usize>,
 }
 
 impl Default for ServeLimits {
@@ -314,6 +323,7 @@ impl Default for ServeLimits {
             http2: false,
             send_timeout: Duration::from_secs(60),
             counters: None,
+            max_headers: None,
         }
     }
 }

@@ -33,6 +33,9 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
+/// Headers a request to the simulator may have (see `start`).
+pub const SIM_MAX_HEADERS: usize = 256;
+
 /// Why the simulator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
@@ -183,8 +186,12 @@ pub async fn start(cfg: SimConfig) -> Result<SimServer, SimError> {
         rx,
         Duration::from_secs(30),
         // HTTP/1.1 as vLLM serves it, and h2c on the same port for routers that speak it.
+        // More headers than a router takes from its clients (hyper's 100): a router adds its
+        // own (`x-kvmesh-via`, the request id), and uvicorn, which vLLM runs on, bounds
+        // their size, not their number (QA: a client's 99 headers came back as the sim's 431).
         kvmesh_http::ServeLimits {
             http2: true,
+            max_headers: Some(SIM_MAX_HEADERS),
             ..kvmesh_http::ServeLimits::default()
         },
     ));
