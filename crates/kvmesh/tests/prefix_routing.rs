@@ -531,7 +531,16 @@ async fn restart_scenario(reveal: Reveal, discovery_ms: u64) -> Duration {
         .and_then(|v| v.parse().ok())
         .expect("value");
     assert!(n >= 1.0, "{line}");
-    assert!(ea.ingest.epoch.load(Relaxed) > epoch_before);
+    // The restart is counted when it is seen; the applier publishes the new epoch after its
+    // catch-up from the replay socket, a moment later (CI once read the epoch in between).
+    let new_epoch = wait_for(Duration::from_secs(2), || {
+        ea.ingest.epoch.load(Relaxed) > epoch_before
+    })
+    .await;
+    assert!(
+        new_epoch.is_some(),
+        "{reveal:?}: no new epoch after the restart"
+    );
 
     if force_a {
         // A's own load as the router sees it is back to 0 (a scrape may have caught the
