@@ -241,27 +241,11 @@ async fn browsers_get_cors_answers_from_the_origins_allowed() {
     // Off (the default): OPTIONS says what the path takes, and nothing of CORS.
     let plain = start_router_with(serve_cfg(&urls(&sims)), "m", 1).await;
     let chat = format!("{}/v1/chat/completions", plain.base_url());
-    let r = send(
-        &c,
-        "OPTIONS",
-        &chat,
-        &preflight("https://app.example.com"),
-        Bytes::new(),
-        t,
-    )
-    .await;
+    let r = options(&c, &chat, &preflight("https://app.example.com")).await;
     assert_eq!(r.status, 204, "{}", r.body);
     assert_eq!(r.headers["allow"], "POST, OPTIONS");
     assert!(r.headers.get("access-control-allow-origin").is_none());
-    let r = send(
-        &c,
-        "OPTIONS",
-        &format!("{}/nowhere", plain.base_url()),
-        &[],
-        Bytes::new(),
-        t,
-    )
-    .await;
+    let r = options(&c, &format!("{}/nowhere", plain.base_url()), &[]).await;
     assert_openai_error(&r, 404);
     let r = send(
         &c,
@@ -279,15 +263,7 @@ async fn browsers_get_cors_answers_from_the_origins_allowed() {
     cfg.cors_allowed_origins = vec!["https://app.example.com".into()];
     let router = start_router_with(cfg, "m", 1).await;
     let chat = format!("{}/v1/chat/completions", router.base_url());
-    let r = send(
-        &c,
-        "OPTIONS",
-        &chat,
-        &preflight("https://app.example.com"),
-        Bytes::new(),
-        t,
-    )
-    .await;
+    let r = options(&c, &chat, &preflight("https://app.example.com")).await;
     assert_eq!(r.status, 204, "{}", r.body);
     assert_eq!(
         r.headers["access-control-allow-origin"],
@@ -299,15 +275,7 @@ async fn browsers_get_cors_answers_from_the_origins_allowed() {
         "authorization, content-type"
     );
     assert!(r.headers.contains_key("access-control-max-age"));
-    let r = send(
-        &c,
-        "OPTIONS",
-        &chat,
-        &preflight("https://evil.example"),
-        Bytes::new(),
-        t,
-    )
-    .await;
+    let r = options(&c, &chat, &preflight("https://evil.example")).await;
     assert_eq!(r.status, 204);
     assert!(r.headers.get("access-control-allow-origin").is_none());
     for stream in [false, true] {
@@ -378,4 +346,17 @@ async fn a_request_with_as_many_headers_as_the_router_takes_is_served() {
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
     stop_sims(sims).await;
+}
+
+/// `OPTIONS url` with `headers` (a browser's preflight, or none).
+async fn options(c: &HttpClient, url: &str, headers: &[(&str, &str)]) -> Reply {
+    send(
+        c,
+        "OPTIONS",
+        url,
+        headers,
+        Bytes::new(),
+        Duration::from_secs(10),
+    )
+    .await
 }
