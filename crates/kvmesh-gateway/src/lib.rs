@@ -317,26 +317,48 @@ async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
 }
 
 async fn route_all(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
-    if let Some(e) = hops::looped(&gw.via, req.headers()) {
-        tracing::warn!(path = %req.uri().path(), error = %e.message, "routing loop refused: an engine's address leads back to this router");
+    let rid = request_id(&gw, &req);
+    let refused = match hops::looped(&gw.via, req.headers()) {
+        Some(e) => {
+            tracing::warn!(path = %req.uri().path(), error = %e.message, "routing loop refused: an engine's address leads back to this router");
+            Some(e)
+        }
+        None => hostless(&req),
+    };
+    let mut resp = if let Some(e) = refused {
         gw.metrics.error_response(e.status);
-        return error(&e);
-    }
-    // The hot path first, before anything is copied out of the request.
-    if req.method() == Method::POST
+        error(&e)
+    } else if req.method() == Method::POST
         && matches!(req.uri().path(), "/v1/chat/completions" | "/v1/completions")
     {
-        let rid = request_id(&gw, &req);
+        // The hot path, before anything is copied out of the request.
         return proxy::inference(gw, req, rid).await;
-    }
+    } else {
+        other(&gw, req).await
+    };
     // Every answer carries the request's id, as the inference answers do (QA27: a 404, a
-    // 405 or /v1/models came without it).
-    let rid = request_id(&gw, &req);
-    let mut resp = other(&gw, req).await;
+    // 405 or /v1/models came without it; QA29: a routing loop's 508).
     if let Some(n) = &gw.request_id_name {
         resp.headers_mut().insert(n.clone(), rid);
     }
     resp
+}
+
+/// An HTTP/1.1 request without exactly one `Host` is refused (RFC 9112 §3.2: the server
+/// answers it with a 400), as nginx does (QA29: the router served one).
+fn hostless(req: &Request<Incoming>) -> Option<ApiError> {
+    if req.version() != http::Version::HTTP_11 {
+        return None;
+    }
+    let hosts = req.headers().get_all(http::header::HOST).iter().count();
+    (hosts != 1).then(|| {
+        ApiError::bad_request(
+            "invalid_host",
+            format!(
+                "an HTTP/1.1 request carries exactly one Host header; this one carried {hosts}"
+            ),
+        )
+    })
 }
 
 /// Every route but inference.

@@ -682,6 +682,13 @@ async fn send(
         Waited::Done(Ok(r)) => r,
     };
     let status = resp.status();
+    // hyper skips an engine's interim answers but hands on a 101, the end of HTTP on that
+    // connection: to a request that asked for no upgrade it is no answer (QA: it reached the
+    // client as the router's answer).
+    if status.is_informational() {
+        let detail = format!("{}: a {status} where an answer was due", engine.url);
+        return failed(FailKind::Transport, detail, attempt);
+    }
     if let Verdict::Failed(kind) = classify_status(status.as_u16(), retry_429) {
         return failed::error_answer(engine, kind, resp, attempt).await;
     }
@@ -727,6 +734,9 @@ async fn send(
         ReadAhead::Nothing
     };
     strip_hop_by_hop(&mut p.headers);
+    // The router speaks its own HTTP to the client (QA: an engine's `HTTP/1.0` status line
+    // reached an HTTP/1.1 client).
+    p.version = http::Version::HTTP_11;
     p.headers
         .insert("x-kvmesh-engine", engine.header_value.clone());
     let total = Duration::from_millis(gw.cfg.timeouts.total_ms);

@@ -360,3 +360,50 @@ async fn options(c: &HttpClient, url: &str, headers: &[(&str, &str)]) -> Reply {
     )
     .await
 }
+
+/// An HTTP/1.1 request without exactly one `Host` gets a 400 that says so, and reaches no
+/// engine (RFC 9112 §3.2; QA29: the router served one). HTTP/1.0 needs none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_one_host_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let engines = urls(&sims);
+    let router = start_router_with(serve_cfg(&engines), "m", 1).await;
+    let body = chat_body("m", "hi", 2, false).to_string();
+    let raw = |version: &str, hosts: &str| {
+        format!(
+            "POST /v1/chat/completions {version}\r\n{hosts}connection: close\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let ask = |req: String| async move {
+        let mut s = tokio::net::TcpStream::connect(router.addr)
+            .await
+            .expect("connect");
+        s.write_all(req.as_bytes()).await.expect("send");
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+            .await
+            .expect("an answer in time")
+            .expect("read");
+        String::from_utf8_lossy(&got).to_ascii_lowercase()
+    };
+    for hosts in ["", "host: a\r\nhost: b\r\n"] {
+        let got = ask(raw("HTTP/1.1", hosts)).await;
+        assert!(got.starts_with("http/1.1 400"), "{got:?}");
+        assert!(got.contains(r#""code":"invalid_host""#), "{got:?}");
+        assert!(got.contains("x-request-id: kvm-"), "{got:?}");
+    }
+    let page = scrape(&client(), &router.base_url()).await;
+    assert_eq!(attempts(&page, &engines).iter().sum::<f64>(), 0.0);
+    let got = ask(raw("HTTP/1.1", "host: kvmesh\r\n")).await;
+    assert!(got.starts_with("http/1.1 200"), "{got:?}");
+    let got = ask(raw("HTTP/1.0", "")).await;
+    assert!(
+        got.starts_with("http/1.0 200") || got.starts_with("http/1.1 200"),
+        "{got:?}"
+    );
+    router.shutdown().await;
+    stop_sims(sims).await;
+}

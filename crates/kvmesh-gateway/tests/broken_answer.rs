@@ -9,7 +9,8 @@
 //! The engine is a raw TCP server on loopback that writes the head and one chunk of an event
 //! stream and closes in the same instant, so that the router's upstream body holds the data
 //! and the break together. The client is a raw TCP client that reads until the router closes.
-//! Every wait is bounded.
+//! Every wait is bounded. Engines that break HTTP's own rules (an answer framed twice, an old
+//! version, an upgrade nobody asked for) are raw TCP servers too.
 
 mod common;
 
@@ -59,12 +60,12 @@ async fn breaking_engine() -> String {
 }
 
 /// What a fake engine answers to a POST.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum EngineAnswer {
     /// The head of an event stream and one event, then the connection closes.
     Breaks,
-    /// A 200 without a body (`content-length: 0`), the connection kept.
-    Empty,
+    /// These bytes, the connection kept.
+    Raw(String),
     /// The head of an event stream and one event, then nothing more (the connection kept
     /// open for a minute): a wedged engine.
     Stalls,
@@ -75,6 +76,7 @@ async fn fake_engine(answer: EngineAnswer) -> String {
     let url = format!("http://{}", l.local_addr().expect("addr"));
     tokio::spawn(async move {
         while let Ok((mut s, _)) = l.accept().await {
+            let answer = answer.clone();
             tokio::spawn(async move {
                 while let Some(method) = read_request(&mut s).await {
                     if method == "get" {
@@ -89,9 +91,7 @@ async fn fake_engine(answer: EngineAnswer) -> String {
                         }
                         continue;
                     }
-                    if let EngineAnswer::Empty = answer {
-                        let r = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
-                                 content-length: 0\r\n\r\n";
+                    if let EngineAnswer::Raw(r) = &answer {
                         if s.write_all(r.as_bytes()).await.is_err() {
                             return;
                         }
@@ -181,7 +181,8 @@ async fn an_answer_broken_after_its_first_event_reaches_the_client_up_to_the_bre
 /// success). With no other engine, the client gets a 502 that says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_answer_is_retried_on_another_engine() {
-    let empty = fake_engine(EngineAnswer::Empty).await;
+    let empty = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n";
+    let empty = fake_engine(EngineAnswer::Raw(empty.into())).await;
     let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
     let mut engines = vec![empty.clone()];
     engines.extend(urls(&sims));
@@ -230,4 +231,82 @@ async fn a_stream_cut_by_the_total_timeout_says_timeout() {
         "{got:?}"
     );
     router.shutdown().await;
+}
+
+/// A whole chat answer, as an engine sends it.
+const ANSWER: &str = r#"{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"whole"},"finish_reason":"stop"}]}"#;
+
+/// An engine's chunked answer that also carries a `content-length` reaches the client whole:
+/// the chunks frame it, the length is not its body's (QA: the client got a 200 cut to the
+/// length, without a word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_answer_with_a_content_length_reaches_the_client_whole() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                transfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n";
+    let raw = format!("{head}{:x}\r\n{ANSWER}\r\n0\r\n\r\n", ANSWER.len());
+    let engine = fake_engine(EngineAnswer::Raw(raw)).await;
+    let mut cfg = serve_cfg(&[engine]);
+    cfg.engines[0].models = vec!["m".into()];
+    let router = start_router_with(cfg, "m", 1).await;
+    let url = format!("{}/v1/chat/completions", router.base_url());
+    let chat = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    let r = send(&client(), "POST", &url, &[], chat, WAIT).await;
+    assert_eq!((r.status, r.body.as_str()), (200, ANSWER));
+    router.shutdown().await;
+}
+
+/// The router answers its client in its own HTTP/1.1, whatever version the engine spoke
+/// (QA: an engine's `HTTP/1.0` status line reached the client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_answer_reaches_the_client_as_http_1_1() {
+    let raw = format!(
+        "HTTP/1.0 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{ANSWER}",
+        ANSWER.len()
+    );
+    let engine = fake_engine(EngineAnswer::Raw(raw)).await;
+    let mut cfg = serve_cfg(&[engine]);
+    cfg.engines[0].models = vec!["m".into()];
+    let router = start_router_with(cfg, "m", 1).await;
+    let got = ask(router.addr).await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+    assert!(got.ends_with(ANSWER), "{got:?}");
+    router.shutdown().await;
+}
+
+/// An engine that switches protocols on a request that asked for no upgrade has not
+/// answered it: another engine serves it, and with none left the client gets a 502 that
+/// says why (QA: the 101 reached the client as the router's answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_nobody_asked_for_is_no_answer() {
+    let raw =
+        "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n";
+    let switching = fake_engine(EngineAnswer::Raw(raw.into())).await;
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let mut engines = vec![switching.clone()];
+    engines.extend(urls(&sims));
+    let mut cfg = serve_cfg(&engines);
+    cfg.engines[0].models = vec!["m".into()];
+    cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+    cfg.routing.health.breaker.enabled = false;
+    let router = start_router_with(cfg, "m", 2).await;
+    let c = client();
+    let url = format!("{}/v1/chat/completions", router.base_url());
+    let chat = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    for i in 0..6 {
+        let r = send(&c, "POST", &url, &[], chat.clone(), WAIT).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.body);
+        assert!(r.json()["choices"].is_array(), "request {i}: {}", r.body);
+    }
+    router.shutdown().await;
+
+    let mut cfg = serve_cfg(std::slice::from_ref(&switching));
+    cfg.engines[0].models = vec!["m".into()];
+    cfg.routing.health.breaker.enabled = false;
+    let router = start_router_with(cfg, "m", 1).await;
+    let url = format!("{}/v1/chat/completions", router.base_url());
+    let r = send(&c, "POST", &url, &[], chat, WAIT).await;
+    assert_openai_error(&r, 502);
+    assert!(r.body.contains("101"), "{}", r.body);
+    router.shutdown().await;
+    stop_sims(sims).await;
 }

@@ -130,6 +130,8 @@ async fn a_request_that_comes_back_is_refused_not_routed_again() {
     .await;
     let v = assert_openai_error(&r, 508);
     assert_eq!(v["error"]["code"], "loop_detected", "{}", r.body);
+    // Its answer carries the request's id, as every answer does (QA29: the 508 did not).
+    assert!(r.headers.contains_key("x-request-id"), "{:?}", r.headers);
     let page_a = scrape(&c, &a.base_url()).await;
     assert_eq!(metric(&page_a, "kvmesh_requests_total"), f64::from(n));
     stop_sims(sims).await;

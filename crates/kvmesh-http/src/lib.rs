@@ -136,8 +136,14 @@ async fn read_body_unbounded(
 }
 
 /// Headers that describe one connection and must not be forwarded by a proxy (RFC 9110
-/// §7.6.1), plus every header the `Connection` header names.
+/// §7.6.1), plus every header the `Connection` header names. A `Content-Length` sent beside a
+/// `Transfer-Encoding` goes too: the transfer coding frames that message and the length is
+/// not its body's (RFC 9112 §6.3; QA: an engine's chunked answer that also said
+/// `content-length: 5` reached the client cut to 5 bytes, as a whole 200).
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    if h.contains_key(header::TRANSFER_ENCODING) {
+        h.remove(header::CONTENT_LENGTH);
+    }
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -400,6 +406,7 @@ mod tests {
         h.insert("keep-alive", "timeout=5".parse().expect("v"));
         h.insert("x-private", "1".parse().expect("v"));
         h.insert(header::TRANSFER_ENCODING, "chunked".parse().expect("v"));
+        h.insert(header::CONTENT_LENGTH, "5".parse().expect("v"));
         h.insert("x-request-id", "abc".parse().expect("v"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
