@@ -340,7 +340,10 @@ impl Default for LeastRequestConfig {
 pub struct PrefixAffinityConfig {
     /// An engine with at most this many requests in flight, counting the new one, is never
     /// overloaded: engines batch dozens of sequences, and below this cache affinity wins (a
-    /// burst of 16 siblings sharing a new prefix may all go to one engine). Default 16.
+    /// burst of 16 siblings sharing a new prefix may all go to one engine). So an engine
+    /// added or restarted empty takes new prefixes and the overflow, not the prompts other
+    /// engines hold, until they pass this: at light load it may idle; lower it to spread
+    /// sooner, at the cost of cache hits. Default 16.
     pub balance_abs_threshold: u32,
     /// Above the floor, an engine is overloaded past this × the mean load (per unit of
     /// weight, counting the new request). Default 1.5 (SGLang's `balance_rel_threshold`).
