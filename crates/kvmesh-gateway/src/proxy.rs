@@ -682,12 +682,12 @@ async fn send(
         Waited::Done(Ok(r)) => r,
     };
     let status = resp.status();
-    // hyper skips an engine's interim answers but hands on a 101, the end of HTTP on that
-    // connection: to a request that asked for no upgrade it is no answer (QA: it reached the
-    // client as the router's answer).
-    if status.is_informational() {
-        let detail = format!("{}: a {status} where an answer was due", engine.url);
-        return failed(FailKind::Transport, detail, attempt);
+    if let Some(why) = failed::no_answer(&resp) {
+        return failed(
+            FailKind::Transport,
+            format!("{}: {why}", engine.url),
+            attempt,
+        );
     }
     if let Verdict::Failed(kind) = classify_status(status.as_u16(), retry_429) {
         return failed::error_answer(engine, kind, resp, attempt).await;

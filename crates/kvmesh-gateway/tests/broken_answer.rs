@@ -289,3 +289,22 @@ async fn an_upgrade_nobody_asked_for_is_no_answer() {
         "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n";
     no_answer_is_retried_elsewhere(raw, "101").await;
 }
+
+/// No completion is a redirect or a "not modified": another engine serves it (QA31: a 302
+/// sent the OpenAI client off to the engine's `location`, a 304 reached it as an error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_no_answer() {
+    let found = "HTTP/1.1 302 Found\r\nlocation: http://example.com/\r\ncontent-length: 0\r\n\r\n";
+    no_answer_is_retried_elsewhere(found, "302 Found").await;
+    no_answer_is_retried_elsewhere("HTTP/1.1 304 Not Modified\r\n\r\n", "304").await;
+}
+
+/// An answer in a transfer coding besides chunked (gzip) is one the router cannot pass on:
+/// the coding's name goes with the hop, and the client would take the coded bytes for JSON
+/// (QA31: it did, and the engine was credited with a success).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_in_a_transfer_coding_the_router_does_not_decode_is_no_answer() {
+    let coded = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                 transfer-encoding: gzip, chunked\r\n\r\n4\r\n\x1f\x08\x00\x00\r\n0\r\n\r\n";
+    no_answer_is_retried_elsewhere(coded, "transfer coding").await;
+}

@@ -55,6 +55,32 @@ pub(super) fn failed(kind: FailKind, detail: String, attempt: Attempt) -> Sent {
     )
 }
 
+/// Why an engine's answer, though well-formed HTTP, answers no completion, if it does not:
+/// such an attempt failed and another engine is tried.
+/// - A 1xx: hyper skips interim answers but hands on a 101, the end of HTTP on that
+///   connection, which no request of the router asks for (QA29: it reached the client).
+/// - A 3xx: no completion is a redirect or a "not modified" (QA31: a 302 sent the OpenAI
+///   client off to the engine's `location`, a 304 reached it as an error).
+/// - A transfer coding other than chunked: hyper takes the chunks off and leaves the rest,
+///   which the router does not decode, and the hop-by-hop header that named it is not passed
+///   on (QA31: gzip reached the client as its JSON).
+pub(super) fn no_answer(resp: &Response<UpstreamBody>) -> Option<String> {
+    let status = resp.status();
+    if status.is_informational() || status.is_redirection() {
+        return Some(format!("a {status} where an answer was due"));
+    }
+    let codings = resp.headers().get_all(http::header::TRANSFER_ENCODING);
+    let other = codings
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"))?;
+    Some(format!(
+        "an answer in a transfer coding the router does not decode ({})",
+        String::from_utf8_lossy(other)
+    ))
+}
+
 /// An engine's error answer (`kind`), kept to be passed on if no other engine serves: whole,
 /// or not at all, and the router's own error then says why (QA: a cut or late body went out
 /// as an empty JSON answer).
