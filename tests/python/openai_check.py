@@ -122,6 +122,14 @@ def main():
     # /v1/models lists the model.
     ids = [m.id for m in client.models.list()]
     check(a.model in ids, f"models {ids}")
+    # ...and gives one model's card (models.retrieve); an unknown model's is a 404.
+    card = client.models.retrieve(a.model)
+    check(card.id == a.model, f"models.retrieve gave {card.id}")
+    try:
+        client.models.retrieve("no-such-model")
+        check(False, "an unknown model's card retrieved")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, "404 for an unknown model's card")
     report["ok"] = True
     print(json.dumps(report))
 

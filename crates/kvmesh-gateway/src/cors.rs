@@ -122,6 +122,9 @@ pub fn methods_of(path: &str) -> Option<&'static str> {
         "/v1/models" | "/health" | "/metrics" | "/admin/cluster" | "/" | "/status.json" => {
             "GET, HEAD, OPTIONS"
         }
+        p if p.starts_with("/v1/models/") => "GET, HEAD, OPTIONS",
+        // The server's own (RFC 9110 §9.3.7): every method some path takes.
+        "*" => "GET, HEAD, POST, PATCH, DELETE, OPTIONS",
         _ => return None,
     })
 }

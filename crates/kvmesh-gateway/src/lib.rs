@@ -2,7 +2,8 @@
 //!
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: routed per model, proxied with
 //!   retries on another engine before the first byte, streamed through unbuffered;
-//! - `GET /v1/models` (union of the engines' models), `GET /health`, `GET /metrics`;
+//! - `GET /v1/models` (union of the engines' models), `GET /v1/models/{model}`,
+//!   `GET /health`, `GET /metrics`;
 //! - `GET/POST/DELETE /admin/engines` behind a bearer token;
 //! - `GET /` the status page, polling `GET /status.json` and `GET /admin/cluster`.
 //!
@@ -10,8 +11,9 @@
 //! `/metrics`; DNS names are re-resolved periodically.
 
 #![forbid(unsafe_code)]
-// Modules import one way only, leaves first: clock, upstream, tasks, recent, prefix, engine,
-// registry, metrics, gateway, ingest, track, probe, cluster, proxy, admin, status
+// Modules import one way only, leaves first: clock, upstream, tasks, hops, cors, recent, memo,
+// prefix, engine, registry, metrics, gateway, models, ingest, track, probe, cluster, proxy,
+// admin, status
 // (ARCHITECTURE.md, "The gateway's modules"; tests/module_order.rs holds it).
 mod admin;
 mod clock;
@@ -23,6 +25,7 @@ pub mod hops;
 pub mod ingest;
 pub mod memo;
 mod metrics;
+mod models;
 pub mod prefix;
 mod probe;
 mod proxy;
@@ -45,7 +48,7 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use kvmesh_config::ServeConfig;
 use kvmesh_http::{Body, error, json, not_allowed, ok_empty, openmetrics};
-use kvmesh_openai::{ApiError, ModelCard, ModelList};
+use kvmesh_openai::ApiError;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -344,21 +347,41 @@ async fn route_all(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     resp
 }
 
-/// An HTTP/1.1 request without exactly one `Host` is refused (RFC 9112 §3.2: the server
-/// answers it with a 400), as nginx does (QA29: the router served one).
+/// An HTTP/1.1 request without exactly one `Host`, or with one that is not `host[:port]`, is
+/// refused (RFC 9112 §3.2: the server answers it with a 400), as nginx does (QA29: the router
+/// served one; QA31: `Host: a, b`, two lines a proxy merged, passed).
 fn hostless(req: &Request<Incoming>) -> Option<ApiError> {
     if req.version() != http::Version::HTTP_11 {
         return None;
     }
-    let hosts = req.headers().get_all(http::header::HOST).iter().count();
-    (hosts != 1).then(|| {
-        ApiError::bad_request(
-            "invalid_host",
-            format!(
-                "an HTTP/1.1 request carries exactly one Host header; this one carried {hosts}"
-            ),
-        )
-    })
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    let why = match (hosts.next(), hosts.next()) {
+        (Some(h), None) if host_ok(h.as_bytes()) => return None,
+        (Some(h), None) => format!(
+            "the Host header is not host[:port]: {:?}",
+            kvmesh_openai::clip(&String::from_utf8_lossy(h.as_bytes()))
+        ),
+        (None, _) => "an HTTP/1.1 request carries a Host header; this one carried none".into(),
+        (Some(_), Some(_)) => {
+            "an HTTP/1.1 request carries one Host header; this one carried more".into()
+        }
+    };
+    Some(ApiError::bad_request("invalid_host", why))
+}
+
+/// `host[:port]` as RFC 9110 §7.2 has it (empty: a target without an authority).
+fn host_ok(h: &[u8]) -> bool {
+    if h.is_empty() {
+        return true;
+    }
+    let Ok(a) = http::uri::Authority::try_from(h) else {
+        return false;
+    };
+    let s = a.as_str();
+    // The port after the last `:` that is not inside an IPv6 literal's brackets (`port()`
+    // reads one out of range as none).
+    let port = s.rsplit_once(':').filter(|(_, p)| !p.contains(']'));
+    !s.contains('@') && port.is_none_or(|(_, p)| p.is_empty() || p.parse::<u16>().is_ok())
 }
 
 /// Every route but inference.
@@ -377,7 +400,8 @@ async fn other(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         return cors::options(gw.cors.as_ref(), req.headers(), allow);
     }
     match (&as_method, path.as_str()) {
-        (&Method::GET, "/v1/models") => models(gw),
+        (&Method::GET, "/v1/models") => models::list(gw),
+        (&Method::GET, p) if p.starts_with("/v1/models/") => models::one(gw, &p[11..]),
         (&Method::GET, "/") => status::page(),
         (&Method::GET, "/status.json") => status::status_json(gw),
         (&Method::GET, "/health") => {
@@ -426,46 +450,37 @@ async fn other(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         (_, "/v1/models" | "/health" | "/metrics" | "/admin/cluster" | "/" | "/status.json") => {
             not_allowed(&method, &path, "GET, HEAD")
         }
+        (_, p) if p.starts_with("/v1/models/") => not_allowed(&method, &path, "GET, HEAD"),
         _ => error(&ApiError::not_found(method.as_str(), &path)),
     }
 }
 
-/// `/v1/models`: every model routed, with what its engines' own cards say of it (for a LoRA
-/// adapter its base model and path, from the first engine that listed it). Its context
-/// length, when the engines list different ones: the longest on a route that sends each
-/// request to an engine that holds it (the cache-aware policies read the prompt's length),
-/// else the shortest, which every engine the route may pick holds.
-fn models(gw: &Gateway) -> Response<Body> {
-    let snap = gw.registry.snapshot();
-    let list = ModelList {
-        object: "list".into(),
-        data: snap
-            .routes
-            .iter()
-            .map(|(id, route)| {
-                let card = route.engines.iter().find_map(|e| e.card(id));
-                ModelCard {
-                    root: Some(
-                        card.as_ref()
-                            .and_then(|c| c.root.clone())
-                            .unwrap_or(id.clone()),
-                    ),
-                    id: id.clone(),
-                    object: "model".into(),
-                    created: gw.started_unix,
-                    owned_by: "kvmesh".into(),
-                    max_model_len: {
-                        let known = route.context.iter().copied().filter(|&l| l != 0);
-                        if route.prefix.is_some() {
-                            known.max()
-                        } else {
-                            known.min()
-                        }
-                    },
-                    parent: card.and_then(|c| c.parent),
-                }
-            })
-            .collect(),
-    };
-    json(200, serde_json::to_string(&list).unwrap_or_default())
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hosts_are_host_and_port() {
+        for ok in [
+            "a",
+            "example.com:8080",
+            "127.0.0.1",
+            "[::1]:80",
+            "[::1]",
+            "a:",
+            "",
+        ] {
+            assert!(super::host_ok(ok.as_bytes()), "{ok}");
+        }
+        for bad in [
+            "a, b",
+            "a b",
+            "a/b",
+            "[::1",
+            "a:99999999",
+            "a:x",
+            "u@a",
+            "a:-1",
+        ] {
+            assert!(!super::host_ok(bad.as_bytes()), "{bad}");
+        }
+    }
 }

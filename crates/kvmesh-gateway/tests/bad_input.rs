@@ -42,6 +42,27 @@ async fn bad_requests_get_openai_errors_and_change_nothing() {
     let len = &direct["data"][0]["max_model_len"];
     assert!(len.as_u64().is_some_and(|n| n > 0), "{direct}");
     assert_eq!(&models["data"][0]["max_model_len"], len, "{models}");
+    // One model's card, as the OpenAI client's `models.retrieve` asks for it, its name
+    // percent-encoded or not; an unknown model's is OpenAI's 404 (QA31: a 404 for every model).
+    for name in ["model-a", "model%2Da"] {
+        let (s, card) = get(&c, &format!("{base}/v1/models/{name}")).await;
+        assert_eq!(s, 200, "{card}");
+        let card: serde_json::Value = serde_json::from_str(&card).expect("json");
+        assert_eq!(card, models["data"][0]);
+    }
+    let r = send(
+        &c,
+        "GET",
+        &format!("{base}/v1/models/model-c"),
+        &[],
+        Bytes::new(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(
+        assert_openai_error(&r, 404)["error"]["code"],
+        "model_not_found"
+    );
 
     let good = |model: &str| chat_body(model, "hello", 3, false);
     let check_serving = |c: HttpClient, url: String| async move {
@@ -247,6 +268,19 @@ async fn browsers_get_cors_answers_from_the_origins_allowed() {
     assert!(r.headers.get("access-control-allow-origin").is_none());
     let r = options(&c, &format!("{}/nowhere", plain.base_url()), &[]).await;
     assert_openai_error(&r, 404);
+    let r = options(&c, &format!("{}/v1/models/m", plain.base_url()), &[]).await;
+    assert_eq!(
+        (r.status, r.headers["allow"].to_str().ok()),
+        (204, Some("GET, HEAD, OPTIONS"))
+    );
+    // The server's own: every method a path takes (QA31: a 404).
+    let star = "OPTIONS * HTTP/1.1\r\nhost: kvmesh\r\nconnection: close\r\n\r\n";
+    let got = raw_exchange(plain.addr, star, false).await;
+    assert!(got.starts_with("http/1.1 204"), "{got:?}");
+    assert!(
+        got.contains("allow: get, head, post, patch, delete, options"),
+        "{got:?}"
+    );
     let r = send(
         &c,
         "POST",
@@ -361,11 +395,30 @@ async fn options(c: &HttpClient, url: &str, headers: &[(&str, &str)]) -> Reply {
     .await
 }
 
-/// An HTTP/1.1 request without exactly one `Host` gets a 400 that says so, and reaches no
-/// engine (RFC 9112 §3.2; QA29: the router served one). HTTP/1.0 needs none.
+/// Sends `req` on a new connection (`close`: then shuts its writing side) and reads all the
+/// router sends until it closes, lower-cased.
+async fn raw_exchange(router: std::net::SocketAddr, req: &str, close: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(router)
+        .await
+        .expect("connect");
+    s.write_all(req.as_bytes()).await.expect("send");
+    if close {
+        s.shutdown().await.expect("shutdown");
+    }
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    String::from_utf8_lossy(&got).to_ascii_lowercase()
+}
+
+/// An HTTP/1.1 request without exactly one `Host`, or with one that is not `host[:port]`,
+/// gets a 400 that says so, and reaches no engine (RFC 9112 §3.2; QA29: the router served
+/// one; QA31: `Host: a, b`, two lines a proxy merged). HTTP/1.0 needs none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_without_one_host_is_refused() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
     let engines = urls(&sims);
     let router = start_router_with(serve_cfg(&engines), "m", 1).await;
@@ -377,33 +430,74 @@ async fn a_request_without_one_host_is_refused() {
             body.len()
         )
     };
-    let ask = |req: String| async move {
-        let mut s = tokio::net::TcpStream::connect(router.addr)
-            .await
-            .expect("connect");
-        s.write_all(req.as_bytes()).await.expect("send");
-        let mut got = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got))
-            .await
-            .expect("an answer in time")
-            .expect("read");
-        String::from_utf8_lossy(&got).to_ascii_lowercase()
-    };
-    for hosts in ["", "host: a\r\nhost: b\r\n"] {
-        let got = ask(raw("HTTP/1.1", hosts)).await;
+    let bad = [
+        "",
+        "host: a\r\nhost: b\r\n",
+        "host: a, b\r\n",
+        "host: a/b\r\n",
+        "host: a:99999\r\n",
+    ];
+    for hosts in bad {
+        let got = raw_exchange(router.addr, &raw("HTTP/1.1", hosts), false).await;
         assert!(got.starts_with("http/1.1 400"), "{got:?}");
         assert!(got.contains(r#""code":"invalid_host""#), "{got:?}");
         assert!(got.contains("x-request-id: kvm-"), "{got:?}");
     }
     let page = scrape(&client(), &router.base_url()).await;
     assert_eq!(attempts(&page, &engines).iter().sum::<f64>(), 0.0);
-    let got = ask(raw("HTTP/1.1", "host: kvmesh\r\n")).await;
-    assert!(got.starts_with("http/1.1 200"), "{got:?}");
-    let got = ask(raw("HTTP/1.0", "")).await;
+    for hosts in ["host: kvmesh\r\n", "host: [::1]:8000\r\n"] {
+        let got = raw_exchange(router.addr, &raw("HTTP/1.1", hosts), false).await;
+        assert!(got.starts_with("http/1.1 200"), "{got:?}");
+    }
+    let got = raw_exchange(router.addr, &raw("HTTP/1.0", ""), false).await;
     assert!(
         got.starts_with("http/1.0 200") || got.starts_with("http/1.1 200"),
         "{got:?}"
     );
+    router.shutdown().await;
+    stop_sims(sims).await;
+}
+
+/// A request body in a transfer coding besides chunked gets a 501 that says so (hyper takes
+/// the chunks off and leaves the gzip: QA31 got "not valid UTF-8"); a client that closes
+/// before its body is whole is counted as a 499, not as a bad request of its own (QA31: a
+/// 400 that nobody received). Neither reaches an engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_the_router_cannot_read_is_told_apart() {
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let engines = urls(&sims);
+    let router = start_router_with(serve_cfg(&engines), "m", 1).await;
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: kvmesh\r\n\
+                content-type: application/json\r\n";
+    let coded = format!(
+        "{head}connection: close\r\ntransfer-encoding: gzip, chunked\r\n\r\n4\r\n\x1f\x08\0\0\r\n0\r\n\r\n"
+    );
+    let got = raw_exchange(router.addr, &coded, false).await;
+    assert!(got.starts_with("http/1.1 501"), "{got:?}");
+    assert!(
+        got.contains(r#""code":"unsupported_transfer_coding""#),
+        "{got:?}"
+    );
+    let cut = format!("{head}content-length: 1000\r\n\r\n{{\"model\": \"m\"");
+    raw_exchange(router.addr, &cut, true).await;
+    let errors = |page: &str, status: &str| {
+        let line = format!("kvmesh_error_responses_total{{status=\"{status}\"}} ");
+        page.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .map_or(0.0, |v| v.trim().parse().expect("a number"))
+    };
+    let c = client();
+    let base = router.base_url();
+    wait_until("the cut request counted", Duration::from_secs(5), || {
+        let c = c.clone();
+        let base = base.clone();
+        async move { errors(&scrape(&c, &base).await, "499") == 1.0 }
+    })
+    .await;
+    let page = scrape(&c, &base).await;
+    assert_eq!(errors(&page, "400"), 0.0, "{page}");
+    assert_eq!(errors(&page, "501"), 1.0, "{page}");
+    assert_eq!(attempts(&page, &engines).iter().sum::<f64>(), 0.0);
     router.shutdown().await;
     stop_sims(sims).await;
 }

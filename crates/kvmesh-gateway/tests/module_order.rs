@@ -5,9 +5,10 @@
 use std::path::Path;
 
 /// Leaves first; a module may import only modules listed before it.
-const ORDER: [&str; 19] = [
+const ORDER: [&str; 20] = [
     "clock", "upstream", "tasks", "hops", "cors", "recent", "memo", "prefix", "engine", "registry",
-    "metrics", "gateway", "ingest", "track", "probe", "cluster", "proxy", "admin", "status",
+    "metrics", "gateway", "models", "ingest", "track", "probe", "cluster", "proxy", "admin",
+    "status",
 ];
 
 #[test]

@@ -115,6 +115,19 @@ async fn read_body_unbounded(
             ),
         ));
     }
+    // hyper takes the chunks off a body and leaves any other coding on it (it refuses a
+    // request whose codings do not end in chunked): gzip would reach the engine as its JSON.
+    if let Some(coding) = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"))
+    {
+        return Err(ApiError::unsupported_transfer_coding(
+            &String::from_utf8_lossy(coding),
+        ));
+    }
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -128,11 +141,31 @@ async fn read_body_unbounded(
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             Err(ApiError::body_too_large(limit))
         }
+        Err(e) if client_closed(&*e) => Err(ApiError::client_closed()),
         Err(e) => Err(ApiError::bad_request(
             "body_read_error",
             format!("failed to read the request body: {e}"),
         )),
     }
+}
+
+/// A body read that failed because the client's connection ended (hyper's error over an
+/// I/O error of an early end or a reset), not because of what it sent.
+fn client_closed(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+            )
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Headers that describe one connection and must not be forwarded by a proxy (RFC 9110

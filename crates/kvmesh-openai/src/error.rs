@@ -84,6 +84,33 @@ impl ApiError {
         }
     }
 
+    /// The client closed its connection before its request's body was whole (nginx's 499):
+    /// nobody reads the answer, and it is counted apart from the client's errors.
+    pub fn client_closed() -> Self {
+        ApiError {
+            status: 499,
+            message: "the client closed the connection before its request's body was whole".into(),
+            kind: "invalid_request_error",
+            code: "client_closed_request",
+            param: None,
+        }
+    }
+
+    /// The request's body is framed in a transfer coding the server does not decode (RFC
+    /// 9112 §6.1: 501).
+    pub fn unsupported_transfer_coding(coding: &str) -> Self {
+        ApiError {
+            status: 501,
+            message: format!(
+                "transfer-encoding {:?} is not supported: send the body chunked or with a content-length",
+                clip(coding)
+            ),
+            kind: "invalid_request_error",
+            code: "unsupported_transfer_coding",
+            param: None,
+        }
+    }
+
     /// The server is at its connection limit.
     pub fn too_many_connections(limit: usize) -> Self {
         ApiError {
