@@ -369,19 +369,37 @@ fn hostless(req: &Request<Incoming>) -> Option<ApiError> {
     Some(ApiError::bad_request("invalid_host", why))
 }
 
-/// `host[:port]` as RFC 9110 §7.2 has it (empty: a target without an authority).
+/// `host[:port]` as RFC 9110 §7.2 has it (RFC 3986's IP literal or registered name, and a
+/// port up to 65535; empty: a target without an authority). Read in place: no copy.
 fn host_ok(h: &[u8]) -> bool {
-    if h.is_empty() {
-        return true;
-    }
-    let Ok(a) = http::uri::Authority::try_from(h) else {
-        return false;
+    let (host, port) = match h.iter().position(|&b| b == b']') {
+        Some(i) if h[0] == b'[' => (&h[1..i], &h[i + 1..]),
+        Some(_) => return false,
+        None => match h.iter().rposition(|&b| b == b':') {
+            Some(i) => (&h[..i], &h[i..]),
+            None => (h, &h[h.len()..]),
+        },
     };
-    let s = a.as_str();
-    // The port after the last `:` that is not inside an IPv6 literal's brackets (`port()`
-    // reads one out of range as none).
-    let port = s.rsplit_once(':').filter(|(_, p)| !p.contains(']'));
-    !s.contains('@') && port.is_none_or(|(_, p)| p.is_empty() || p.parse::<u16>().is_ok())
+    let port_ok = match port {
+        [] | [b':'] => true,
+        [b':', d @ ..] => {
+            d.len() <= 5
+                && d.iter().all(u8::is_ascii_digit)
+                && d.iter().fold(0u32, |n, &c| n * 10 + u32::from(c - b'0')) <= 65_535
+        }
+        _ => false,
+    };
+    let host_ok = if h.first() == Some(&b'[') {
+        // An address, a zone (`%25eth0`) or an IPvFuture: what they are made of.
+        !host.is_empty()
+            && host
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || b":.%-_~".contains(&b))
+    } else {
+        host.iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=%".contains(&b))
+    };
+    port_ok && host_ok
 }
 
 /// Every route but inference.
@@ -459,27 +477,38 @@ async fn other(gw: &Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
 mod tests {
     #[test]
     fn hosts_are_host_and_port() {
-        for ok in [
+        let good = [
             "a",
             "example.com:8080",
             "127.0.0.1",
             "[::1]:80",
             "[::1]",
+            "[fe80::1%25eth0]:1",
             "a:",
+            "a:65535",
+            "a,b",
             "",
-        ] {
+        ];
+        for ok in good {
             assert!(super::host_ok(ok.as_bytes()), "{ok}");
         }
-        for bad in [
+        let bad = [
             "a, b",
             "a b",
             "a/b",
             "[::1",
+            "::1]",
+            "[]",
+            "[::1/8]",
             "a:99999999",
+            "a:65536",
             "a:x",
             "u@a",
             "a:-1",
-        ] {
+            "[::1]x",
+            "a\tb",
+        ];
+        for bad in bad {
             assert!(!super::host_ok(bad.as_bytes()), "{bad}");
         }
     }
