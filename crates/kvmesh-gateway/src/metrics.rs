@@ -487,6 +487,7 @@ impl Snapshot {
         use MetricType::{Counter as C, Gauge as G};
         let p = &self.prefix;
         let st = p.index().stats();
+        let (pieces, memos) = p.cache_bytes();
         for (name, help, v) in [
             (
                 "kvmesh_prefix_index_entries",
@@ -507,6 +508,16 @@ impl Snapshot {
                 "kvmesh_prefix_index_memory_bytes",
                 "Heap bytes held by the prefix index",
                 Value::Gauge(st.memory_bytes as i64),
+            ),
+            (
+                "kvmesh_prefix_piece_cache_bytes",
+                "Bytes of the tokenizers' piece caches, as counted for their bound (up to twice tokenizer_cache_tokens x 4 per tokenizer: they fill over the first hour of a busy router)",
+                Value::Gauge(pieces as i64),
+            ),
+            (
+                "kvmesh_prefix_prompt_memo_bytes",
+                "Bytes of the prompt memos (up to prompt_memo_bytes per tokenizer)",
+                Value::Gauge(memos as i64),
             ),
             (
                 "kvmesh_prefix_index_evicted",

@@ -2,6 +2,8 @@
 //! earlier turns edited, special tokens inside messages, tools, cache salts, the same body
 //! again), the keys prepared with the memo equal those prepared without it.
 
+mod common;
+
 use kvmesh_config::ServeConfig;
 use kvmesh_gateway::memo::PromptMemo;
 use kvmesh_gateway::prefix::{
@@ -128,4 +130,35 @@ fn keys_with_the_memo_equal_keys_without_it() {
         );
         assert!(without.memo.is_empty());
     }
+}
+
+/// The piece caches and prompt memos, which fill over a busy router's first half hour or so,
+/// show their size on the metrics page (QA30: a soak's RSS grew for 32 minutes before it
+/// levelled off, and nothing on the page said what grew).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_caches_show_their_size_on_the_metrics_page() {
+    use common::{cache_aware_router, chat_body, client, metric, post_json, scrape, start_sims};
+    let sims = start_sims(2, |_| common::instant_sim_cfg("m")).await;
+    let (router, _) = cache_aware_router(&sims).await;
+    let c = client();
+    let base = router.base_url();
+    let sizes = |page: &str| {
+        (
+            metric(page, "kvmesh_prefix_piece_cache_bytes"),
+            metric(page, "kvmesh_prefix_prompt_memo_bytes"),
+        )
+    };
+    assert_eq!(sizes(&scrape(&c, &base).await), (0.0, 0.0));
+    // Over the 4 KB under which the memo keeps no prompt.
+    let long = "the prefill of long prompts ".repeat(300);
+    let url = format!("{base}/v1/chat/completions");
+    let r = post_json(&c, &url, &chat_body("m", &long, 2, false)).await;
+    assert!(r.ok(), "{r:?}");
+    let (pieces, memos) = sizes(&scrape(&c, &base).await);
+    assert!(
+        pieces > 0.0 && memos > long.len() as f64,
+        "{pieces} {memos}"
+    );
+    router.shutdown().await;
+    common::stop_sims(sims).await;
 }
