@@ -54,7 +54,7 @@ async fn official_openai_client_through_the_router() {
     let out = tokio::task::spawn_blocking(move || {
         python(
             "openai_check.py",
-            &[&v1, "test-model"],
+            &[&v1, "test-model", "--retrieve"],
             Duration::from_secs(120),
         )
     })

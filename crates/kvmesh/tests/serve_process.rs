@@ -38,7 +38,7 @@ fn official_openai_client_through_the_router() {
     );
     let out = python(
         "openai_check.py",
-        &[&format!("{}/v1", router.base()), "test-model"],
+        &[&format!("{}/v1", router.base()), "test-model", "--retrieve"],
     );
     assert!(out.contains("\"ok\": true"), "{out}");
 }
