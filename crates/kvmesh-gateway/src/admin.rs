@@ -8,7 +8,7 @@ use crate::probe;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use kvmesh_config::{ConfigError, EngineEntry, WEIGHT_RULE, canonical_base_url, valid_weight};
-use kvmesh_http::{Body, bearer_ok, error, json, not_allowed, read_body};
+use kvmesh_http::{Body, bearer_ok, error, json, not_allowed, percent_decode, read_body};
 use kvmesh_openai::{ApiError, parse_body};
 use kvmesh_policy::BreakerState;
 use kvmesh_prefix::EngineId;
@@ -292,36 +292,5 @@ async fn remove(
             }
             Err(ApiError::with_status(404, format!("no engine {url}")))
         }
-    }
-}
-
-/// Decodes `%XX` escapes (URLs in a query string).
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && i + 2 < b.len()
-            && let Ok(v) =
-                u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
-        {
-            out.push(v);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn percent_decoding() {
-        assert_eq!(super::percent_decode("http%3A%2F%2Fa%3A1"), "http://a:1");
-        assert_eq!(super::percent_decode("abc%2"), "abc%2");
-        assert_eq!(super::percent_decode("%zz"), "%zz");
     }
 }

@@ -4,7 +4,7 @@
 use crate::gateway::Gateway;
 use crate::registry::ModelRoute;
 use http::Response;
-use kvmesh_http::{Body, error, json};
+use kvmesh_http::{Body, error, json, percent_decode};
 use kvmesh_openai::{ApiError, ModelCard, ModelList};
 
 /// `/v1/models`: every model routed.
@@ -25,14 +25,14 @@ pub fn list(gw: &Gateway) -> Response<Body> {
 /// model's name may hold a `/`): its card, or OpenAI's 404 `model_not_found` (QA31: the
 /// OpenAI client's `models.retrieve` met a 404 for every model).
 pub fn one(gw: &Gateway, rest: &str) -> Response<Body> {
-    let id = percent_decoded(rest);
+    let id = percent_decode(rest);
     let snap = gw.registry.snapshot();
-    match id.as_deref().and_then(|id| snap.routes.get_key_value(id)) {
+    match snap.routes.get_key_value(id.as_str()) {
         Some((id, route)) => json(
             200,
             serde_json::to_string(&card(gw, id, route)).unwrap_or_default(),
         ),
-        None => error(&ApiError::model_not_found(id.as_deref().unwrap_or(rest))),
+        None => error(&ApiError::model_not_found(&id)),
     }
 }
 
@@ -60,46 +60,5 @@ fn card(gw: &Gateway, id: &str, route: &ModelRoute) -> ModelCard {
             known.min()
         },
         parent: listed.and_then(|c| c.parent),
-    }
-}
-
-/// `s` with its `%XX` escapes decoded, if they are well-formed and the result is UTF-8.
-fn percent_decoded(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3)?;
-            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                return None;
-            }
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::percent_decoded;
-
-    #[test]
-    fn names_are_percent_decoded_when_well_formed() {
-        assert_eq!(
-            percent_decoded("Qwen%2FQwen3-0.6B").as_deref(),
-            Some("Qwen/Qwen3-0.6B")
-        );
-        assert_eq!(percent_decoded("Qwen/Qwen3").as_deref(), Some("Qwen/Qwen3"));
-        assert_eq!(percent_decoded("a%20b").as_deref(), Some("a b"));
-        assert_eq!(percent_decoded("a%2"), None);
-        assert_eq!(percent_decoded("a%zz"), None);
-        assert_eq!(percent_decoded("a%+1"), None);
-        assert_eq!(percent_decoded("%ff"), None);
     }
 }

@@ -117,13 +117,7 @@ async fn read_body_unbounded(
     }
     // hyper takes the chunks off a body and leaves any other coding on it (it refuses a
     // request whose codings do not end in chunked): gzip would reach the engine as its JSON.
-    if let Some(coding) = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"))
-    {
+    if let Some(coding) = coding_besides_chunked(headers) {
         return Err(ApiError::unsupported_transfer_coding(
             &String::from_utf8_lossy(coding),
         ));
@@ -147,6 +141,38 @@ async fn read_body_unbounded(
             format!("failed to read the request body: {e}"),
         )),
     }
+}
+
+/// The first transfer coding a message names besides chunked (hyper takes chunks off a body
+/// and leaves any other coding on it), if any.
+pub fn coding_besides_chunked(h: &HeaderMap) -> Option<&[u8]> {
+    h.get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"))
+}
+
+/// Decodes `%XX` escapes (a query's values, a path's segments); a `%` not followed by two hex
+/// digits stays as it is, and bytes that are not UTF-8 are replaced.
+pub fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b.get(i + 1..i + 3) {
+            Some(hex) if b[i] == b'%' && hex.iter().all(u8::is_ascii_hexdigit) => {
+                let digit = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+                out.push(digit(hex[0]) << 4 | digit(hex[1]));
+                i += 3;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A body read that failed because the client's connection ended (hyper's error over an
@@ -444,6 +470,16 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-request-id"));
+    }
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("http%3A%2F%2Fa%3A1"), "http://a:1");
+        assert_eq!(percent_decode("Qwen%2FQwen3-0.6B"), "Qwen/Qwen3-0.6B");
+        assert_eq!(percent_decode("abc%2"), "abc%2");
+        assert_eq!(percent_decode("%zz"), "%zz");
+        assert_eq!(percent_decode("a%+1"), "a%+1");
+        assert_eq!(percent_decode("%41%"), "A%");
     }
 
     #[test]

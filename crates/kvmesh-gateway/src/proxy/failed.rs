@@ -69,12 +69,7 @@ pub(super) fn no_answer(resp: &Response<UpstreamBody>) -> Option<String> {
     if status.is_informational() || status.is_redirection() {
         return Some(format!("a {status} where an answer was due"));
     }
-    let codings = resp.headers().get_all(http::header::TRANSFER_ENCODING);
-    let other = codings
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"chunked"))?;
+    let other = kvmesh_http::coding_besides_chunked(resp.headers())?;
     Some(format!(
         "an answer in a transfer coding the router does not decode ({})",
         String::from_utf8_lossy(other)
