@@ -89,34 +89,13 @@ async fn abandoned_stream_cancels_the_upstream_request() {
     let c = client();
 
     let body = chat_body("test-model", "tell me a very long story", 4000, true);
-    let req = http::Request::builder()
-        .method("POST")
-        .uri(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(
-            body.to_string(),
-        )))
-        .expect("request");
-    let resp = tokio::time::timeout(Duration::from_secs(20), c.request(req))
-        .await
-        .expect("head in time")
-        .expect("send");
-    assert_eq!(resp.status(), 200);
-    let engine = resp
-        .headers()
+    let (head, stream, _) = stream_started(&c, &base, &body, 4).await;
+    let engine = head
         .get("x-kvmesh-engine")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .expect("x-kvmesh-engine");
     assert!(engines.contains(&engine), "{engine}");
-    let mut stream = resp.into_body();
-    use http_body_util::BodyExt;
-    for _ in 0..4 {
-        let f = tokio::time::timeout(Duration::from_secs(10), stream.frame())
-            .await
-            .expect("frame in time");
-        assert!(matches!(f, Some(Ok(_))), "{f:?}");
-    }
     let running = |page: &str| metric(page, "vllm:num_requests_running");
     assert_eq!(running(&scrape(&c, &engine).await), 1.0);
     let page = scrape(&c, &base).await;

@@ -3,7 +3,6 @@
 
 mod common;
 
-use bytes::Bytes;
 use common::*;
 use http_body_util::BodyExt;
 use std::time::Duration;
@@ -24,7 +23,7 @@ async fn shutdown_drains_the_stream_in_flight_and_refuses_new_connections() {
 
     let mut body = chat_body("test-model", "tell me a story", 600, true);
     body["stream_options"] = serde_json::json!({"include_usage": true});
-    let (stream, mut text) = stream_started(&c, &base, &body, 3).await;
+    let (_, stream, mut text) = stream_started(&c, &base, &body, 3).await;
 
     // Shut down while the stream is in flight.
     let shutdown = tokio::spawn(router.shutdown());
@@ -122,7 +121,7 @@ async fn a_stream_cut_by_the_drain_timeout_is_told_with_an_error_event() {
     let gw = router.gateway.clone();
     let c = client();
     let body = chat_body("test-model", "tell me a long story", 2_000, true);
-    let (mut stream, mut text) = stream_started(&c, &base, &body, 1).await;
+    let (_, mut stream, mut text) = stream_started(&c, &base, &body, 1).await;
 
     let shutdown = tokio::spawn(router.shutdown());
     // Frames until the connection closes, within the drain timeout and a margin.
@@ -171,34 +170,4 @@ async fn a_stream_cut_by_the_drain_timeout_is_told_with_an_error_event() {
         "the engine is not blamed"
     );
     stop_sims(sims).await;
-}
-
-/// Streams `body` to the router at `base` and reads its first `frames` data frames: the
-/// answer's body and what it held so far.
-async fn stream_started(
-    c: &HttpClient,
-    base: &str,
-    body: &serde_json::Value,
-    frames: usize,
-) -> (hyper::body::Incoming, Vec<u8>) {
-    let req = http::Request::post(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(Bytes::from(body.to_string())))
-        .expect("request");
-    let resp = tokio::time::timeout(Duration::from_secs(20), c.request(req))
-        .await
-        .expect("head in time")
-        .expect("send");
-    assert_eq!(resp.status(), 200);
-    let mut stream = resp.into_body();
-    let mut text = Vec::new();
-    for _ in 0..frames {
-        let f = tokio::time::timeout(Duration::from_secs(10), stream.frame())
-            .await
-            .expect("frame in time")
-            .expect("a frame")
-            .expect("frame ok");
-        text.extend_from_slice(f.data_ref().expect("data"));
-    }
-    (stream, text)
 }

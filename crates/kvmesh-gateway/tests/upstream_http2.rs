@@ -227,27 +227,7 @@ async fn a_client_leaving_mid_stream_resets_its_stream_and_the_engine_aborts() {
     let c = client();
 
     let body = chat_body(MODEL, "tell me a very long story", 4000, true);
-    let req = http::Request::builder()
-        .method("POST")
-        .uri(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(
-            body.to_string(),
-        )))
-        .expect("request");
-    let resp = tokio::time::timeout(Duration::from_secs(20), c.request(req))
-        .await
-        .expect("head in time")
-        .expect("send");
-    assert_eq!(resp.status(), 200);
-    let mut stream = resp.into_body();
-    use http_body_util::BodyExt;
-    for _ in 0..4 {
-        let f = tokio::time::timeout(Duration::from_secs(10), stream.frame())
-            .await
-            .expect("frame in time");
-        assert!(matches!(f, Some(Ok(_))), "{f:?}");
-    }
+    let (_, stream, _) = stream_started(&c, &base, &body, 4).await;
     let page = scrape(&c, &engine).await;
     assert_eq!(metric(&page, "vllm:num_requests_running"), 1.0);
     assert_eq!(metric(&page, "kvmesh_sim_http2_requests_total"), 1.0);

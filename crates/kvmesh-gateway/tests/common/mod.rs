@@ -714,3 +714,33 @@ pub fn assert_openai_error(r: &Reply, status: u16) -> Value {
     assert!(v["error"]["type"].is_string(), "no error.type: {}", r.body);
     v
 }
+
+/// Streams the chat request `body` to the router at `base` (a 200 expected) and reads its
+/// first `frames` data frames: the answer's headers, its body and what it held so far.
+pub async fn stream_started(
+    c: &HttpClient,
+    base: &str,
+    body: &Value,
+    frames: usize,
+) -> (http::HeaderMap, hyper::body::Incoming, Vec<u8>) {
+    let req = http::Request::post(format!("{base}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(20), c.request(req))
+        .await
+        .expect("head in time")
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    let (head, mut stream) = resp.into_parts();
+    let mut text = Vec::new();
+    for _ in 0..frames {
+        let f = tokio::time::timeout(Duration::from_secs(10), stream.frame())
+            .await
+            .expect("frame in time")
+            .expect("a frame")
+            .expect("frame ok");
+        text.extend_from_slice(f.data_ref().expect("data"));
+    }
+    (head.headers, stream, text)
+}
