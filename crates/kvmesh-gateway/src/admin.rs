@@ -65,11 +65,11 @@ async fn admin_body(gw: &Gateway, req: Request<Incoming>) -> Result<bytes::Bytes
 fn list(gw: &Gateway) -> Response<Body> {
     let now = gw.clock.now_us();
     let fleet = gw.registry.fleet_latency_us();
-    let engines: Vec<serde_json::Value> = gw
-        .registry
-        .members()
-        .iter()
-        .map(|e| {
+    let active = gw.registry.members();
+    let draining = gw.registry.draining();
+    let engines: Vec<serde_json::Value> = (active.iter().map(|e| (e, "active")))
+        .chain(draining.iter().map(|e| (e, "draining")))
+        .map(|(e, state)| {
             let t = e.tracker();
             let breaker = match t.breaker().state(now) {
                 BreakerState::Closed => "closed",
@@ -80,6 +80,7 @@ fn list(gw: &Gateway) -> Response<Body> {
             drop(t);
             serde_json::json!({
                 "url": e.url,
+                "state": state,
                 "weight": e.base_weight(),
                 "effective_weight": e.view(now, fleet).weight,
                 "kv_events": e.kv_events,
@@ -115,13 +116,20 @@ async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>
         if differs.is_empty() {
             return Ok(json(
                 200,
-                serde_json::json!({ "url": have.url, "models": have.models() }).to_string(),
+                serde_json::json!({ "url": have.url, "weight": have.base_weight(), "models": have.models() })
+                    .to_string(),
             ));
         }
+        // PATCH sets a weight and nothing else (QA32: a models mismatch was told to PATCH).
+        let remedy = if differs.len() == 1 && differs[0].starts_with("weight ") {
+            "set its weight with PATCH"
+        } else {
+            "DELETE it and POST it again"
+        };
         return Err(ApiError::with_status(
             409,
             format!(
-                "engine {} is already registered with other settings ({}): set its weight with PATCH, or DELETE it and POST it again",
+                "engine {} is already registered with other settings ({}): {remedy}",
                 have.url,
                 differs.join(", ")
             ),
@@ -134,9 +142,12 @@ async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>
     }
     // Learn its models now so that it takes traffic without waiting for the next round.
     probe::discover(gw, &e).await;
+    // The weight this router holds now: a concurrent POST of the same engine through another
+    // router may win in the cluster (read GET after concurrent changes).
     Ok(json(
         201,
-        serde_json::json!({ "url": e.url, "models": e.models() }).to_string(),
+        serde_json::json!({ "url": e.url, "weight": e.base_weight(), "models": e.models() })
+            .to_string(),
     ))
 }
 

@@ -167,12 +167,14 @@ impl GatewayMetrics {
         );
         let mut engines = reg.members();
         engines.sort_by(|a, b| a.url.cmp(&b.url));
+        let draining = reg.draining();
         let meshed = extra.is_some();
         if let Some(c) = extra {
             r.register_collector(c);
         }
         r.register_collector(Box::new(Snapshot {
             engines,
+            draining,
             meshed,
             prefix: reg.prefix.clone(),
             decision_time: self.decision_time.clone(),
@@ -193,6 +195,8 @@ impl GatewayMetrics {
 /// What a scrape reads, taken at one instant.
 struct Snapshot {
     engines: Vec<Arc<Engine>>,
+    /// Removed engines whose requests still run: only their in-flight count is shown.
+    draining: Vec<Arc<Engine>>,
     /// The router is in a mesh (engines it does not read come through their owners).
     meshed: bool,
     prefix: Arc<PrefixState>,
@@ -354,11 +358,16 @@ impl Snapshot {
     ) -> std::fmt::Result {
         use MetricType::{Counter as C, Gauge as G};
         let now = self.now_us;
+        let with_draining: Vec<&Engine> = engines
+            .iter()
+            .copied()
+            .chain(self.draining.iter().map(|e| &**e))
+            .collect();
         per_engine(
             enc,
-            engines,
+            &with_draining,
             "kvmesh_engine_in_flight",
-            "Requests in flight to the engine",
+            "Requests in flight to the engine (a removed engine's while they drain)",
             G,
             &|e| Some(Value::Gauge(i64::from(e.in_flight.load(Relaxed)))),
         )?;

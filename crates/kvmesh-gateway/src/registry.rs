@@ -395,6 +395,22 @@ impl Registry {
         lock(&self.members).list.clone()
     }
 
+    /// Removed engines whose requests still run (they drain), by URL: not routed to, but
+    /// shown with their in-flight counts so that a removal's drain can be watched (QA32).
+    pub fn draining(&self) -> Vec<Arc<Engine>> {
+        let mut d: Vec<Arc<Engine>> = {
+            let m = lock(&self.members);
+            m.removed
+                .iter()
+                .filter(|(id, _)| !m.by_id.contains_key(id))
+                .filter_map(|(_, w)| w.upgrade())
+                .collect()
+        };
+        d.retain(|e| e.in_flight.load(Ordering::Relaxed) > 0);
+        d.sort_by(|a, b| a.url.cmp(&b.url));
+        d
+    }
+
     /// Number of engines.
     pub fn len(&self) -> usize {
         lock(&self.members).list.len()

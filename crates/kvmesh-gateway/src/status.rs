@@ -84,11 +84,15 @@ pub fn status_json(gw: &Gateway) -> http::Response<Body> {
     let now = gw.clock.now_us();
     let meshed = gw.mesh.get().is_some();
     let fleet = gw.registry.fleet_latency_us();
-    let mut engines: Vec<serde_json::Value> = gw
-        .registry
-        .members()
-        .iter()
-        .map(|e| engine_json(e, now, fleet, meshed))
+    let active = gw.registry.members();
+    let draining = gw.registry.draining();
+    let mut engines: Vec<serde_json::Value> = (active.iter().map(|e| (e, "active")))
+        .chain(draining.iter().map(|e| (e, "draining")))
+        .map(|(e, state)| {
+            let mut j = engine_json(e, now, fleet, meshed);
+            j["state"] = state.into();
+            j
+        })
         .collect();
     engines.sort_by(|a, b| a["url"].as_str().cmp(&b["url"].as_str()));
     let recent: Vec<serde_json::Value> = gw

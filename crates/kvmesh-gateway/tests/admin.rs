@@ -161,6 +161,7 @@ async fn admin_api_lists_adds_and_removes_engines() {
     let r = admin(&c, &base, "POST", body).await;
     assert_openai_error(&r, 409);
     assert!(r.body.contains("weight 1 here, 2 posted"), "{}", r.body);
+    assert!(r.body.contains("set its weight with PATCH"), "{}", r.body);
     // Another spelling of the same engine is the same engine (found by QA: it was added).
     let shouted = engines[0].replace("http://127.0.0.1:", "HTTP://127.0.0.1:0");
     let r = admin(&c, &base, "POST", json!({ "url": shouted }).to_string()).await;
@@ -168,6 +169,12 @@ async fn admin_api_lists_adds_and_removes_engines() {
     let body = json!({ "url": shouted, "models": ["other"] }).to_string();
     let r = admin(&c, &base, "POST", body).await;
     assert_openai_error(&r, 409);
+    // PATCH sets weights only: a models mismatch is not sent there (QA32).
+    assert!(
+        r.body.contains("DELETE it and POST it again") && !r.body.contains("PATCH"),
+        "{}",
+        r.body
+    );
     // A DELETE with a field it does not take is refused, as POST and PATCH refuse one (QA:
     // it removed the engine from every router).
     let extra = json!({"url": engines[0], "weight": "9"}).to_string();
@@ -281,21 +288,15 @@ async fn admin_api_lists_adds_and_removes_engines() {
     // DELETE removes an engine while a long stream on it finishes.
     // ~2 s of streaming at time_scale 0.05.
     let long = chat_body("test-model", "a long answer please", 6000, true);
-    let req = http::Request::post(format!("{base}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(Bytes::from(long.to_string())))
-        .expect("request");
-    let resp = c.request(req).await.expect("send");
-    assert_eq!(resp.status(), 200);
-    let victim = resp
-        .headers()
+    let (head, stream, _) = stream_started(&c, &base, &long, 0).await;
+    let victim = head
         .get("x-kvmesh-engine")
         .and_then(|v| v.to_str().ok())
         .expect("engine")
         .to_string();
     let reading = tokio::spawn(async move {
         use http_body_util::BodyExt;
-        let b = tokio::time::timeout(Duration::from_secs(30), resp.into_body().collect())
+        let b = tokio::time::timeout(Duration::from_secs(30), stream.collect())
             .await
             .expect("stream ends in time")
             .expect("stream intact")
@@ -320,7 +321,31 @@ async fn admin_api_lists_adds_and_removes_engines() {
         !reading.is_finished(),
         "the stream ended before the removal"
     );
-    assert!(!listed(&c, &base).await.contains_key(&victim));
+    // It is shown draining, with its stream, until the stream ends (QA32: it vanished from
+    // every view at once).
+    let shown = listed(&c, &base).await;
+    assert_eq!(shown[&victim]["state"], "draining", "{shown:?}");
+    assert_eq!(shown[&victim]["in_flight"], 1, "{shown:?}");
+    assert!(
+        shown
+            .iter()
+            .all(|(u, e)| *u == victim || e["state"] == "active")
+    );
+    let page = scrape(&c, &base).await;
+    assert_eq!(
+        engine_metric(&page, "kvmesh_engine_in_flight", &victim),
+        1.0
+    );
+    let (_, status) = get(&c, &format!("{base}/status.json")).await;
+    let status: Value = serde_json::from_str(&status).expect("status json");
+    let in_status = status["engines"]
+        .as_array()
+        .expect("engines")
+        .iter()
+        .find(|e| e["url"] == victim.as_str())
+        .cloned()
+        .expect("the draining engine in /status.json");
+    assert_eq!(in_status["state"], "draining", "{in_status}");
     // New requests avoid it while the old stream goes on.
     for i in 0..20 {
         let r = post_json(
@@ -340,6 +365,8 @@ async fn admin_api_lists_adds_and_removes_engines() {
     assert!(!body.contains("\"error\""), "{body:.300}");
     let page = scrape(&c, &base).await;
     assert_eq!(metric(&page, "kvmesh_in_flight"), 0.0);
+    assert!(!page.contains(&format!("engine=\"{victim}\"")), "{page}");
+    assert!(!listed(&c, &base).await.contains_key(&victim));
     // Removal by JSON body works too.
     let remaining: Vec<String> = listed(&c, &base).await.into_keys().collect();
     let r = admin(
