@@ -214,6 +214,9 @@ impl Drop for Attempt {
     }
 }
 
+/// Why an event stream that ended without its terminator is a broken answer.
+const CUT_SHORT: &str = "the engine ended its event stream without data: [DONE]";
+
 /// Upper bound of one coalesced write to the client.
 pub const COALESCE_MAX: usize = 64 * 1024;
 
@@ -268,6 +271,9 @@ pub struct TrackedBody {
     /// error event goes before the error that closes the connection (an OpenAI client
     /// raises it as an API error, not as a bare connection reset).
     tell_break: bool,
+    /// The answer's last bytes: an event stream whose body ends without the terminator was
+    /// cut short.
+    tail: Tail,
 }
 
 impl Drop for TrackedBody {
@@ -336,6 +342,7 @@ impl TrackedBody {
             ended: false,
             unflushed: false,
             tell_break: event_stream,
+            tail: Tail::default(),
         }
     }
 
@@ -343,6 +350,12 @@ impl TrackedBody {
         if let Some(a) = self.attempt.take() {
             a.end(end);
         }
+    }
+
+    /// The body ended: an event stream without its terminator was cut short (an OpenAI
+    /// stream always ends with `data: [DONE]`), a failed attempt the client is told of.
+    fn cut_short(&self) -> bool {
+        self.tell_break && !self.tail.ends_event_stream()
     }
 
     /// Polls the timer, made when missing: due at the total timeout, or, while the attempt
@@ -393,8 +406,8 @@ impl TrackedBody {
                     break;
                 }
                 Poll::Ready(None) => {
+                    // The verdict is taken in `poll_frame`, which has the whole batch.
                     self.ended = true;
-                    self.end(StreamEnd::Complete);
                     break;
                 }
                 Poll::Pending => break,
@@ -440,6 +453,37 @@ fn ends_event_stream(data: &[u8]) -> bool {
     data.ends_with(done) && (data.len() == done.len() || data[data.len() - done.len() - 1] == b'\n')
 }
 
+/// Bytes of an answer's end kept to find the terminator in: the terminator and the line end
+/// before it.
+const TAIL: usize = SSE_DONE.len() + 1;
+
+/// The last [`TAIL`] bytes of the answer so far: the terminator is found however the engine's
+/// frames split it (a chunk can arrive in two reads).
+#[derive(Default)]
+struct Tail {
+    buf: [u8; TAIL],
+    len: usize,
+}
+
+impl Tail {
+    fn push(&mut self, data: &[u8]) {
+        if data.len() >= TAIL {
+            self.buf.copy_from_slice(&data[data.len() - TAIL..]);
+            self.len = TAIL;
+            return;
+        }
+        let keep = self.len.min(TAIL - data.len());
+        self.buf.copy_within(self.len - keep..self.len, 0);
+        self.buf[keep..keep + data.len()].copy_from_slice(data);
+        self.len = keep + data.len();
+    }
+
+    /// The answer so far ends with the event stream's terminator.
+    fn ends_event_stream(&self) -> bool {
+        ends_event_stream(&self.buf[..self.len])
+    }
+}
+
 impl HttpBody for TrackedBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -469,13 +513,22 @@ impl HttpBody for TrackedBody {
                         a.first_byte();
                     }
                     let data = this.coalesce(data, cx);
+                    this.tail.push(&data);
+                    if this.ended && this.attempt.is_some() && this.cut_short() {
+                        // The body ended in this batch without the terminator: the data goes
+                        // out, then the break is told (QA31).
+                        this.end(StreamEnd::BodyError);
+                        this.held = Some(Held::Error(CUT_SHORT.into()));
+                    }
                     // The answer is whole (the upstream body ends here, or the event stream's
                     // terminator came): the attempt ends before the client can see it, so the
                     // client's next request never finds this one still counted (one router
                     // would see one request too many; its peers would hear of the freed slot
                     // only after the next turn).
                     if this.attempt.is_some()
-                        && (this.inner.is_end_stream() || ends_event_stream(&data))
+                        && (this.ended
+                            || this.inner.is_end_stream()
+                            || this.tail.ends_event_stream())
                     {
                         this.end(StreamEnd::Complete);
                         // An engine that does not end its body after the terminator has it
@@ -495,6 +548,11 @@ impl HttpBody for TrackedBody {
             Poll::Ready(Some(Err(e))) => {
                 this.end(StreamEnd::BodyError);
                 this.error_after_flush(e, 502, cx)
+            }
+            Poll::Ready(None) if this.attempt.is_some() && this.cut_short() => {
+                this.ended = true;
+                this.end(StreamEnd::BodyError);
+                this.error_after_flush(CUT_SHORT.into(), 502, cx)
             }
             Poll::Ready(None) => {
                 this.ended = true;
@@ -591,5 +649,39 @@ impl HttpBody for TrackedBody {
             h.set_upper(u.saturating_add(n));
         }
         h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tail_of(pieces: &[&str]) -> bool {
+        let mut t = Tail::default();
+        for p in pieces {
+            t.push(p.as_bytes());
+        }
+        t.ends_event_stream()
+    }
+
+    #[test]
+    fn the_terminator_is_found_however_the_frames_split_it() {
+        assert!(tail_of(&["data: 1\n\ndata: [DONE]\n\n"]));
+        assert!(tail_of(&["data: [DONE]\n\n"]));
+        assert!(tail_of(&["data: 1\n\n", "data: [DO", "NE]\n\n"]));
+        assert!(tail_of(&[
+            "data: 1\n\n",
+            "d",
+            "a",
+            "ta: [DONE]",
+            "\n",
+            "\n"
+        ]));
+        assert!(tail_of(&["data: 1\n", "\n", "data: [DONE]\n\n", ""]));
+        assert!(!tail_of(&["data: 1\n\n"]));
+        assert!(!tail_of(&["xdata: [DONE]\n\n"]));
+        assert!(!tail_of(&["x", "data: [DONE]\n\n"]));
+        assert!(!tail_of(&["data: [DONE]\n\n", "data: 2\n\n"]));
+        assert!(!tail_of(&[]));
     }
 }

@@ -308,3 +308,54 @@ async fn an_answer_in_a_transfer_coding_the_router_does_not_decode_is_no_answer(
                  transfer-encoding: gzip, chunked\r\n\r\n4\r\n\x1f\x08\x00\x00\r\n0\r\n\r\n";
     no_answer_is_retried_elsewhere(coded, "transfer coding").await;
 }
+
+/// An event stream whose body ends without `data: [DONE]` (every OpenAI stream ends with it)
+/// was cut short: the client gets what the engine sent, then an error event, and the
+/// connection closes on the break; the attempt is the engine's failure (QA31: it reached the
+/// client as a whole answer and was credited as a success). With the terminator, the same
+/// answer is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_that_ends_without_its_terminator_was_cut_short() {
+    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                transfer-encoding: chunked\r\n\r\n";
+    let event = |e: &str| format!("{:x}\r\n{e}\r\n", e.len());
+    let cut = format!("{head}{}0\r\n\r\n", event(FIRST_EVENT));
+    let whole = format!(
+        "{head}{}{}0\r\n\r\n",
+        event(FIRST_EVENT),
+        event("data: [DONE]\n\n")
+    );
+    for (raw, broken) in [(cut, true), (whole, false)] {
+        let engine = fake_engine(EngineAnswer::Raw(raw)).await;
+        let mut cfg = serve_cfg(std::slice::from_ref(&engine));
+        cfg.engines[0].models = vec!["m".into()];
+        let router = start_router_with(cfg, "m", 1).await;
+        let got = ask(router.addr).await;
+        assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+        let after = got
+            .split(FIRST_EVENT)
+            .nth(1)
+            .expect("the event reached the client");
+        let page = scrape(&client(), &router.base_url()).await;
+        let failed = engine_kind_metric(&page, "kvmesh_engine_errors_total", &engine, "stream");
+        if broken {
+            assert!(
+                after.contains("data: {\"error\":") && after.contains("without data: [DONE]"),
+                "{got:?}"
+            );
+            assert!(
+                !got.ends_with("0\r\n\r\n"),
+                "a cut answer must not look whole: {got:?}"
+            );
+            assert_eq!(failed, 1.0, "{page}");
+        } else {
+            assert!(
+                after.contains("data: [DONE]") && !after.contains("error"),
+                "{got:?}"
+            );
+            assert!(got.ends_with("0\r\n\r\n"), "{got:?}");
+            assert_eq!(failed, 0.0, "{page}");
+        }
+        router.shutdown().await;
+    }
+}

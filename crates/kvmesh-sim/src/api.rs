@@ -500,15 +500,18 @@ fn stream_response(
                     out.push_str(SSE_DONE);
                     break out;
                 }
+                // An error event, then the terminator, as vLLM's stream generators end on
+                // an exception (serving_chat.py: `yield f"data: {data}\n\n"` then
+                // `yield "data: [DONE]\n\n"`).
                 Some(ReqEvent::Failed(m)) => {
                     s.guard.done = true;
                     s.finished = true;
-                    break ApiError::internal(m).to_sse();
+                    break ApiError::internal(m).to_sse() + SSE_DONE;
                 }
                 None => {
                     s.guard.done = true;
                     s.finished = true;
-                    break ApiError::internal("the engine dropped the request").to_sse();
+                    break ApiError::internal("the engine dropped the request").to_sse() + SSE_DONE;
                 }
             }
         };
