@@ -179,8 +179,9 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
     }
     for d in gw.cfg.dns.clone() {
         // Engines found at start-up do not ramp (like the static ones); later ones do.
-        probe::resolve_once(&gw, &d, false).await;
-        probe::spawn_dns_loop(gw.clone(), d);
+        let mut known = probe::Known::default();
+        probe::resolve_once(&gw, &d, false, &mut known).await;
+        probe::spawn_dns_loop(gw.clone(), d, known);
     }
     // First discovery, bounded: engines that do not answer are picked up by their loops.
     let members = gw.registry.members();

@@ -411,22 +411,31 @@ pub fn add_engine(
     Ok(e)
 }
 
-/// The loop of one DNS name: resolve, add new addresses, remove vanished ones.
-pub fn spawn_dns_loop(gw: Arc<Gateway>, d: DnsEntry) {
+/// The loop of one DNS name, resolved once already at start-up (`known`: what that
+/// resolution told): every `refresh_ms` resolve, add new addresses, remove vanished ones.
+pub fn spawn_dns_loop(gw: Arc<Gateway>, d: DnsEntry, mut known: Known) {
     let g = gw.clone();
     gw.tasks.spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(d.refresh_ms));
+        let every = Duration::from_millis(d.refresh_ms);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            resolve_once(&g, &d, true).await;
+            resolve_once(&g, &d, true, &mut known).await;
         }
     });
 }
 
+/// What a DNS name's loop has told the operator: the addresses it could not add (registered
+/// from another source), warned of once each, not at every resolution (QA33).
+#[derive(Default)]
+pub struct Known {
+    refused: BTreeSet<String>,
+}
+
 /// Resolves a DNS entry once and reconciles the engines it owns; `ramp`: new engines slow-start
 /// (false at start-up, where every engine is new).
-pub async fn resolve_once(gw: &Arc<Gateway>, d: &DnsEntry, ramp: bool) {
+pub async fn resolve_once(gw: &Arc<Gateway>, d: &DnsEntry, ramp: bool, known: &mut Known) {
     let addrs = match tokio::net::lookup_host(d.name.as_str()).await {
         Ok(a) => a.collect::<Vec<_>>(),
         Err(e) => {
@@ -469,10 +478,17 @@ pub async fn resolve_once(gw: &Arc<Gateway>, d: &DnsEntry, ramp: bool) {
             kv_replay,
             ..EngineEntry::default()
         };
-        if let Err(e) = add_engine(gw, &entry, source.clone(), ramp) {
-            tracing::warn!(%url, error = %e, "cannot add resolved engine");
+        match add_engine(gw, &entry, source.clone(), ramp) {
+            Ok(_) => {
+                known.refused.remove(url);
+            }
+            Err(e) if known.refused.insert(url.clone()) => {
+                tracing::warn!(%url, name = %d.name, error = %e, "cannot add resolved engine (said once while it lasts)");
+            }
+            Err(e) => tracing::debug!(%url, error = %e, "cannot add resolved engine"),
         }
     }
+    known.refused.retain(|u| want.contains(u));
     for url in have.difference(&want) {
         gw.registry.remove(url);
         tracing::info!(%url, name = %d.name, "engine no longer resolved: removed");
