@@ -120,9 +120,16 @@ fn last_clear(batches: &[(u64, DecodedBatch)]) -> Option<usize> {
 /// round trip or two).
 const CATCH_UP_AFTER: Duration = Duration::from_millis(200);
 
+/// How long subscribing to an engine's events may fail before it is warned of.
+const SUBSCRIBE_WARN_AFTER: Duration = Duration::from_secs(10);
+
 async fn read_loop(ctx: IngestCtx, e: Arc<Engine>, tx: mpsc::Sender<KvFrame>) {
     let limits = DecodeLimits::default();
     let mut backoff = Duration::from_millis(100);
+    // Failing to subscribe is logged at debug at each try, and warned of once it has lasted
+    // SUBSCRIBE_WARN_AFTER (QA33: a wrong `kv_events` address logged nothing at all).
+    let mut failing_since: Option<tokio::time::Instant> = None;
+    let mut warned = false;
     loop {
         let sub = Subscriber::connect_with(
             &e.kv_events,
@@ -135,12 +142,18 @@ async fn read_loop(ctx: IngestCtx, e: Arc<Engine>, tx: mpsc::Sender<KvFrame>) {
             Ok(s) => s,
             Err(err) => {
                 tracing::debug!(engine = %e.url, endpoint = %e.kv_events, error = %err, "kv-event subscribe failed");
+                let since = *failing_since.get_or_insert_with(tokio::time::Instant::now);
+                if !warned && since.elapsed() >= SUBSCRIBE_WARN_AFTER {
+                    warned = true;
+                    tracing::warn!(engine = %e.url, endpoint = %e.kv_events, error = %err, "cannot subscribe to the engine's kv events (still trying): it is routed approximately; check its kv_events address");
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
         };
         backoff = Duration::from_millis(100);
+        (failing_since, warned) = (None, false);
         e.ingest.connected.store(true, Relaxed);
         tracing::info!(engine = %e.url, endpoint = %e.kv_events, "subscribed to kv events");
         // If nothing arrives before the subscription has surely reached the publisher, the
@@ -565,7 +578,11 @@ impl Applier {
         let st = self.ingest.stats();
         s.stale.store(self.ingest.is_stale(), Relaxed);
         s.batches.store(st.batches_applied, Relaxed);
-        s.skipped_block_size.store(st.skipped_block_size, Relaxed);
+        let before = s.skipped_block_size.swap(st.skipped_block_size, Relaxed);
+        if before == 0 && st.skipped_block_size > 0 {
+            // Once per reader (QA33: only a counter showed it).
+            tracing::warn!(engine = %self.e.url, "kv events of another block size than this router's for the engine's model are skipped ([serve.prefix] block_size, or its model's block_size, must be the engine's --block-size): its blocks are not indexed");
+        }
         s.epoch.store(self.ingest.epoch(), Relaxed);
         s.tracked_blocks
             .store(self.ingest.tracked_hashes() as u64, Relaxed);
