@@ -20,12 +20,13 @@ pub use mesh::MeshConfig;
 pub use prefix::{ModelConfig, PrefixConfig};
 pub use reference::reference_markdown;
 pub use serve::{
-    BASE_URL_RULE, DnsEntry, EngineEntry, RetryConfig, ServeConfig, TimeoutConfig, UpstreamConfig,
-    UpstreamProtocol, WEIGHT_RULE, canonical_base_url, is_listen_address, valid_base_url,
-    valid_weight, weight_milli,
+    BASE_URL_RULE, DnsEntry, EngineEntry, MAX_CONNECTIONS, RetryConfig, SERVE_ENV_VARS,
+    ServeConfig, TimeoutConfig, UpstreamConfig, UpstreamProtocol, WEIGHT_RULE, canonical_base_url,
+    is_listen_address, valid_base_url, valid_weight, weight_milli,
 };
 pub use sim::{
-    EngineModelConfig, FaultConfig, KvEventsConfig, KvEventsFormat, SimConfig, TimingOverrides,
+    EngineModelConfig, FaultConfig, KvEventsConfig, KvEventsFormat, MAX_NUM_BLOCKS, MAX_TIME_SCALE,
+    MIN_TIME_SCALE, SimConfig, TimingOverrides,
 };
 
 use serde::{Deserialize, Serialize};
@@ -58,6 +59,16 @@ pub enum ConfigError {
         /// The path of the file.
         path: String,
         /// The parser's message, which names the key and line.
+        message: String,
+    },
+    /// An environment variable that sets a key has a bad value.
+    #[error("invalid value in environment variable {var} (it sets `{key}`): {message}")]
+    Env {
+        /// The variable, e.g. `KVMESH_ADMIN_TOKEN`.
+        var: String,
+        /// Dotted path of the key it sets, e.g. `serve.admin_token`.
+        key: String,
+        /// What is wrong and what is allowed.
         message: String,
     },
     /// A value is out of its allowed range.
@@ -237,6 +248,175 @@ mod tests {
             "[serve.mesh]\ntls_reload_ms = 0\n",
         ] {
             KvmeshConfig::from_toml_str(ok, "t.toml").expect(ok);
+        }
+    }
+
+    const U64_MAX: &str = "18446744073709551615";
+
+    /// Each file is refused with an error naming its key; each of `ok` is accepted.
+    fn refused_and_accepted(bad: &[(String, &str)], ok: &[&str]) {
+        for (text, key) in bad {
+            let err = KvmeshConfig::from_toml_str(text, "t.toml").expect_err(text);
+            assert!(err.to_string().contains(key), "{text}: {err}");
+        }
+        for ok in ok {
+            KvmeshConfig::from_toml_str(ok, "t.toml").expect(ok);
+        }
+    }
+
+    /// QA: `max_connections = u64::MAX` was accepted, then tokio's `Semaphore::new`
+    /// panicked in the accept loop; the other durations fed to timers had no bound either.
+    #[test]
+    fn max_connections_and_serve_durations_are_bounded() {
+        let max = U64_MAX;
+        let mut bad = vec![
+            (
+                format!("[serve]\nmax_connections = {max}\n"),
+                "serve.max_connections",
+            ),
+            (
+                "[serve]\nmax_connections = 1000001\n".into(),
+                "serve.max_connections",
+            ),
+            (
+                format!("[[serve.dns]]\nname = \"e:80\"\nrefresh_ms = {max}\n"),
+                "serve.dns[0].refresh_ms",
+            ),
+        ];
+        for key in ["connect_ms", "first_byte_ms", "stream_idle_ms", "total_ms"] {
+            let text = format!("[serve.timeouts]\n{key} = {max}\n");
+            bad.push((text, key));
+        }
+        for key in [
+            "header_read_timeout_ms",
+            "body_read_timeout_ms",
+            "discovery_interval_ms",
+        ] {
+            bad.push((format!("[serve]\n{key} = {max}\n"), key));
+        }
+        // The routing's durations (the policy crate bounds their floors).
+        for (table, key) in [
+            ("health.breaker", "open_max_ms"),
+            ("health.active", "interval_ms"),
+            ("health.latency", "decay_ms"),
+        ] {
+            let text = format!("[serve.routing.{table}]\n{key} = {max}\n");
+            bad.push((text, key));
+        }
+        refused_and_accepted(
+            &bad,
+            &[
+                "[serve]\nmax_connections = 1000000\n",
+                "[serve.timeouts]\nfirst_byte_ms = 86400000\ntotal_ms = 86400000\n",
+            ],
+        );
+    }
+
+    /// QA: `backoff_base_ms` / `backoff_max_ms` took u64::MAX (a retry then never came).
+    #[test]
+    fn retry_backoff_is_bounded() {
+        let max = U64_MAX;
+        refused_and_accepted(
+            &[
+                (
+                    format!("[serve.retry]\nbackoff_base_ms = {max}\nbackoff_max_ms = {max}\n"),
+                    "serve.retry.backoff_base_ms",
+                ),
+                (
+                    format!("[serve.retry]\nbackoff_max_ms = {max}\n"),
+                    "serve.retry.backoff_max_ms",
+                ),
+                (
+                    "[serve.retry]\nbackoff_max_ms = 60001\n".into(),
+                    "serve.retry.backoff_max_ms",
+                ),
+            ],
+            &["[serve.retry]\nbackoff_base_ms = 60000\nbackoff_max_ms = 60000\n"],
+        );
+    }
+
+    /// QA: `kvmesh sim --kv-blocks 4294967295` panicked in the block pool, `--time-scale
+    /// 1e30` in the engine's clock, and `step_base_ms = 1e308` was accepted.
+    #[test]
+    fn sim_extremes_are_refused() {
+        refused_and_accepted(
+            &[
+                (
+                    "[sim.engine]\nnum_blocks = 4294967295\n".into(),
+                    "sim.engine.num_blocks",
+                ),
+                (
+                    "[sim.engine]\nnum_blocks = 16777217\n".into(),
+                    "sim.engine.num_blocks",
+                ),
+                ("[sim]\ntime_scale = 1e30\n".into(), "sim.time_scale"),
+                ("[sim]\ntime_scale = 1e-30\n".into(), "sim.time_scale"),
+                ("[sim]\ntime_scale = nan\n".into(), "sim.time_scale"),
+                (
+                    "[sim.engine.timing]\nstep_base_ms = 1e308\n".into(),
+                    "sim.engine.timing.step_base_ms",
+                ),
+                (
+                    "[sim.engine.timing]\ndecode_context_ns = 1000001.0\n".into(),
+                    "sim.engine.timing.decode_context_ns",
+                ),
+            ],
+            &[
+                "[sim.engine]\nnum_blocks = 16777216\n",
+                "[sim]\ntime_scale = 0.001\n",
+                "[sim]\ntime_scale = 1000.0\n",
+                "[sim.engine.timing]\nstep_base_ms = 1000000.0\n",
+            ],
+        );
+    }
+
+    /// QA: `KVMESH_ADMIN_TOKEN=` replaced the file's token with "" (the admin API went off),
+    /// and a bad value in it was blamed on the file's key.
+    #[test]
+    fn empty_env_vars_are_unset_and_bad_ones_are_named() {
+        use std::env::VarError;
+        let file = "[serve]\nadmin_token = \"file-token\"\nengine_api_key = \"file-key\"\n";
+        let mut c = KvmeshConfig::from_toml_str(file, "t.toml")
+            .expect("valid")
+            .serve;
+        c.apply_env(|_| Ok(String::new())).expect("empty = unset");
+        assert_eq!(
+            (c.admin_token.as_str(), c.engine_api_key.as_str()),
+            ("file-token", "file-key")
+        );
+        c.apply_env(|_| Err(VarError::NotPresent)).expect("unset");
+        assert_eq!(c.admin_token, "file-token");
+        c.apply_env(|n| Ok(format!("{n}-v"))).expect("set");
+        assert_eq!(c.admin_token, "KVMESH_ADMIN_TOKEN-v");
+        assert_eq!(c.engine_api_key, "KVMESH_ENGINE_API_KEY-v");
+        for var in ["KVMESH_ADMIN_TOKEN", "KVMESH_ENGINE_API_KEY"] {
+            let mut c = ServeConfig::default();
+            let e = c
+                .apply_env(|n| {
+                    Ok(if n == var {
+                        "a b".into()
+                    } else {
+                        String::new()
+                    })
+                })
+                .expect_err(var)
+                .to_string();
+            assert!(e.contains(&format!("environment variable {var}")), "{e}");
+        }
+    }
+
+    /// `kvmesh serve` refuses a configuration that gives it no engines and no way to get
+    /// some; `kvmesh config check` says so of a file.
+    #[test]
+    fn engine_sources() {
+        assert!(!ServeConfig::default().has_engine_source());
+        for text in [
+            "[serve]\nengines = [\"http://10.0.0.5:8000\"]\n",
+            "[[serve.dns]]\nname = \"vllm:8000\"\n",
+            "[serve]\nadmin_token = \"t\"\n",
+        ] {
+            let c = KvmeshConfig::from_toml_str(text, "t.toml").expect(text);
+            assert!(c.serve.has_engine_source(), "{text}");
         }
     }
 

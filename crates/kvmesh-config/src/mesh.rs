@@ -13,7 +13,8 @@ pub struct MeshConfig {
     /// This router's name: stable across restarts, unique in the cluster; its certificate is
     /// `<tls_dir>/<node_id>.pem`.
     pub node_id: String,
-    /// UDP address of the mesh (QUIC: SWIM datagrams and state streams).
+    /// UDP address of the mesh (QUIC: SWIM datagrams and state streams): an IP:PORT, not a
+    /// name.
     pub listen: String,
     /// Seeds, `host:port` of other routers' mesh addresses (any live one will do).
     pub seeds: Vec<String>,

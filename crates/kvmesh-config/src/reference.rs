@@ -59,7 +59,7 @@ fn parse_structs() -> BTreeMap<String, Vec<Field>> {
                 out.entry(name.clone()).or_default().push(Field {
                     name: field.trim().to_string(),
                     ty: ty.trim().to_string(),
-                    doc: doc.join(" "),
+                    doc: plain(&doc.join(" ")),
                 });
             }
             if !t.starts_with("#[") {
@@ -67,6 +67,49 @@ fn parse_structs() -> BTreeMap<String, Vec<Field>> {
             }
         }
     }
+    out
+}
+
+/// Constants a doc comment links to, by value: the reference is read as plain text.
+fn constant(name: &str) -> Option<String> {
+    match name {
+        "MAX_CANDIDATES" => Some(kvmesh_policy::MAX_CANDIDATES.to_string()),
+        _ => None,
+    }
+}
+
+/// A doc comment as plain text: rustdoc's links (`` [`x`] ``, `` [`x`](path) ``) become
+/// their code (`` `x` ``), and a linked constant its value (QA: "at most
+/// [`MAX_CANDIDATES`]" gave no number).
+fn plain(doc: &str) -> String {
+    let mut out = String::with_capacity(doc.len());
+    let mut rest = doc;
+    while let Some(i) = rest.find("[`") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let Some(j) = after.find("`]") else {
+            out.push_str(&rest[i..]);
+            return out;
+        };
+        let name = &after[..j];
+        let mut tail = &after[j + 2..];
+        // An explicit target, `(path)`, is dropped.
+        if tail.starts_with('(')
+            && let Some(k) = tail.find(')')
+        {
+            tail = &tail[k + 1..];
+        }
+        match constant(name) {
+            Some(v) => out.push_str(&v),
+            None => {
+                out.push('`');
+                out.push_str(name);
+                out.push('`');
+            }
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
     out
 }
 
@@ -179,7 +222,8 @@ pub fn reference_markdown() -> String {
          `Default`, meanings from their doc comments). Every key is optional; a file sets only \
          what differs (`kvmesh config check FILE` loads what the file names — tokenizers, \
          profiles and, when it names the router, its mesh certificates — and prints the \
-         effective configuration)."
+         effective configuration; what a router's flags may still give, its engines and its \
+         `node_id`, it notes rather than refuses)."
     );
     for f in structs.get("KvmeshConfig").into_iter().flatten() {
         let v = defaults.as_ref().and_then(|d| d.get(&f.name));
@@ -244,6 +288,21 @@ mod tests {
             readme[from..to] == reference_markdown(),
             "README.md's configuration reference is out of date: replace the text between the \
              markers with `kvmesh config reference`"
+        );
+    }
+
+    /// Doc comments are read as plain text: no rustdoc link is left (QA: "at most
+    /// [`MAX_CANDIDATES`]", "[`stable_hash`](crate::stable_hash)").
+    #[test]
+    fn reference_has_no_rustdoc_links() {
+        let md = reference_markdown();
+        for leftover in ["[`", "`](", "](crate::"] {
+            assert!(!md.contains(leftover), "{leftover} in the reference");
+        }
+        assert!(md.contains("at most 8."), "candidates' bound, as a number");
+        assert_eq!(
+            plain("a [`b`](crate::b), [`MAX_CANDIDATES`] and [`c`]."),
+            "a `b`, 8 and `c`."
         );
     }
 

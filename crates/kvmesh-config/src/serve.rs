@@ -40,13 +40,14 @@ pub struct ServeConfig {
     /// Bearer token protecting `/admin/engines` (the engines' list and changes to it;
     /// `/admin/cluster` and the other read-only pages need none); empty = `/admin/engines`
     /// is disabled. The
-    /// `KVMESH_ADMIN_TOKEN` environment variable sets it too.
+    /// `KVMESH_ADMIN_TOKEN` environment variable sets it too (over the file; empty = unset).
     pub admin_token: String,
     /// Sent as `Authorization: Bearer KEY` with the router's own requests to the engines
     /// (model discovery, health checks, metrics): for engines started with `--api-key` (vLLM,
     /// SGLang), whose `/v1/models` refuses a request without it (so they serve no model).
     /// Clients' requests are passed on with their own `Authorization`, as they came. Empty =
-    /// none. The `KVMESH_ENGINE_API_KEY` environment variable sets it too.
+    /// none. The `KVMESH_ENGINE_API_KEY` environment variable sets it too (over the file;
+    /// empty = unset).
     pub engine_api_key: String,
     /// How long a shutdown waits for in-flight requests to finish, ms. A meshed router leaves
     /// the mesh after, so its peers count its requests until they end. An answer still
@@ -76,7 +77,7 @@ pub struct ServeConfig {
     /// Client connections served at once; one more is answered with a 503 JSON error and
     /// closed. Each takes a file descriptor, and its request in flight one more to the engine:
     /// keep the process's `ulimit -n` above twice this (beyond it, accepts fail and new
-    /// connections wait in the listen backlog).
+    /// connections wait in the listen backlog). At most 1000000.
     pub max_connections: usize,
     /// Time a client has to send a request's headers (slowloris guard); also closes
     /// keep-alive client connections idle that long (hyper's default, 30 s).
@@ -474,11 +475,12 @@ impl Default for TimeoutConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryConfig {
-    /// Attempts per request including the first (bounded by the policy's `candidates`).
+    /// Attempts per request including the first, 1 to 8. Each goes to another engine of the
+    /// decision's list, so at most the policy's `candidates` (default 3) are made: raise both.
     pub max_attempts: u32,
-    /// First backoff, ms (doubles each retry).
+    /// First backoff, ms (doubles each retry); at most 60000 (a minute).
     pub backoff_base_ms: u64,
-    /// Backoff cap, ms.
+    /// Backoff cap, ms; at most 60000 (a minute).
     pub backoff_max_ms: u64,
     /// Random ± fraction applied to each backoff.
     pub jitter: f64,
@@ -549,202 +551,6 @@ impl ServeConfig {
         }
         Ok(())
     }
-
-    pub(crate) fn validate(&self, at: &str) -> Result<(), ConfigError> {
-        check(
-            self.listen.parse::<std::net::SocketAddr>().is_ok(),
-            &format!("{at}.listen"),
-            "must be an IP:port address such as 127.0.0.1:8080",
-        )?;
-        let mut seen = std::collections::BTreeSet::new();
-        for (i, e) in self.engines.iter().enumerate() {
-            let at = format!("{at}.engines[{i}]");
-            e.validate(&at)?;
-            let url = canonical_base_url(&e.url);
-            check(
-                seen.insert(url.clone()),
-                &format!("{at}.url"),
-                "names an engine listed before it",
-            )?;
-            check(
-                !self.is_own_address(&url),
-                &format!("{at}.url"),
-                "is this router's own listen address (requests would loop)",
-            )?;
-        }
-        for (i, d) in self.dns.iter().enumerate() {
-            check(
-                d.name
-                    .rsplit_once(':')
-                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
-                &format!("{at}.dns[{i}].name"),
-                "must be host:port",
-            )?;
-            check(
-                d.refresh_ms >= 100,
-                &format!("{at}.dns[{i}].refresh_ms"),
-                "must be at least 100",
-            )?;
-            check(
-                valid_weight(d.weight),
-                &format!("{at}.dns[{i}].weight"),
-                WEIGHT_RULE,
-            )?;
-        }
-        self.routing
-            .validate(&format!("{at}.routing"))
-            .map_err(|e| ConfigError::invalid(&e.key, e.message))?;
-        self.prefix.validate(&format!("{at}.prefix"))?;
-        self.mesh.validate(&format!("{at}.mesh"))?;
-        for (m, c) in &self.models {
-            check(
-                !m.trim().is_empty(),
-                &format!("{at}.models"),
-                "a model's section needs its name ([serve.models.\"NAME\"])",
-            )?;
-            c.validate(&format!("{at}.models.{m}"))?;
-        }
-        check(
-            !self
-                .admin_token
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control()),
-            &format!("{at}.admin_token"),
-            "must not contain spaces or control characters (clients send it as `Authorization: Bearer TOKEN`)",
-        )?;
-        check(
-            !self
-                .engine_api_key
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control()),
-            &format!("{at}.engine_api_key"),
-            "must not contain spaces or control characters (sent as `Authorization: Bearer KEY`)",
-        )?;
-        for o in &self.cors_allowed_origins {
-            check(
-                is_origin(o),
-                &format!("{at}.cors_allowed_origins"),
-                &format!(
-                    "{o:?} is not an origin: `*`, or `http://` or `https://` and a host with an optional port, nothing after (as a browser sends `Origin`)"
-                ),
-            )?;
-        }
-        let t = &self.timeouts;
-        check(
-            t.connect_ms >= 1,
-            &format!("{at}.timeouts.connect_ms"),
-            "must be at least 1",
-        )?;
-        check(
-            t.first_byte_ms >= 1,
-            &format!("{at}.timeouts.first_byte_ms"),
-            "must be at least 1",
-        )?;
-        check(
-            t.stream_idle_ms >= 1,
-            &format!("{at}.timeouts.stream_idle_ms"),
-            "must be at least 1",
-        )?;
-        check(
-            t.total_ms >= t.first_byte_ms,
-            &format!("{at}.timeouts.total_ms"),
-            "must be at least first_byte_ms",
-        )?;
-        let r = &self.retry;
-        check(
-            (1..=8).contains(&r.max_attempts),
-            &format!("{at}.retry.max_attempts"),
-            "must be between 1 and 8",
-        )?;
-        check(
-            r.backoff_max_ms >= r.backoff_base_ms,
-            &format!("{at}.retry.backoff_max_ms"),
-            "must be at least backoff_base_ms",
-        )?;
-        check(
-            (0.0..=1.0).contains(&r.jitter),
-            &format!("{at}.retry.jitter"),
-            "must be between 0 and 1",
-        )?;
-        check(
-            self.max_body_bytes >= 1024,
-            &format!("{at}.max_body_bytes"),
-            "must be at least 1024",
-        )?;
-        check(
-            self.discovery_interval_ms >= 100,
-            &format!("{at}.discovery_interval_ms"),
-            "must be at least 100",
-        )?;
-        check(
-            self.max_connections >= 1,
-            &format!("{at}.max_connections"),
-            "must be at least 1",
-        )?;
-        check(
-            self.header_read_timeout_ms >= 100,
-            &format!("{at}.header_read_timeout_ms"),
-            "must be at least 100",
-        )?;
-        check(
-            self.drain_timeout_ms <= 86_400_000,
-            &format!("{at}.drain_timeout_ms"),
-            "must be at most 86400000 (a day)",
-        )?;
-        check(
-            self.shutdown_delay_ms <= 600_000,
-            &format!("{at}.shutdown_delay_ms"),
-            "must be at most 600000 (10 minutes)",
-        )?;
-        check(
-            self.body_read_timeout_ms >= 100,
-            &format!("{at}.body_read_timeout_ms"),
-            "must be at least 100",
-        )?;
-        check(
-            (100..=86_400_000).contains(&self.send_timeout_ms),
-            &format!("{at}.send_timeout_ms"),
-            "must be from 100 to 86400000 (a day)",
-        )?;
-        check(
-            !self.request_id_header.is_empty() && http_header_name_ok(&self.request_id_header),
-            &format!("{at}.request_id_header"),
-            "must be a valid header name",
-        )
-    }
-}
-
-/// `*`, or an origin as a browser sends it in `Origin`: `http://` or `https://`, a host
-/// (letters, digits, `.`, `-`, or a bracketed IPv6 address) and an optional port, nothing
-/// after.
-fn is_origin(o: &str) -> bool {
-    if o == "*" {
-        return true;
-    }
-    let Some(rest) = o
-        .strip_prefix("http://")
-        .or_else(|| o.strip_prefix("https://"))
-    else {
-        return false;
-    };
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) if !h.starts_with('[') || h.ends_with(']') => (h, Some(p)),
-        _ => (rest, None),
-    };
-    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        v6.parse::<std::net::Ipv6Addr>().is_ok()
-    } else {
-        !host.is_empty()
-            && host
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-    };
-    host_ok && port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0))
-}
-
-fn http_header_name_ok(s: &str) -> bool {
-    s.bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Whether `url` (a canonical base URL, `http://host:port`) names the address `listen`: the
@@ -774,6 +580,9 @@ pub fn is_listen_address(listen: std::net::SocketAddr, url: &str) -> bool {
         }
     }
 }
+
+mod validate;
+pub use validate::{MAX_CONNECTIONS, SERVE_ENV_VARS};
 
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,17 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
+/// The most KV-cache blocks a simulated engine has (`sim.engine.num_blocks`, `--kv-blocks`):
+/// 16M blocks, 268M tokens of 16 (the engine's block pool holds below `u32::MAX`, and
+/// allocates per block at start).
+pub const MAX_NUM_BLOCKS: u32 = 1 << 24;
+/// The range of `sim.time_scale` (`--time-scale`): beyond it simulated durations overflow.
+pub const MIN_TIME_SCALE: f64 = 0.001;
+/// See [`MIN_TIME_SCALE`].
+pub const MAX_TIME_SCALE: f64 = 1000.0;
+/// The largest timing override (`[sim.engine.timing]`), in its unit.
+const MAX_TIMING: f64 = 1e6;
+
 /// Configuration of one simulated engine (`kvmesh sim`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -26,7 +37,8 @@ pub struct SimConfig {
     /// Completion length when a request gives no `max_tokens` (the simulator always generates
     /// exactly `max_tokens`, as vLLM does with `ignore_eos`).
     pub default_max_tokens: u32,
-    /// Multiplies every simulated duration: 0.1 runs ten times faster than real time.
+    /// Multiplies every simulated duration: 0.1 runs ten times faster than real time. From
+    /// 0.001 to 1000.
     pub time_scale: f64,
     /// Seed of every random choice (generated tokens, fault dice, the engine's block-hash seed).
     pub seed: u64,
@@ -94,9 +106,9 @@ impl SimConfig {
             "must be at least 1",
         )?;
         check(
-            self.time_scale.is_finite() && self.time_scale > 0.0,
+            (MIN_TIME_SCALE..=MAX_TIME_SCALE).contains(&self.time_scale),
             &format!("{at}.time_scale"),
-            "must be a positive number (0.1 = ten times faster than real time)",
+            "must be from 0.001 to 1000 (0.1 = ten times faster than real time)",
         )?;
         check(
             self.max_body_bytes >= 1024,
@@ -137,7 +149,7 @@ pub struct EngineModelConfig {
     pub block_size: u32,
     /// KV-cache capacity in blocks. Default 24,000 blocks × 16 = 384k tokens: an 8B model with
     /// 8 KV heads × 128 dims × 36 layers in bf16 needs 144 KiB per token, and an 80 GB H100 at
-    /// 90% utilisation minus 16 GB of weights leaves ~56 GB ≈ 380k tokens.
+    /// 90% utilisation minus 16 GB of weights leaves ~56 GB ≈ 380k tokens. From 2 to 16777216.
     pub num_blocks: u32,
     /// Maximum sequences running at once (vLLM `--max-num-seqs`, default 256).
     pub max_num_seqs: u32,
@@ -174,9 +186,9 @@ impl EngineModelConfig {
             "must be between 1 and 4096 tokens",
         )?;
         check(
-            self.num_blocks >= 2,
+            (2..=MAX_NUM_BLOCKS).contains(&self.num_blocks),
             &format!("{at}.num_blocks"),
-            "must be at least 2",
+            "must be from 2 to 16777216",
         )?;
         check(
             self.max_num_seqs >= 1,
@@ -202,15 +214,15 @@ impl EngineModelConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TimingOverrides {
-    /// Fixed cost of one engine step, milliseconds.
+    /// Fixed cost of one engine step, milliseconds (0 to 1000000).
     pub step_base_ms: Option<f64>,
-    /// Cost per prefill token (linear layers), microseconds.
+    /// Cost per prefill token (linear layers), microseconds (0 to 1000000).
     pub prefill_token_us: Option<f64>,
-    /// Cost per (prefill token × context token it attends to), nanoseconds.
+    /// Cost per (prefill token × context token it attends to), nanoseconds (0 to 1000000).
     pub prefill_attention_ns: Option<f64>,
-    /// Cost per decoding sequence in the batch, microseconds.
+    /// Cost per decoding sequence in the batch, microseconds (0 to 1000000).
     pub decode_seq_us: Option<f64>,
-    /// Cost per context token attended by a decoding sequence, nanoseconds.
+    /// Cost per context token attended by a decoding sequence, nanoseconds (0 to 1000000).
     pub decode_context_ns: Option<f64>,
 }
 
@@ -225,9 +237,9 @@ impl TimingOverrides {
         ] {
             if let Some(v) = v {
                 check(
-                    v.is_finite() && v >= 0.0,
+                    (0.0..=MAX_TIMING).contains(&v),
                     &format!("{at}.{name}"),
-                    "must be a finite number >= 0",
+                    "must be a number from 0 to 1000000 (in its unit: ms, µs or ns)",
                 )?;
             }
         }

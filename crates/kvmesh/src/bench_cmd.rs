@@ -187,8 +187,13 @@ fn plan(a: &BenchArgs) -> Result<Plan, String> {
     if !(s.time_scale > 0.0 && s.time_scale <= 10.0) {
         return Err("--time-scale must be in (0, 10]".into());
     }
-    if a.kv_blocks.is_some_and(|b| b < 2) {
-        return Err("--kv-blocks must be at least 2".into());
+    if a.kv_blocks
+        .is_some_and(|b| !(2..=kvmesh_config::MAX_NUM_BLOCKS).contains(&b))
+    {
+        return Err(format!(
+            "--kv-blocks must be from 2 to {}",
+            kvmesh_config::MAX_NUM_BLOCKS
+        ));
     }
     if !(s.trace_speedup > 0.0 && s.trace_speedup.is_finite()) {
         return Err("--speedup must be above 0".into());

@@ -87,7 +87,9 @@ enum ConfigCmd {
     Defaults,
     /// Print the configuration reference (every key, default and meaning) as markdown.
     Reference,
-    /// Check a config file and print the effective configuration.
+    /// Check a config file (its values and the files it names) and print the effective
+    /// configuration; what `serve` may still get from its flags (engines, --node-id) is noted,
+    /// not refused.
     Check {
         /// The file.
         file: std::path::PathBuf,
@@ -239,8 +241,9 @@ fn main() -> ExitCode {
 }
 
 /// `kvmesh config check FILE`: what `serve` and `sim` would refuse at start (the files they
-/// load included), and the effective configuration. A router's name may be left to its flags (one file for every
-/// router, as the Kubernetes ConfigMap does): said, not refused.
+/// load included), and the effective configuration. What a router's flags or environment may
+/// still give is said, not refused: its name (one file for every router, as the Kubernetes
+/// ConfigMap does) and its engines (`--engine`, `--dns`, `--node-id`, `--admin-token`).
 fn config_check(file: &std::path::Path) -> Result<(), String> {
     let c = kvmesh_config::KvmeshConfig::read(file).map_err(|e| e.to_string())?;
     let mut checked = c.clone();
@@ -251,6 +254,9 @@ fn config_check(file: &std::path::Path) -> Result<(), String> {
         checked.serve.mesh.node_id = "node".into();
     }
     checked.validate().map_err(|e| e.to_string())?;
+    if let Some(note) = serve_cmd::no_engines_note(&c.serve) {
+        eprintln!("note: {note}");
+    }
     c.serve.check_files().map_err(|e| e.to_string())?;
     c.sim.check_files().map_err(|e| e.to_string())?;
     kvmesh_engine::EngineParams::from_config(&c.sim.engine, c.sim.max_model_len, c.sim.seed)

@@ -45,25 +45,17 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME", value_parser = parse_policy, help = format!("Default routing policy: {} [default: {}]", policy_names(), d().routing.policy.policy.as_str()))]
     pub policy: Option<PolicyKind>,
     /// Bearer token protecting /admin/engines (empty = /admin/engines disabled; /admin/cluster needs none).
-    #[arg(
-        long,
-        env = "KVMESH_ADMIN_TOKEN",
-        value_name = "TOKEN",
-        hide_env_values = true
-    )]
+    /// [env: KVMESH_ADMIN_TOKEN, over the file; empty = unset]
+    #[arg(long, value_name = "TOKEN")]
     pub admin_token: Option<String>,
     /// Key the router sends (`Authorization: Bearer KEY`) on its own requests to engines started with --api-key: model discovery, health checks, metrics.
-    #[arg(
-        long,
-        env = "KVMESH_ENGINE_API_KEY",
-        value_name = "KEY",
-        hide_env_values = true
-    )]
+    /// [env: KVMESH_ENGINE_API_KEY, over the file; empty = unset]
+    #[arg(long, value_name = "KEY")]
     pub engine_api_key: Option<String>,
     /// A web page origin that may call the router from a browser (CORS), as the browser sends `Origin` (`https://app.example.com`; `*` = any); repeatable, replaces the file's list.
     #[arg(long = "cors-allowed-origin", value_name = "ORIGIN")]
     pub cors_allowed_origins: Vec<String>,
-    #[arg(long, value_name = "N", help = format!("Attempts per request including the first [default: {}]", d().retry.max_attempts))]
+    #[arg(long, value_name = "N", help = format!("Attempts per request including the first, each on another engine: at most the policy's `candidates` ({}) are made, so raise both [default: {}]", d().routing.policy.candidates, d().retry.max_attempts))]
     pub max_attempts: Option<u32>,
     #[arg(
         long = "routing-seed",
@@ -88,7 +80,7 @@ pub struct ServeArgs {
     /// This router's name in the mesh (joins the mesh; needs --tls-dir).
     #[arg(long, value_name = "NAME")]
     pub node_id: Option<String>,
-    #[arg(long, value_name = "HOST:PORT", help = format!("UDP address of the mesh [default: {}]", d().mesh.listen))]
+    #[arg(long, value_name = "IP:PORT", help = format!("UDP address of the mesh, an IP address and port (not a name) [default: {}]", d().mesh.listen))]
     pub mesh_listen: Option<String>,
     /// A seed: another router's mesh address (repeatable).
     #[arg(long = "seed", value_name = "HOST:PORT")]
@@ -114,13 +106,23 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// The effective configuration: defaults ← file ← flags, validated.
+    /// The effective configuration: defaults ← file ← environment variables ← flags,
+    /// validated.
     pub fn resolve(&self) -> Result<ServeConfig, String> {
+        self.resolve_with(|name| std::env::var(name))
+    }
+
+    /// [`ServeArgs::resolve`] with the environment variables read by `var`.
+    fn resolve_with(
+        &self,
+        var: impl Fn(&str) -> Result<String, std::env::VarError>,
+    ) -> Result<ServeConfig, String> {
         let mut file = match &self.config {
             Some(p) => KvmeshConfig::read(p).map_err(|e| e.to_string())?,
             None => KvmeshConfig::default(),
         };
         let c = &mut file.serve;
+        c.apply_env(var).map_err(|e| e.to_string())?;
         if let Some(v) = &self.listen {
             c.listen = v.clone();
         }
@@ -221,15 +223,24 @@ impl ServeArgs {
         file.validate().map_err(|e| e.to_string())?;
         // A router may start without engines when something can give it some: its mesh (the
         // cluster's registry) or its admin API.
-        let s = &file.serve;
-        if s.engines.is_empty() && s.dns.is_empty() && !s.mesh.enabled && s.admin_token.is_empty() {
-            return Err(
-                "no engines: give --engine URL (repeatable), --dns HOST:PORT, or [serve] engines in --config (or start it empty with --admin-token, to add them through /admin/engines, or --node-id, to take a mesh's)"
-                    .into(),
-            );
+        if !file.serve.has_engine_source() {
+            return Err(format!("no engines: {NO_ENGINES}"));
         }
         Ok(file.serve)
     }
+}
+
+const NO_ENGINES: &str = "give --engine URL (repeatable), --dns HOST:PORT, or [serve] engines in --config (or start it empty with --admin-token, to add them through /admin/engines, or --node-id, to take a mesh's)";
+
+/// What `kvmesh config check` says of a file whose `[serve]` gives the router no engines:
+/// `kvmesh serve` refuses it unless its flags or environment give some (a file for `sim`
+/// alone, or one completed by each router's flags, is not wrong).
+pub fn no_engines_note(cfg: &ServeConfig) -> Option<String> {
+    (!cfg.has_engine_source()).then(|| {
+        format!(
+            "[serve] gives the router no engines: `kvmesh serve --config FILE` alone refuses to start (no engines); {NO_ENGINES}, or set KVMESH_ADMIN_TOKEN"
+        )
+    })
 }
 
 /// Runs the router until Ctrl-C / SIGTERM, then drains.
@@ -274,4 +285,102 @@ pub fn check_mesh_certificates(cfg: &ServeConfig) -> Result<(), String> {
         .1
         .map(|_| ())
         .map_err(|e| format!("serve.mesh.tls_dir {}: {e}", m.tls_dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    /// QA: `KVMESH_ADMIN_TOKEN=` (empty) replaced the file's token with "" and disabled
+    /// `/admin/engines`; a bad value was blamed on `serve.admin_token`.
+    #[test]
+    fn empty_env_vars_keep_the_files_tokens_and_bad_ones_are_named() {
+        let dir = std::env::temp_dir().join(format!("kvmesh-serve-env-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("serve.toml");
+        std::fs::write(
+            &file,
+            "[serve]\nengines = [\"http://127.0.0.1:9\"]\nadmin_token = \"from-file\"\nengine_api_key = \"key\"\n",
+        )
+        .expect("write");
+        let args = Cli::parse_from(["t", "--config", file.to_str().expect("utf-8")]).serve;
+        let c = args
+            .resolve_with(|_| Ok(String::new()))
+            .expect("empty = unset");
+        assert_eq!(
+            (c.admin_token.as_str(), c.engine_api_key.as_str()),
+            ("from-file", "key")
+        );
+        let c = args
+            .resolve_with(|n| {
+                Ok(if n == "KVMESH_ADMIN_TOKEN" {
+                    "env".into()
+                } else {
+                    String::new()
+                })
+            })
+            .expect("set");
+        assert_eq!(c.admin_token, "env");
+        let e = args
+            .resolve_with(|n| {
+                Ok(if n == "KVMESH_ADMIN_TOKEN" {
+                    "a b".into()
+                } else {
+                    String::new()
+                })
+            })
+            .expect_err("a space");
+        assert!(e.contains("environment variable KVMESH_ADMIN_TOKEN"), "{e}");
+        // The flag is over the environment variable.
+        let args = Cli::parse_from([
+            "t",
+            "--config",
+            file.to_str().expect("utf-8"),
+            "--admin-token",
+            "flag",
+        ])
+        .serve;
+        let c = args.resolve_with(|_| Ok("env".into())).expect("flag");
+        assert_eq!(c.admin_token, "flag");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// QA: `--mesh-listen` said HOST:PORT and refused a name (`must be IP:PORT`).
+    #[test]
+    fn mesh_listen_says_ip_port() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == "mesh_listen")
+            .expect("--mesh-listen");
+        let names: Vec<_> = arg.get_value_names().expect("a value name").to_vec();
+        assert_eq!(names, ["IP:PORT"]);
+    }
+
+    /// QA: `kvmesh config check` passed an empty file that `kvmesh serve --config FILE
+    /// --check-config` refuses (no engines); the check says so now.
+    #[test]
+    fn config_check_notes_a_serve_without_engines() {
+        let empty = ServeConfig::default();
+        let note = no_engines_note(&empty).expect("a note");
+        assert!(note.contains("no engines"), "{note}");
+        let args = Cli::parse_from(["t"]).serve;
+        let e = args
+            .resolve_with(|_| Ok(String::new()))
+            .expect_err("no engines");
+        assert!(e.contains("no engines"), "{e}");
+        let with = ServeConfig {
+            admin_token: "t".into(),
+            ..ServeConfig::default()
+        };
+        assert_eq!(no_engines_note(&with), None);
+    }
 }

@@ -279,8 +279,11 @@ impl UpArgs {
         if !(self.time_scale > 0.0 && self.time_scale <= 10.0) {
             return Err("--time-scale must be in (0, 10]".into());
         }
-        if self.kv_blocks() < 2 {
-            return Err("--kv-blocks must be at least 2".into());
+        if !(2..=kvmesh_config::MAX_NUM_BLOCKS).contains(&self.kv_blocks()) {
+            return Err(format!(
+                "--kv-blocks must be from 2 to {}",
+                kvmesh_config::MAX_NUM_BLOCKS
+            ));
         }
         if let Some(p) = &self.log_file {
             if self.verbose {
@@ -483,6 +486,22 @@ mod tests {
         assert_eq!(l.last(), 9000 + 18 - 1);
         assert!(Layout::new(65_530, 3, 4).is_err());
         assert_eq!(Layout::new(0, 3, 4).expect("layout").routers(), None);
+    }
+
+    /// QA: `kvmesh up --kv-blocks 4294967295` panicked in the engine's block pool.
+    #[test]
+    fn kv_blocks_beyond_the_pool_are_refused() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            up: UpArgs,
+        }
+        let up = |blocks: &str| Cli::parse_from(["t", "--kv-blocks", blocks]).up.check();
+        let e = up("4294967295").expect_err("u32::MAX blocks");
+        assert!(e.contains("--kv-blocks"), "{e}");
+        assert!(up("16777217").is_err());
+        up("16777216").expect("the largest pool");
     }
 
     #[test]

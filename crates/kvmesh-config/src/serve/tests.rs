@@ -1,5 +1,6 @@
 //! Engine URLs and entries, their spelling, and the serve section's checks.
 
+use super::validate::is_origin;
 use super::*;
 
 #[test]
