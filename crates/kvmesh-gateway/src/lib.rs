@@ -155,22 +155,11 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
         .map_err(|e| GatewayError::Config(e.to_string()))?;
     let gw = Arc::new(Gateway::new(cfg, None));
     // Tokenizers of cache-aware policies load now: a bad path stops start-up.
-    let mut paths: Vec<&str> = Vec::new();
-    if gw.cfg.routing.policy.policy.uses_prefix() {
-        paths.push(&gw.cfg.prefix.tokenizer);
-    }
-    for (m, mc) in &gw.cfg.models {
-        if gw.cfg.model_policy(m).policy.uses_prefix() || mc.tokenizer.is_some() {
-            paths.push(gw.cfg.model_tokenizer(m));
-        }
-    }
-    paths.sort_unstable();
-    paths.dedup();
-    for p in paths {
+    for (key, p) in tokenizers_at_start(&gw.cfg) {
         gw.registry
             .prefix
             .tokenizer(p)
-            .map_err(GatewayError::Config)?;
+            .map_err(|e| GatewayError::Config(format!("{key}: {e}")))?;
     }
     spawn_sweeper(&gw);
     spawn_reference_refresh(&gw);
@@ -348,6 +337,36 @@ async fn route_all(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     resp
 }
 
+/// The tokenizers a router loads at start (those of cache-aware policies, and any a model
+/// names), each once, with the key that names it.
+fn tokenizers_at_start(cfg: &ServeConfig) -> Vec<(String, &str)> {
+    let mut paths: Vec<(String, &str)> = Vec::new();
+    if cfg.routing.policy.policy.uses_prefix() {
+        paths.push(("serve.prefix.tokenizer".into(), &cfg.prefix.tokenizer));
+    }
+    for (m, mc) in &cfg.models {
+        if cfg.model_policy(m).policy.uses_prefix() || mc.tokenizer.is_some() {
+            let key = match mc.tokenizer {
+                Some(_) => format!("serve.models.\"{m}\".tokenizer"),
+                None => "serve.prefix.tokenizer".into(),
+            };
+            paths.push((key, cfg.model_tokenizer(m)));
+        }
+    }
+    paths.sort_unstable_by(|a, b| a.1.cmp(b.1));
+    paths.dedup_by(|a, b| a.1 == b.1);
+    paths
+}
+
+/// Loads every tokenizer the router would load at start (`kvmesh serve --check-config`): an
+/// error names the key (QA33: the check only saw that the path existed).
+pub fn check_tokenizers(cfg: &ServeConfig) -> Result<(), String> {
+    for (key, p) in tokenizers_at_start(cfg) {
+        prefix::load_tokenizer(p).map_err(|e| format!("{key}: {e}"))?;
+    }
+    Ok(())
+}
+
 /// An HTTP/1.1 request without exactly one `Host`, or with one that is not `host[:port]`, is
 /// refused (RFC 9112 §3.2: the server answers it with a 400), as nginx does (QA29: the router
 /// served one; QA31: `Host: a, b`, two lines a proxy merged, passed).
@@ -512,5 +531,31 @@ mod tests {
         for bad in bad {
             assert!(!super::host_ok(bad.as_bytes()), "{bad}");
         }
+    }
+
+    /// `--check-config` loads the tokenizers the router would load, and a refusal names the
+    /// key (QA33: a directory without tokenizer.json, or a JSON file that is no tokenizer,
+    /// passed the check, which only saw that the path existed, and start-up failed).
+    #[test]
+    fn the_check_loads_the_tokenizers_start_up_loads() {
+        let dir = std::env::temp_dir().join(format!("kvmesh-tok-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let not_one = dir.join("not-a-tokenizer.json");
+        std::fs::write(&not_one, "{}").expect("write");
+        let mut cfg = kvmesh_config::ServeConfig::default();
+        cfg.routing.policy.policy = kvmesh_policy::PolicyKind::CacheAware;
+        super::check_tokenizers(&cfg).expect("the bundled tokenizer loads");
+        for bad in [&dir, &not_one] {
+            cfg.prefix.tokenizer = bad.to_string_lossy().into_owned();
+            let e = super::check_tokenizers(&cfg).expect_err("not a tokenizer");
+            assert!(
+                e.starts_with("serve.prefix.tokenizer: cannot load tokenizer"),
+                "{e}"
+            );
+        }
+        // A policy that does not read prompts loads none.
+        cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+        super::check_tokenizers(&cfg).expect("nothing to load");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -195,16 +195,7 @@ impl PrefixState {
         }
         // Loading takes a moment (hundreds of ms for a large vocabulary); done outside the
         // lock, a concurrent load of the same path just wastes one.
-        let t = if path.is_empty() {
-            Tokenizer::bundled_default()
-        } else {
-            Tokenizer::from_path(Path::new(path))
-        }
-        .map_err(|e| {
-            let shown = if path.is_empty() { "(bundled)" } else { path };
-            format!("cannot load tokenizer {shown}: {e}")
-        })?;
-        let t = Arc::new(t);
+        let t = Arc::new(load_tokenizer(path)?);
         lock(&self.tokenizers).insert(path.to_string(), t.clone());
         Ok(t)
     }
@@ -773,4 +764,17 @@ pub fn ttl_plan(cfg: &PrefixConfig) -> TtlPlan {
         speculative_us: cfg.speculative_ttl_ms.saturating_mul(1000),
         approximate_us: cfg.approximate_ttl_ms.saturating_mul(1000),
     }
+}
+
+/// Loads the tokenizer at `path` (empty: the bundled one).
+pub fn load_tokenizer(path: &str) -> Result<Tokenizer, String> {
+    if path.is_empty() {
+        Tokenizer::bundled_default()
+    } else {
+        Tokenizer::from_path(Path::new(path))
+    }
+    .map_err(|e| {
+        let shown = if path.is_empty() { "(bundled)" } else { path };
+        format!("cannot load tokenizer {shown}: {e}")
+    })
 }

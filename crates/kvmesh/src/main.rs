@@ -181,6 +181,7 @@ fn main() -> ExitCode {
             Ok(cfg) if args.check_config => cfg
                 .check_files()
                 .map_err(|e| e.to_string())
+                .and_then(|()| kvmesh_gateway::check_tokenizers(&cfg))
                 .and_then(|()| serve_cmd::check_mesh_certificates(&cfg))
                 .map(|()| {
                     let whole = kvmesh_config::KvmeshConfig {
