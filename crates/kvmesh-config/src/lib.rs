@@ -127,8 +127,19 @@ impl KvmeshConfig {
 
     /// Checks every value; the error names the first bad key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.sim.validate("sim")?;
+        self.validate_sim()?;
+        self.validate_serve()
+    }
+
+    /// Checks the `[serve]` section alone: what `kvmesh serve` runs on (a shared file's
+    /// `[sim]` is another process's, and may be completed by that process's flags).
+    pub fn validate_serve(&self) -> Result<(), ConfigError> {
         self.serve.validate("serve")
+    }
+
+    /// Checks the `[sim]` section alone: what `kvmesh sim` runs on.
+    pub fn validate_sim(&self) -> Result<(), ConfigError> {
+        self.sim.validate("sim")
     }
 
     /// The defaults rendered as a TOML document (for `kvmesh config defaults`).

@@ -220,7 +220,8 @@ impl ServeArgs {
                 );
             }
         }
-        file.validate().map_err(|e| e.to_string())?;
+        // Its own section only (QA33: a shared file's [sim] stopped the router).
+        file.validate_serve().map_err(|e| e.to_string())?;
         // A router may start without engines when something can give it some: its mesh (the
         // cluster's registry) or its admin API.
         if !file.serve.has_engine_source() {
@@ -382,5 +383,40 @@ mod tests {
             ..ServeConfig::default()
         };
         assert_eq!(no_engines_note(&with), None);
+    }
+
+    /// QA33: a file shared by `serve` and `sim` stopped the router over its `[sim]` section
+    /// (and the simulator over its `[serve]`): each command checks its own section.
+    #[test]
+    fn a_shared_file_s_other_section_is_not_the_router_s() {
+        let dir = std::env::temp_dir().join(format!("kvmesh-shared-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("shared.toml");
+        std::fs::write(
+            &file,
+            "[serve]\nengines = [\"http://127.0.0.1:9\"]\n[serve.mesh]\nenabled = true\ntls_dir = \"certs\"\n[sim]\ntime_scale = 0.0\n",
+        )
+        .expect("write");
+        let path = file.to_str().expect("utf-8");
+        // The router's own section is checked: node_id is missing without --node-id.
+        let args = Cli::parse_from(["t", "--config", path]).serve;
+        let e = args
+            .resolve_with(|_| Ok(String::new()))
+            .expect_err("node_id");
+        assert!(e.contains("serve.mesh.node_id"), "{e}");
+        let args = Cli::parse_from(["t", "--config", path, "--node-id", "a"]).serve;
+        args.resolve_with(|_| Ok(String::new()))
+            .expect("the [sim] section is the simulator's");
+        #[derive(Parser)]
+        struct SimCli {
+            #[command(flatten)]
+            sim: crate::sim_cmd::SimArgs,
+        }
+        let sim = SimCli::parse_from(["t", "--config", path]).sim;
+        let e = sim.resolve().expect_err("its own time_scale");
+        assert!(e.contains("sim.time_scale"), "{e}");
+        let sim = SimCli::parse_from(["t", "--config", path, "--time-scale", "1"]).sim;
+        sim.resolve().expect("the [serve] section is the router's");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
