@@ -118,6 +118,13 @@ pub fn status_json(gw: &Gateway) -> http::Response<Body> {
         "mesh": gw.mesh.get().is_some(),
         "warm": gw.mesh.get().is_none_or(|m| m.is_warm()),
         "policy": gw.cfg.routing.policy.policy.as_str(),
+        // The models whose own policy overrides it.
+        "model_policies": gw
+            .cfg
+            .models
+            .iter()
+            .filter_map(|(m, c)| Some((m.clone(), c.policy.as_ref()?.policy.as_str())))
+            .collect::<std::collections::BTreeMap<_, _>>(),
         "models": gw.registry.models(),
         "uptime_s": now.saturating_sub(gw.started_unix.saturating_mul(1_000_000)) / 1_000_000,
         "requests": gw.metrics.requests.get(),

@@ -22,6 +22,7 @@ async fn status_json_shows_engines_and_the_last_decisions() {
     let (_, body) = get(&c, &format!("{base}/status.json")).await;
     let v: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(v["policy"], "cache_aware");
+    assert_eq!(v["model_policies"], serde_json::json!({}));
     assert_eq!(v["mesh"], false);
     let listed: Vec<&str> = v["engines"]
         .as_array()
@@ -75,6 +76,36 @@ async fn status_json_shows_engines_and_the_last_decisions() {
     );
     assert_eq!(recent[2]["predicted_cached_tokens"], 0, "{recent:?}");
 
+    router.shutdown().await;
+    stop_sims(sims).await;
+}
+
+/// A model's own policy overrides the default one: `/status.json` says which (QA33: with
+/// `--policy round_robin` over a file giving the model `precise`, it named round_robin alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_json_names_the_models_own_policies() {
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let mut cfg = serve_cfg(&urls(&sims));
+    cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+    let own = kvmesh_policy::PolicyConfig {
+        policy: kvmesh_policy::PolicyKind::LeastRequest,
+        ..Default::default()
+    };
+    cfg.models.insert(
+        "m".into(),
+        kvmesh_config::ModelConfig {
+            policy: Some(own),
+            ..Default::default()
+        },
+    );
+    let router = start_router_with(cfg, "m", 1).await;
+    let (_, body) = get(&client(), &format!("{}/status.json", router.base_url())).await;
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["policy"], "round_robin");
+    assert_eq!(
+        v["model_policies"],
+        serde_json::json!({ "m": "least_request" })
+    );
     router.shutdown().await;
     stop_sims(sims).await;
 }

@@ -42,7 +42,7 @@ pub struct ServeArgs {
     /// A DNS name (host:port) resolving to many engines, re-resolved periodically (repeatable).
     #[arg(long = "dns", value_name = "HOST:PORT")]
     pub dns: Vec<String>,
-    #[arg(long, value_name = "NAME", value_parser = parse_policy, help = format!("Default routing policy: {} [default: {}]", policy_names(), d().routing.policy.policy.as_str()))]
+    #[arg(long, value_name = "NAME", value_parser = parse_policy, help = format!("Default routing policy: {}; a model with its own ([serve.models.\"M\".policy]) keeps it [default: {}]", policy_names(), d().routing.policy.policy.as_str()))]
     pub policy: Option<PolicyKind>,
     /// Bearer token protecting /admin/engines (empty = /admin/engines disabled; /admin/cluster needs none).
     /// [env: KVMESH_ADMIN_TOKEN, over the file; empty = unset]
@@ -249,8 +249,20 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     let server = kvmesh_gateway::start(cfg.clone())
         .await
         .map_err(|e| e.to_string())?;
+    // Models with a policy of their own say so (QA33: `--policy` sets the default, and the
+    // banner named it alone while a model's own policy from the file routed).
+    let own: Vec<String> = cfg
+        .models
+        .iter()
+        .filter_map(|(m, c)| Some(format!("{m}: {}", c.policy.as_ref()?.policy.as_str())))
+        .collect();
+    let own = if own.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", own.join(", "))
+    };
     eprintln!(
-        "kvmesh serve: {} with {} engine(s), policy {}, models {:?}",
+        "kvmesh serve: {} with {} engine(s), policy {}{own}, models {:?}",
         server.base_url(),
         server.gateway.registry.members().len(),
         cfg.routing.policy.policy.as_str(),
