@@ -327,7 +327,7 @@ impl Cluster {
             .send(Input::SeedEngines(seeds))
             .await
             .map_err(|_| "mesh: the node stopped at its start".to_string())?;
-        tracing::info!(node = %cfg.node_id, addr = %c.addr().map(|a| a.to_string()).unwrap_or_default(), "joined the mesh");
+        tracing::info!(node = %cfg.node_id, addr = %c.addr().map(|a| a.to_string()).unwrap_or_default(), "mesh node started: joining through its seeds (see /admin/cluster for its members)");
         let flush = Duration::from_millis(cfg.flush_ms);
         let (g, cl) = (gw.clone(), c.clone());
         gw.tasks.spawn(async move { cl.local_loop(g, flush).await });

@@ -161,6 +161,19 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
             .tokenizer(p)
             .map_err(|e| GatewayError::Config(format!("{key}: {e}")))?;
     }
+    // The port is taken before anything starts (QA33: engines were added, and logged, before
+    // a port in use stopped start-up); connections wait in its backlog until it serves.
+    let listener = tokio::net::TcpListener::bind(&gw.cfg.listen)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: gw.cfg.listen.clone(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| GatewayError::Bind {
+        addr: gw.cfg.listen.clone(),
+        source,
+    })?;
+    gw.registry.set_listen(addr);
     spawn_sweeper(&gw);
     spawn_reference_refresh(&gw);
     for e in gw.cfg.engines.clone() {
@@ -191,17 +204,6 @@ pub async fn start(cfg: ServeConfig) -> Result<GatewayServer, GatewayError> {
         None
     };
 
-    let listener = tokio::net::TcpListener::bind(&gw.cfg.listen)
-        .await
-        .map_err(|source| GatewayError::Bind {
-            addr: gw.cfg.listen.clone(),
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| GatewayError::Bind {
-        addr: gw.cfg.listen.clone(),
-        source,
-    })?;
-    gw.registry.set_listen(addr);
     let (tx, rx) = oneshot::channel();
     let drain = Duration::from_millis(gw.cfg.drain_timeout_ms);
     let limits = kvmesh_http::ServeLimits {
