@@ -246,9 +246,17 @@ pub fn no_engines_note(cfg: &ServeConfig) -> Option<String> {
 
 /// Runs the router until Ctrl-C / SIGTERM, then drains.
 pub async fn run(cfg: ServeConfig) -> Result<(), String> {
-    let server = kvmesh_gateway::start(cfg.clone())
-        .await
-        .map_err(|e| e.to_string())?;
+    // A signal during start-up (the first discovery waits up to 3 s for engines) stops it
+    // too, said (QA33: it ended the process with 143 and no word).
+    let stop = crate::wait_for_signal();
+    tokio::pin!(stop);
+    let server = tokio::select! {
+        s = kvmesh_gateway::start(cfg.clone()) => s.map_err(|e| e.to_string())?,
+        () = &mut stop => {
+            eprintln!("kvmesh serve: stopped during start-up");
+            return Ok(());
+        }
+    };
     // Models with a policy of their own say so (QA33: `--policy` sets the default, and the
     // banner named it alone while a model's own policy from the file routed).
     let own: Vec<String> = cfg
@@ -268,7 +276,7 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
         cfg.routing.policy.policy.as_str(),
         server.gateway.registry.models()
     );
-    crate::wait_for_signal().await;
+    stop.await;
     if cfg.shutdown_delay_ms > 0 {
         eprintln!(
             "kvmesh serve: stopping: /health answers 503, serving {} ms more (a second signal stops now), then draining",

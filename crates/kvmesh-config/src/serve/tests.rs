@@ -155,6 +155,19 @@ fn engines_listed_twice_or_at_the_routers_own_address_are_refused() {
     .expect("another host");
 }
 
+/// QA33: two `[[serve.dns]]` entries of one name were accepted; their loops fought over its
+/// engines, warning at every refresh.
+#[test]
+fn a_dns_name_listed_twice_is_refused() {
+    let parse = |t: &str| crate::KvmeshConfig::from_toml_str(t, "test");
+    let two = |a: &str, b: &str| {
+        format!("[[serve.dns]]\nname = \"{a}\"\n[[serve.dns]]\nname = \"{b}\"\n")
+    };
+    parse(&two("vllm:8000", "vllm:8001")).expect("two names");
+    let e = parse(&two("vllm:8000", "VLLM:8000")).expect_err("twice");
+    assert!(e.to_string().contains("serve.dns[1].name"), "{e}");
+}
+
 #[test]
 fn tokenizer_paths_must_exist() {
     let mut c = ServeConfig::default();

@@ -120,6 +120,7 @@ impl ServeConfig {
                 "is this router's own listen address (requests would loop)",
             )?;
         }
+        let mut names = std::collections::BTreeSet::new();
         for (i, d) in self.dns.iter().enumerate() {
             check(
                 d.name
@@ -127,6 +128,13 @@ impl ServeConfig {
                     .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()),
                 &format!("{at}.dns[{i}].name"),
                 "must be host:port",
+            )?;
+            // Two loops would own the same engines (QA33: accepted, and each warned of the
+            // other's engines at every refresh).
+            check(
+                names.insert(d.name.to_ascii_lowercase()),
+                &format!("{at}.dns[{i}].name"),
+                "names a DNS name listed before it",
             )?;
             check(
                 (100..=MAX_DURATION_MS).contains(&d.refresh_ms),
