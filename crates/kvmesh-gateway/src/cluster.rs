@@ -227,7 +227,8 @@ impl Cluster {
             &cfg.cert_name
         };
         let (watch, tls) = TlsWatch::new(Path::new(&cfg.tls_dir), pair, &cfg.node_id);
-        let tls = tls.map_err(|e| e.to_string())?;
+        // Named as `--check-config` names it (QA33: start-up said only the file).
+        let tls = tls.map_err(|e| format!("serve.mesh.tls_dir {}: {e}", cfg.tls_dir))?;
         let listen: SocketAddr = cfg
             .listen
             .parse()

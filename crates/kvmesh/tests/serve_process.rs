@@ -220,7 +220,10 @@ fn serve_startup_errors_name_the_problem() {
         "--seed",
         "127.0.0.1:1",
     ]);
-    assert!(err.contains("/nonexistent-kvmesh-dir"), "{err}");
+    assert!(
+        err.contains("serve.mesh.tls_dir /nonexistent-kvmesh-dir"),
+        "{err}"
+    );
     // Out of range, refused with the key named.
     let err = run(&[
         "serve",
