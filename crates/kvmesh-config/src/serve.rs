@@ -292,7 +292,9 @@ impl EngineEntry {
 /// The one spelling of an engine's base URL: trimmed, no trailing `/`, scheme and host in
 /// lower case, the port as a plain number (`HTTP://LOCALHOST:09101/` →
 /// `http://localhost:9101`). Every URL that names an engine goes through it before its id is
-/// made from it, so that two spellings of one engine are one engine.
+/// made from it, so that two spellings of one engine are one engine. Names are not resolved:
+/// `localhost` and `127.0.0.1` are two engines to the registry (an engine's name may resolve
+/// elsewhere on another router), so name each engine one way.
 pub fn canonical_base_url(u: &str) -> String {
     let u = u.trim().trim_end_matches('/');
     let Some((scheme, rest)) = u.split_once("://") else {
