@@ -7,7 +7,7 @@ use crate::gateway::Gateway;
 use crate::upstream::{BoxError, UpstreamBody};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
-use kvmesh_openai::{ApiError, SSE_DONE};
+use kvmesh_openai::ApiError;
 use kvmesh_policy::{BreakerEvent, Permit};
 use kvmesh_route::{Accounting, FailKind, StreamEnd, stream_end};
 use std::future::Future;
@@ -446,16 +446,31 @@ impl TrackedBody {
     }
 }
 
-/// `data` ends with the OpenAI event stream's last event (`data: [DONE]`, after which an
-/// engine sends nothing).
-fn ends_event_stream(data: &[u8]) -> bool {
-    let done = SSE_DONE.as_bytes();
-    data.ends_with(done) && (data.len() == done.len() || data[data.len() - done.len() - 1] == b'\n')
+/// `data` ends with the OpenAI event stream's last event, the line `data: [DONE]` and its
+/// line end (after which an engine sends nothing). As SSE has it, the space after `data:` is
+/// optional and a line ends with LF, CRLF or CR (QA34: `data:[DONE]` and CRLF were taken for
+/// a stream cut short). `at_start`: `data` is the whole answer so far (a line starts there).
+fn ends_event_stream(data: &[u8], at_start: bool) -> bool {
+    let Some(last) = data.iter().rposition(|&b| b != b'\n' && b != b'\r') else {
+        return false;
+    };
+    if last + 1 == data.len() {
+        // The line is not ended yet.
+        return false;
+    }
+    let line = &data[..=last];
+    [&b"data: [DONE]"[..], &b"data:[DONE]"[..]].iter().any(|t| {
+        line.ends_with(t)
+            && match line.len() - t.len() {
+                0 => at_start,
+                i => matches!(line[i - 1], b'\n' | b'\r'),
+            }
+    })
 }
 
-/// Bytes of an answer's end kept to find the terminator in: the terminator and the line end
-/// before it.
-const TAIL: usize = SSE_DONE.len() + 1;
+/// Bytes of an answer's end kept to find the terminator in: the terminator, line ends after
+/// it and the line end before it.
+const TAIL: usize = 32;
 
 /// The last [`TAIL`] bytes of the answer so far: the terminator is found however the engine's
 /// frames split it (a chunk can arrive in two reads).
@@ -463,16 +478,20 @@ const TAIL: usize = SSE_DONE.len() + 1;
 struct Tail {
     buf: [u8; TAIL],
     len: usize,
+    /// Bytes before `buf` were let go (its first byte is not the answer's).
+    cut: bool,
 }
 
 impl Tail {
     fn push(&mut self, data: &[u8]) {
         if data.len() >= TAIL {
+            self.cut |= self.len > 0 || data.len() > TAIL;
             self.buf.copy_from_slice(&data[data.len() - TAIL..]);
             self.len = TAIL;
             return;
         }
         let keep = self.len.min(TAIL - data.len());
+        self.cut |= keep < self.len;
         self.buf.copy_within(self.len - keep..self.len, 0);
         self.buf[keep..keep + data.len()].copy_from_slice(data);
         self.len = keep + data.len();
@@ -480,7 +499,7 @@ impl Tail {
 
     /// The answer so far ends with the event stream's terminator.
     fn ends_event_stream(&self) -> bool {
-        ends_event_stream(&self.buf[..self.len])
+        ends_event_stream(&self.buf[..self.len], !self.cut)
     }
 }
 
@@ -683,5 +702,18 @@ mod tests {
         assert!(!tail_of(&["x", "data: [DONE]\n\n"]));
         assert!(!tail_of(&["data: [DONE]\n\n", "data: 2\n\n"]));
         assert!(!tail_of(&[]));
+        // SSE's other spellings of the same line (QA34).
+        assert!(tail_of(&["data: 1\r\n\r\ndata: [DONE]\r\n\r\n"]));
+        assert!(tail_of(&["data: 1\n\ndata:[DONE]\n\n"]));
+        assert!(tail_of(&["data: 1\r\rdata: [DONE]\r\r"]));
+        assert!(tail_of(&["data:[DONE]", "\r", "\n"]));
+        // A line not ended yet, or the marker inside another line.
+        assert!(!tail_of(&["data: 1\n\ndata: [DONE]"]));
+        assert!(!tail_of(&["data: x data: [DONE]\n\n"]));
+        // The answer's start is a line start; a byte let go before the tail's is not.
+        let long = format!("{}xdata: [DONE]\n\n", "y".repeat(40));
+        assert!(!tail_of(&[&long]));
+        assert!(!tail_of(&["y".repeat(40).as_str(), "xdata: [DONE]\n\n"]));
+        assert!(tail_of(&["y".repeat(40).as_str(), "\ndata: [DONE]\n\n"]));
     }
 }

@@ -320,12 +320,15 @@ async fn an_event_stream_that_ends_without_its_terminator_was_cut_short() {
                 transfer-encoding: chunked\r\n\r\n";
     let event = |e: &str| format!("{:x}\r\n{e}\r\n", e.len());
     let cut = format!("{head}{}0\r\n\r\n", event(FIRST_EVENT));
-    let whole = format!(
-        "{head}{}{}0\r\n\r\n",
-        event(FIRST_EVENT),
-        event("data: [DONE]\n\n")
-    );
-    for (raw, broken) in [(cut, true), (whole, false)] {
+    let whole = |done: &str| format!("{head}{}{}0\r\n\r\n", event(FIRST_EVENT), event(done));
+    // SSE's other spellings of the terminator are whole too (QA34: no space after `data:`,
+    // CRLF line ends).
+    for (raw, broken) in [
+        (cut, true),
+        (whole("data: [DONE]\n\n"), false),
+        (whole("data:[DONE]\n\n"), false),
+        (whole("data: [DONE]\r\n\r\n"), false),
+    ] {
         let engine = fake_engine(EngineAnswer::Raw(raw)).await;
         let mut cfg = serve_cfg(std::slice::from_ref(&engine));
         cfg.engines[0].models = vec!["m".into()];
@@ -350,7 +353,7 @@ async fn an_event_stream_that_ends_without_its_terminator_was_cut_short() {
             assert_eq!(failed, 1.0, "{page}");
         } else {
             assert!(
-                after.contains("data: [DONE]") && !after.contains("error"),
+                after.contains("[DONE]") && !after.contains("error"),
                 "{got:?}"
             );
             assert!(got.ends_with("0\r\n\r\n"), "{got:?}");

@@ -260,6 +260,12 @@ fn config_check(file: &std::path::Path) -> Result<(), String> {
     }
     c.serve.check_files().map_err(|e| e.to_string())?;
     c.sim.check_files().map_err(|e| e.to_string())?;
+    // The tokenizers load, as at start (QA34: only `serve --check-config` loaded them).
+    kvmesh_gateway::check_tokenizers(&c.serve)?;
+    if !c.sim.tokenizer.is_empty() {
+        kvmesh_gateway::prefix::load_tokenizer(&c.sim.tokenizer)
+            .map_err(|e| format!("sim.tokenizer: {e}"))?;
+    }
     kvmesh_engine::EngineParams::from_config(&c.sim.engine, c.sim.max_model_len, c.sim.seed)
         .map_err(|e| format!("invalid value in `sim.engine`: {e}"))?;
     // The certificates as the router loads them at start, when the file names the router

@@ -667,6 +667,23 @@ fn config_check_refuses_what_the_programs_refuse_and_accepts_the_configmap() {
     assert!(!ok && err.contains("nosuch"), "{err}");
     let (ok, err) = check("tok.toml", "[sim]\ntokenizer = \"/nonexistent-kvmesh\"\n");
     assert!(!ok && err.contains("sim.tokenizer"), "{err}");
+    // A tokenizer that exists but does not load is refused as at start (QA34: only `serve
+    // --check-config` loaded them).
+    let not_one = dir.join("not-a-tokenizer.json");
+    std::fs::write(&not_one, "{}").expect("write");
+    let not_one = not_one.display();
+    let (ok, err) = check(
+        "tok-serve.toml",
+        &format!(
+            "[serve.routing.policy]\npolicy = \"cache_aware\"\n[serve.prefix]\ntokenizer = \"{not_one}\"\n"
+        ),
+    );
+    assert!(!ok && err.contains("serve.prefix.tokenizer"), "{err}");
+    let (ok, err) = check(
+        "tok-sim.toml",
+        &format!("[sim]\ntokenizer = \"{not_one}\"\n"),
+    );
+    assert!(!ok && err.contains("sim.tokenizer"), "{err}");
     // Only the name is left to the flags: the rest of the mesh section is still checked.
     let (ok, err) = check(
         "mesh.toml",
