@@ -65,10 +65,10 @@ async fn admin_body(gw: &Gateway, req: Request<Incoming>) -> Result<bytes::Bytes
 fn list(gw: &Gateway) -> Response<Body> {
     let now = gw.clock.now_us();
     let fleet = gw.registry.fleet_latency_us();
-    let active = gw.registry.members();
-    let draining = gw.registry.draining();
-    let engines: Vec<serde_json::Value> = (active.iter().map(|e| (e, "active")))
-        .chain(draining.iter().map(|e| (e, "draining")))
+    let engines: Vec<serde_json::Value> = gw
+        .registry
+        .shown()
+        .into_iter()
         .map(|(e, state)| {
             let t = e.tracker();
             let breaker = match t.breaker().state(now) {

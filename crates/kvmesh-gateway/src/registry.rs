@@ -411,6 +411,15 @@ impl Registry {
         d
     }
 
+    /// What the operator's views list: every engine, `"active"`, then the draining ones,
+    /// `"draining"`.
+    pub fn shown(&self) -> Vec<(Arc<Engine>, &'static str)> {
+        let active = self.members().into_iter().map(|e| (e, "active"));
+        active
+            .chain(self.draining().into_iter().map(|e| (e, "draining")))
+            .collect()
+    }
+
     /// Number of engines.
     pub fn len(&self) -> usize {
         lock(&self.members).list.len()

@@ -84,12 +84,12 @@ pub fn status_json(gw: &Gateway) -> http::Response<Body> {
     let now = gw.clock.now_us();
     let meshed = gw.mesh.get().is_some();
     let fleet = gw.registry.fleet_latency_us();
-    let active = gw.registry.members();
-    let draining = gw.registry.draining();
-    let mut engines: Vec<serde_json::Value> = (active.iter().map(|e| (e, "active")))
-        .chain(draining.iter().map(|e| (e, "draining")))
+    let mut engines: Vec<serde_json::Value> = gw
+        .registry
+        .shown()
+        .into_iter()
         .map(|(e, state)| {
-            let mut j = engine_json(e, now, fleet, meshed);
+            let mut j = engine_json(&e, now, fleet, meshed);
             j["state"] = state.into();
             j
         })

@@ -319,18 +319,23 @@ mod tests {
         serve: ServeArgs,
     }
 
+    /// A config file `text` in this process's temporary folder, named after `name`.
+    fn config_file(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kvmesh-serve-cmd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join(format!("{name}.toml"));
+        std::fs::write(&file, text).expect("write");
+        file
+    }
+
     /// QA: `KVMESH_ADMIN_TOKEN=` (empty) replaced the file's token with "" and disabled
     /// `/admin/engines`; a bad value was blamed on `serve.admin_token`.
     #[test]
     fn empty_env_vars_keep_the_files_tokens_and_bad_ones_are_named() {
-        let dir = std::env::temp_dir().join(format!("kvmesh-serve-env-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let file = dir.join("serve.toml");
-        std::fs::write(
-            &file,
+        let file = config_file(
+            "env",
             "[serve]\nengines = [\"http://127.0.0.1:9\"]\nadmin_token = \"from-file\"\nengine_api_key = \"key\"\n",
-        )
-        .expect("write");
+        );
         let args = Cli::parse_from(["t", "--config", file.to_str().expect("utf-8")]).serve;
         let c = args
             .resolve_with(|_| Ok(String::new()))
@@ -370,7 +375,7 @@ mod tests {
         .serve;
         let c = args.resolve_with(|_| Ok("env".into())).expect("flag");
         assert_eq!(c.admin_token, "flag");
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&file);
     }
 
     /// QA: `--mesh-listen` said HOST:PORT and refused a name (`must be IP:PORT`).
@@ -409,14 +414,10 @@ mod tests {
     /// (and the simulator over its `[serve]`): each command checks its own section.
     #[test]
     fn a_shared_file_s_other_section_is_not_the_router_s() {
-        let dir = std::env::temp_dir().join(format!("kvmesh-shared-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let file = dir.join("shared.toml");
-        std::fs::write(
-            &file,
+        let file = config_file(
+            "shared",
             "[serve]\nengines = [\"http://127.0.0.1:9\"]\n[serve.mesh]\nenabled = true\ntls_dir = \"certs\"\n[sim]\ntime_scale = 0.0\n",
-        )
-        .expect("write");
+        );
         let path = file.to_str().expect("utf-8");
         // The router's own section is checked: node_id is missing without --node-id.
         let args = Cli::parse_from(["t", "--config", path]).serve;
@@ -437,6 +438,6 @@ mod tests {
         assert!(e.contains("sim.time_scale"), "{e}");
         let sim = SimCli::parse_from(["t", "--config", path, "--time-scale", "1"]).sim;
         sim.resolve().expect("the [serve] section is the router's");
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&file);
     }
 }
