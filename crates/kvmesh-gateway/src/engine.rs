@@ -169,6 +169,22 @@ pub struct Engine {
     /// When the last two scrapes that read them were made (cluster µs; 0 = none): the
     /// last, and the one before.
     pub(crate) scraped_us: [AtomicU64; 2],
+    /// Why its last `/v1/models` read told no models ([`Untold`] as u32), and when (cluster
+    /// µs) that was last warned of (at most once a minute).
+    pub(crate) untold: AtomicU32,
+    pub(crate) untold_warned_us: AtomicU64,
+}
+
+/// Why an engine's `/v1/models` told the router no models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Untold {
+    /// Not read yet, or it did not answer.
+    NoAnswer = 0,
+    /// It refused the router (401 or 403): its API key.
+    Refused = 1,
+    /// It answered something that is not a model list.
+    NotAList = 2,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -247,7 +263,30 @@ impl Engine {
             worked_at_us: AtomicU64::new(0),
             worked_after_us: AtomicU64::new(0),
             scraped_us: [AtomicU64::new(0), AtomicU64::new(0)],
+            untold: AtomicU32::new(Untold::NoAnswer as u32),
+            untold_warned_us: AtomicU64::new(0),
         })
+    }
+
+    /// Why its `/v1/models` last told no models.
+    pub fn untold(&self) -> Untold {
+        match self.untold.load(Relaxed) {
+            1 => Untold::Refused,
+            2 => Untold::NotAList,
+            _ => Untold::NoAnswer,
+        }
+    }
+
+    /// Records why its `/v1/models` told no models; whether to warn of it now (the first
+    /// time, a change, or a minute after the last warning: QA35 found one every second).
+    pub(crate) fn set_untold(&self, why: Untold, now_us: u64) -> bool {
+        let changed = self.untold.swap(why as u32, Relaxed) != why as u32;
+        let last = self.untold_warned_us.load(Relaxed);
+        let due = changed || last == 0 || now_us.saturating_sub(last) >= 60_000_000;
+        if due {
+            self.untold_warned_us.store(now_us.max(1), Relaxed);
+        }
+        due && why != Untold::NoAnswer
     }
 
     /// Whether its metrics have work counters.
@@ -292,15 +331,17 @@ impl Engine {
 
     /// What the operator's pages say of its KV events: (connected, stale). Connected: this
     /// router reads them and the engine answers its health checks (the ZMQ subscription
-    /// reconnects silently, so a dead engine's would stay "connected"). Stale: read here, as
-    /// the reader found it; read by the mesh's owners (`meshed`), unless the feed followed
-    /// here is synced.
+    /// reconnects silently, so a dead engine's would stay "connected"). Stale (routed
+    /// approximately): read here, not subscribed, or as the reader found it (QA35: a
+    /// subscription that never connected was shown not stale); read by the mesh's owners
+    /// (`meshed`), unless the feed followed here is synced.
     pub fn events_status(&self, meshed: bool) -> (bool, bool) {
         let reads = self.ingest.has_applier.load(Ordering::Relaxed);
-        let connected = reads
-            && self.ingest.connected.load(Ordering::Relaxed)
-            && self.tracker().health().is_healthy();
-        let stale = if reads || !meshed {
+        let subscribed = self.ingest.connected.load(Ordering::Relaxed);
+        let connected = reads && subscribed && self.tracker().health().is_healthy();
+        let stale = if reads {
+            !subscribed || self.ingest.stale.load(Ordering::Relaxed)
+        } else if !meshed {
             self.ingest.stale.load(Ordering::Relaxed)
         } else {
             !self.ingest.mesh_live.load(Ordering::Relaxed)

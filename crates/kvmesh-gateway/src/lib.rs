@@ -31,6 +31,7 @@ mod probe;
 mod proxy;
 pub mod recent;
 mod registry;
+mod sse;
 mod status;
 mod tasks;
 mod track;

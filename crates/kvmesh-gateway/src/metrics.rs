@@ -643,7 +643,7 @@ impl Snapshot {
             enc,
             &ev,
             "kvmesh_kv_events_stale",
-            "The engine's blocks are not exactly known here (lost batches not replayed, or the feed from its ingest owner not synced); it is routed approximately",
+            "The engine's blocks are not exactly known here (its events not subscribed to, lost batches not replayed, or the feed from its ingest owner not synced); it is routed approximately",
             G,
             &|e| flag(e.events_status(self.meshed).1),
         )?;

@@ -1,7 +1,7 @@
 //! Background work per engine and per DNS name: active health checks, model discovery
 //! (`/v1/models`), load scraping (`/metrics`: running, waiting, KV usage), re-resolution.
 
-use crate::engine::{Engine, Source};
+use crate::engine::{Engine, Source, Untold};
 use crate::gateway::Gateway;
 use crate::ingest::{self, IngestCtx};
 use bytes::Bytes;
@@ -70,8 +70,8 @@ async fn model_list(gw: &Gateway, e: &Engine, t: Duration) -> Option<kvmesh_open
         Ok((200, body)) => body,
         Ok((status @ (401 | 403), _)) => {
             // Said while it keeps the engine out of every route (QA: an engine started with
-            // --api-key was never routed to, and nothing said why).
-            if e.models().is_empty() {
+            // --api-key was never routed to, and nothing said why), at most once a minute.
+            if e.models().is_empty() && e.set_untold(Untold::Refused, gw.clock.now_us()) {
                 let hint = if gw.cfg.engine_api_key.is_empty() {
                     "an engine started with --api-key: set serve.engine_api_key (or KVMESH_ENGINE_API_KEY)"
                 } else {
@@ -81,13 +81,16 @@ async fn model_list(gw: &Gateway, e: &Engine, t: Duration) -> Option<kvmesh_open
             }
             return None;
         }
-        _ => return None,
+        _ => {
+            e.set_untold(Untold::NoAnswer, gw.clock.now_us());
+            return None;
+        }
     };
     serde_json::from_slice(&body)
         .inspect_err(|err| {
             // Said while it keeps the engine out of every route (QA: silent, and the
             // clients' 503 blamed an unreachable engine that had answered).
-            if e.models().is_empty() {
+            if e.models().is_empty() && e.set_untold(Untold::NotAList, gw.clock.now_us()) {
                 tracing::warn!(engine = %e.url, error = %err, "the engine's /v1/models is not a model list: it serves no model until it is (or set its models in the config)");
             }
         })

@@ -13,10 +13,11 @@
 //! 5. **stream**: the answer through [`TrackedBody`], accounted at its end
 //!    ([`kvmesh_route::stream_end`]).
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Untold};
 use crate::gateway::Gateway;
 use crate::prefix::{self, Endpoint, Lookup, ParsedRequest};
 use crate::registry::{ModelRoute, RouteView};
+use crate::sse::{ErrorEvent, EventScan};
 use crate::track::{Attempt, ReadAhead, TrackedBody};
 use crate::upstream::{BoxError, UpstreamBody};
 use bytes::Bytes;
@@ -29,7 +30,7 @@ use kvmesh_openai::{ApiError, parse_body};
 use kvmesh_policy::{MAX_CANDIDATES, RequestCtx, stable_hash, unit_f64};
 use kvmesh_prefix::PrefixIndex;
 use kvmesh_route::{
-    Accounting, Action, Attempts, Decision, FailKind, GiveUp, Next, PrefixPlan, Verdict,
+    Accounting, Action, Attempts, Blame, Decision, FailKind, GiveUp, Next, PrefixPlan, Verdict,
     classify_status, decide,
 };
 use serde::Deserialize;
@@ -240,17 +241,44 @@ fn unknown_model(engines: &[Arc<Engine>], model: Option<&str>) -> ApiError {
             "this router has no engines: they come from its admin API (/admin/engines) or its mesh",
         );
     }
-    let untold = engines.iter().filter(|e| e.models().is_empty()).count();
-    match model {
-        Some(m) if untold == 0 => ApiError::model_not_found(m),
-        Some(m) => ApiError::unavailable(format!(
-            "no engine is known to serve model `{}` yet: {untold} engine(s) have not told their models (unreachable?)",
-            kvmesh_openai::clip(m)
-        )),
-        None => ApiError::unavailable(format!(
-            "no engine is known to serve any model yet: {untold} engine(s) have not told their models (unreachable?)"
-        )),
+    let untold: Vec<Untold> = engines
+        .iter()
+        .filter(|e| e.models().is_empty())
+        .map(|e| e.untold())
+        .collect();
+    if untold.is_empty() {
+        return match model {
+            Some(m) => ApiError::model_not_found(m),
+            None => ApiError::unavailable("no engine serves any model"),
+        };
     }
+    // Why, as their /v1/models answered (QA35: an engine refusing the router's key was
+    // called unreachable).
+    let count = |w: Untold| untold.iter().filter(|&&u| u == w).count();
+    let why: Vec<String> = [
+        (Untold::NoAnswer, "not answered (unreachable, or starting)"),
+        (
+            Untold::Refused,
+            "refused the router (401/403: set serve.engine_api_key to the engines' --api-key)",
+        ),
+        (
+            Untold::NotAList,
+            "answered something that is not a model list",
+        ),
+    ]
+    .into_iter()
+    .filter(|(w, _)| count(*w) > 0)
+    .map(|(w, what)| format!("{} {what}", count(w)))
+    .collect();
+    let what = match model {
+        Some(m) => format!("model `{}`", kvmesh_openai::clip(m)),
+        None => "any model".into(),
+    };
+    ApiError::unavailable(format!(
+        "no engine is known to serve {what} yet: {} engine(s) have not told their models: their /v1/models {}",
+        untold.len(),
+        why.join(", ")
+    ))
 }
 
 /// The consistent-hash key: the configured header, else the OpenAI `user` field.
@@ -698,6 +726,10 @@ async fn send(
     // prefill) is retried on another engine like one that failed before its head, since
     // nothing has reached the client yet.
     let (mut p, mut b) = resp.into_parts();
+    let event_stream = p
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let ahead = if status.is_success() {
         let left = first_byte.saturating_sub(attempt.elapsed());
         match tokio::time::timeout(left, first_frame(&mut b)).await {
@@ -713,8 +745,29 @@ async fn send(
                 return failed(FailKind::Transport, detail, attempt);
             }
             Ok(Ok(Some(f))) => {
-                if f.is_data() {
-                    attempt.first_byte();
+                match f.data_ref().and_then(|d| opening_error(event_stream, d)) {
+                    // The engine's stream opened with an error of its own: nothing has
+                    // reached the client, so another engine is tried.
+                    // (An overload, as a 429 head is, only when 429s are retried.)
+                    Some(e)
+                        if e.blame == Blame::Engine
+                            || (e.blame == Blame::Overloaded && retry_429) =>
+                    {
+                        let kind = match e.blame {
+                            Blame::Overloaded => FailKind::Status429,
+                            _ => FailKind::Status5xx,
+                        };
+                        let detail = format!(
+                            "{}: its event stream opened with an error: {}",
+                            engine.url, e.message
+                        );
+                        return failed(kind, detail, attempt);
+                    }
+                    // Passed on (the client's error, or an overload not retried): it says
+                    // nothing of the engine's latency; its end is accounted as the event says.
+                    Some(_) => attempt.answered_head(),
+                    None if f.is_data() => attempt.first_byte(),
+                    None => {}
                 }
                 ReadAhead::First(f)
             }
@@ -740,12 +793,20 @@ async fn send(
     p.headers
         .insert("x-kvmesh-engine", engine.header_value.clone());
     let total = Duration::from_millis(gw.cfg.timeouts.total_ms);
-    let event_stream = p
-        .headers
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let tracked = TrackedBody::new(b, attempt, total, ahead, event_stream);
     Sent::Answer(Response::from_parts(p, tracked.boxed_unsync()))
+}
+
+/// The error event an event stream's first frame opens with (whole in the frame), if it does
+/// (vLLM and SGLang answer 200 and tell of a failure in the stream: the engine died in the
+/// prefill, or it refuses the request only once it is streaming).
+fn opening_error(event_stream: bool, first: &[u8]) -> Option<ErrorEvent> {
+    if !event_stream {
+        return None;
+    }
+    let mut scan = EventScan::default();
+    scan.push(first);
+    scan.error().filter(|e| e.opening).cloned()
 }
 
 /// The body's first frame that is not empty data (`None`: it ended without one).

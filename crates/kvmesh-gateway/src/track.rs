@@ -4,12 +4,13 @@
 
 use crate::engine::Engine;
 use crate::gateway::Gateway;
+use crate::sse::EventScan;
 use crate::upstream::{BoxError, UpstreamBody};
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use kvmesh_openai::ApiError;
 use kvmesh_policy::{BreakerEvent, Permit};
-use kvmesh_route::{Accounting, FailKind, StreamEnd, stream_end};
+use kvmesh_route::{Accounting, Blame, FailKind, StreamEnd, stream_end};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -178,8 +179,11 @@ impl Attempt {
         ) {
             tracing::warn!(engine = %self.engine.url, ?end, "an answer broke off after it reached the client (not retried)");
         }
+        if end == StreamEnd::ErrorEvent(Blame::Engine) {
+            tracing::warn!(engine = %self.engine.url, "the engine's answer told of its own error after it reached the client (not retried)");
+        }
         let end = match end {
-            StreamEnd::Complete if self.refused => StreamEnd::Refused,
+            StreamEnd::Complete | StreamEnd::ErrorEvent(_) if self.refused => StreamEnd::Refused,
             e => e,
         };
         let (account, kind) = stream_end(end);
@@ -271,9 +275,10 @@ pub struct TrackedBody {
     /// error event goes before the error that closes the connection (an OpenAI client
     /// raises it as an API error, not as a bare connection reset).
     tell_break: bool,
-    /// The answer's last bytes: an event stream whose body ends without the terminator was
-    /// cut short.
-    tail: Tail,
+    /// What was read of the answer as it passed, as an event stream: its terminator (the
+    /// answer is whole there; an event stream whose body ends without it was cut short) and
+    /// its error events (an answer that told of an error is not the engine's success).
+    scan: EventScan,
 }
 
 impl Drop for TrackedBody {
@@ -342,12 +347,24 @@ impl TrackedBody {
             ended: false,
             unflushed: false,
             tell_break: event_stream,
-            tail: Tail::default(),
+            scan: EventScan::default(),
         }
     }
 
+    /// Ends the attempt: an answer that ended whole after an error event ends as that event
+    /// says.
     fn end(&mut self, end: StreamEnd) {
         if let Some(a) = self.attempt.take() {
+            if end == StreamEnd::Complete {
+                self.scan.finish();
+            }
+            let end = match (end, self.scan.error()) {
+                (StreamEnd::Complete, Some(e)) => {
+                    tracing::debug!(engine = %a.engine.url, blame = ?e.blame, message = %e.message, "the engine's event stream told of an error");
+                    StreamEnd::ErrorEvent(e.blame)
+                }
+                (end, _) => end,
+            };
             a.end(end);
         }
     }
@@ -355,7 +372,7 @@ impl TrackedBody {
     /// The body ended: an event stream without its terminator was cut short (an OpenAI
     /// stream always ends with `data: [DONE]`), a failed attempt the client is told of.
     fn cut_short(&self) -> bool {
-        self.tell_break && !self.tail.ends_event_stream()
+        self.tell_break && !self.scan.ended()
     }
 
     /// Polls the timer, made when missing: due at the total timeout, or, while the attempt
@@ -446,63 +463,6 @@ impl TrackedBody {
     }
 }
 
-/// `data` ends with the OpenAI event stream's last event, the line `data: [DONE]` and its
-/// line end (after which an engine sends nothing). As SSE has it, the space after `data:` is
-/// optional and a line ends with LF, CRLF or CR (QA34: `data:[DONE]` and CRLF were taken for
-/// a stream cut short). `at_start`: `data` is the whole answer so far (a line starts there).
-fn ends_event_stream(data: &[u8], at_start: bool) -> bool {
-    let Some(last) = data.iter().rposition(|&b| b != b'\n' && b != b'\r') else {
-        return false;
-    };
-    if last + 1 == data.len() {
-        // The line is not ended yet.
-        return false;
-    }
-    let line = &data[..=last];
-    [&b"data: [DONE]"[..], &b"data:[DONE]"[..]].iter().any(|t| {
-        line.ends_with(t)
-            && match line.len() - t.len() {
-                0 => at_start,
-                i => matches!(line[i - 1], b'\n' | b'\r'),
-            }
-    })
-}
-
-/// Bytes of an answer's end kept to find the terminator in: the terminator, line ends after
-/// it and the line end before it.
-const TAIL: usize = 32;
-
-/// The last [`TAIL`] bytes of the answer so far: the terminator is found however the engine's
-/// frames split it (a chunk can arrive in two reads).
-#[derive(Default)]
-struct Tail {
-    buf: [u8; TAIL],
-    len: usize,
-    /// Bytes before `buf` were let go (its first byte is not the answer's).
-    cut: bool,
-}
-
-impl Tail {
-    fn push(&mut self, data: &[u8]) {
-        if data.len() >= TAIL {
-            self.cut |= self.len > 0 || data.len() > TAIL;
-            self.buf.copy_from_slice(&data[data.len() - TAIL..]);
-            self.len = TAIL;
-            return;
-        }
-        let keep = self.len.min(TAIL - data.len());
-        self.cut |= keep < self.len;
-        self.buf.copy_within(self.len - keep..self.len, 0);
-        self.buf[keep..keep + data.len()].copy_from_slice(data);
-        self.len = keep + data.len();
-    }
-
-    /// The answer so far ends with the event stream's terminator.
-    fn ends_event_stream(&self) -> bool {
-        ends_event_stream(&self.buf[..self.len], !self.cut)
-    }
-}
-
 impl HttpBody for TrackedBody {
     type Data = Bytes;
     type Error = BoxError;
@@ -532,7 +492,9 @@ impl HttpBody for TrackedBody {
                         a.first_byte();
                     }
                     let data = this.coalesce(data, cx);
-                    this.tail.push(&data);
+                    if this.attempt.is_some() {
+                        this.scan.push(&data);
+                    }
                     if this.ended && this.attempt.is_some() && this.cut_short() {
                         // The body ended in this batch without the terminator: the data goes
                         // out, then the break is told (QA31).
@@ -545,9 +507,7 @@ impl HttpBody for TrackedBody {
                     // would see one request too many; its peers would hear of the freed slot
                     // only after the next turn).
                     if this.attempt.is_some()
-                        && (this.ended
-                            || this.inner.is_end_stream()
-                            || this.tail.ends_event_stream())
+                        && (this.ended || this.inner.is_end_stream() || this.scan.ended())
                     {
                         this.end(StreamEnd::Complete);
                         // An engine that does not end its body after the terminator has it
@@ -668,52 +628,5 @@ impl HttpBody for TrackedBody {
             h.set_upper(u.saturating_add(n));
         }
         h
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tail_of(pieces: &[&str]) -> bool {
-        let mut t = Tail::default();
-        for p in pieces {
-            t.push(p.as_bytes());
-        }
-        t.ends_event_stream()
-    }
-
-    #[test]
-    fn the_terminator_is_found_however_the_frames_split_it() {
-        assert!(tail_of(&["data: 1\n\ndata: [DONE]\n\n"]));
-        assert!(tail_of(&["data: [DONE]\n\n"]));
-        assert!(tail_of(&["data: 1\n\n", "data: [DO", "NE]\n\n"]));
-        assert!(tail_of(&[
-            "data: 1\n\n",
-            "d",
-            "a",
-            "ta: [DONE]",
-            "\n",
-            "\n"
-        ]));
-        assert!(tail_of(&["data: 1\n", "\n", "data: [DONE]\n\n", ""]));
-        assert!(!tail_of(&["data: 1\n\n"]));
-        assert!(!tail_of(&["xdata: [DONE]\n\n"]));
-        assert!(!tail_of(&["x", "data: [DONE]\n\n"]));
-        assert!(!tail_of(&["data: [DONE]\n\n", "data: 2\n\n"]));
-        assert!(!tail_of(&[]));
-        // SSE's other spellings of the same line (QA34).
-        assert!(tail_of(&["data: 1\r\n\r\ndata: [DONE]\r\n\r\n"]));
-        assert!(tail_of(&["data: 1\n\ndata:[DONE]\n\n"]));
-        assert!(tail_of(&["data: 1\r\rdata: [DONE]\r\r"]));
-        assert!(tail_of(&["data:[DONE]", "\r", "\n"]));
-        // A line not ended yet, or the marker inside another line.
-        assert!(!tail_of(&["data: 1\n\ndata: [DONE]"]));
-        assert!(!tail_of(&["data: x data: [DONE]\n\n"]));
-        // The answer's start is a line start; a byte let go before the tail's is not.
-        let long = format!("{}xdata: [DONE]\n\n", "y".repeat(40));
-        assert!(!tail_of(&[&long]));
-        assert!(!tail_of(&["y".repeat(40).as_str(), "xdata: [DONE]\n\n"]));
-        assert!(tail_of(&["y".repeat(40).as_str(), "\ndata: [DONE]\n\n"]));
     }
 }

@@ -362,3 +362,86 @@ async fn an_event_stream_that_ends_without_its_terminator_was_cut_short() {
         router.shutdown().await;
     }
 }
+
+/// An engine's answer in the event stream format of `events`, each a chunk, then its end.
+fn event_stream_answer(events: &[&str]) -> String {
+    let mut raw = String::from(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+    );
+    for e in events {
+        raw.push_str(&format!("{:x}\r\n{e}\r\n", e.len()));
+    }
+    raw + "0\r\n\r\n"
+}
+
+/// vLLM and SGLang end a stream whose generation failed with an error event, then
+/// `data: [DONE]`: the client gets it as the engine sent it, and the attempt is the engine's
+/// failure when the event's code is the engine's (5xx), neither its failure nor its success
+/// when it is the client's (4xx) (QA34: every such stream was credited as a success).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_event_in_the_stream_is_the_engine_s_failure_when_its_code_says_so() {
+    let failed = |code: u16| {
+        format!(
+            "data: {{\"error\": {{\"object\": \"error\", \"message\": \"generation failed\", \"type\": \"E\", \"param\": null, \"code\": {code}}}}}\n\n"
+        )
+    };
+    for (code, stream_failures) in [(500, 1.0), (400, 0.0)] {
+        let event = failed(code);
+        let raw = event_stream_answer(&[FIRST_EVENT, &event, "data: [DONE]\n\n"]);
+        let engine = fake_engine(EngineAnswer::Raw(raw)).await;
+        let mut cfg = serve_cfg(std::slice::from_ref(&engine));
+        cfg.engines[0].models = vec!["m".into()];
+        let router = start_router_with(cfg, "m", 1).await;
+        let got = ask(router.addr).await;
+        assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+        assert!(
+            got.contains(FIRST_EVENT) && got.contains(&event) && got.contains("data: [DONE]"),
+            "the client gets the stream as the engine sent it: {got:?}"
+        );
+        assert!(got.ends_with("0\r\n\r\n"), "whole: {got:?}");
+        let page = scrape(&client(), &router.base_url()).await;
+        let stream = engine_kind_metric(&page, "kvmesh_engine_errors_total", &engine, "stream");
+        assert_eq!(stream, stream_failures, "code {code}: {page}");
+        router.shutdown().await;
+    }
+}
+
+/// A stream that opens with the engine's error event (it failed before anything of the
+/// answer: vLLM's engine died in the prefill) has given the client nothing: another engine
+/// serves the request. Alone, the client gets a 502 that says what the engine said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_opens_with_the_engine_s_error_is_retried_elsewhere() {
+    let event = "data: {\"error\": {\"message\": \"engine dead\", \"type\": \"InternalServerError\", \"code\": 500}}\n\n";
+    let raw = event_stream_answer(&[event, "data: [DONE]\n\n"]);
+    let bad = fake_engine(EngineAnswer::Raw(raw)).await;
+    let sims = start_sims(1, |_| instant_sim_cfg("m")).await;
+    let mut engines = vec![bad.clone()];
+    engines.extend(urls(&sims));
+    let mut cfg = serve_cfg(&engines);
+    cfg.engines[0].models = vec!["m".into()];
+    cfg.routing.policy.policy = kvmesh_policy::PolicyKind::RoundRobin;
+    cfg.routing.health.breaker.enabled = false;
+    let router = start_router_with(cfg, "m", 2).await;
+    for i in 0..6 {
+        let got = ask(router.addr).await;
+        assert!(got.starts_with("HTTP/1.1 200"), "request {i}: {got:?}");
+        assert!(
+            got.contains("data: [DONE]") && !got.contains("engine dead"),
+            "request {i}: served by the other engine: {got:?}"
+        );
+    }
+    let page = scrape(&client(), &router.base_url()).await;
+    let retried = engine_kind_metric(&page, "kvmesh_engine_errors_total", &bad, "5xx");
+    assert!(retried >= 1.0, "round robin sent some to it first: {page}");
+    router.shutdown().await;
+
+    let mut cfg = serve_cfg(std::slice::from_ref(&bad));
+    cfg.engines[0].models = vec!["m".into()];
+    cfg.routing.health.breaker.enabled = false;
+    let router = start_router_with(cfg, "m", 1).await;
+    let got = ask(router.addr).await;
+    assert!(got.starts_with("HTTP/1.1 502"), "{got:?}");
+    assert!(got.contains("opened with an error: engine dead"), "{got:?}");
+    router.shutdown().await;
+    stop_sims(sims).await;
+}

@@ -5,10 +5,10 @@
 use std::path::Path;
 
 /// Leaves first; a module may import only modules listed before it.
-const ORDER: [&str; 20] = [
-    "clock", "upstream", "tasks", "hops", "cors", "recent", "memo", "prefix", "engine", "registry",
-    "metrics", "gateway", "models", "ingest", "track", "probe", "cluster", "proxy", "admin",
-    "status",
+const ORDER: [&str; 21] = [
+    "clock", "upstream", "tasks", "hops", "cors", "recent", "memo", "sse", "prefix", "engine",
+    "registry", "metrics", "gateway", "models", "ingest", "track", "probe", "cluster", "proxy",
+    "admin", "status",
 ];
 
 #[test]

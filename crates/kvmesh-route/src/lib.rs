@@ -26,7 +26,7 @@ mod attempt;
 mod decide;
 
 pub use attempt::{
-    Accounting, Action, Attempts, Budget, FailKind, Fleet, GiveUp, Next, StreamEnd, Verdict,
+    Accounting, Action, Attempts, Blame, Budget, FailKind, Fleet, GiveUp, Next, StreamEnd, Verdict,
     backoff_us, classify_status, stream_end,
 };
 pub use decide::{Decision, Mark, PrefixPlan, PrefixProbe, TtlPlan, decide};

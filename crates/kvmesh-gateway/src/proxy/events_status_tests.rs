@@ -13,8 +13,12 @@ async fn the_events_status_follows_the_engine_s_health_and_who_reads_it() {
     c.routing.health.active.enabled = true;
     let gw = gateway(c, &mock, &[A]);
     let e = engine(&gw, A);
-    // Read here, connected, synced.
+    // Read here, not subscribed yet (or never: a wrong address): routed approximately, so
+    // stale (QA35: shown not stale).
     e.ingest.has_applier.store(true, Relaxed);
+    assert_eq!(e.events_status(true), (false, true));
+    assert_eq!(e.events_status(false), (false, true));
+    // Connected, synced.
     e.ingest.connected.store(true, Relaxed);
     e.ingest.tracked_blocks.store(40, Relaxed);
     assert_eq!(e.events_status(true), (true, false));

@@ -26,7 +26,8 @@ pub enum FailKind {
     Status5xx,
     /// 429 answer.
     Status429,
-    /// The body broke or the total timeout hit mid-stream.
+    /// The body broke or stalled mid-stream, or the engine's event stream told of an error
+    /// of its own (an error event whose code is not the client's).
     Stream,
     /// Any other transport error before the first byte of the answer (before the head, or a
     /// success's body that broke before its first data).
@@ -125,6 +126,22 @@ pub enum StreamEnd {
     /// The engine's refusal of the client's request (a 4xx answer) ended: neither the
     /// engine's success nor its failure (a quick refusal says nothing of its latency).
     Refused,
+    /// The engine's event stream carried an error event (`data: {"error": …}`, as vLLM and
+    /// SGLang end a stream whose generation failed), whoever it blames.
+    ErrorEvent(Blame),
+}
+
+/// Whose error an engine's error event reports, as its code (or, without a numeric one, its
+/// type) says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The engine's own (a 5xx code, a server error, or no code the client owns): its failure.
+    Engine,
+    /// The client's request (a 4xx code other than 429, an invalid request): not the
+    /// engine's failure, and no success of it either.
+    Client,
+    /// The engine is overloaded (429, a rate limit): counted as a 429, not held against it.
+    Overloaded,
 }
 
 /// The accounting of a delivered attempt at the end of its body (and the failure kind to
@@ -132,10 +149,14 @@ pub enum StreamEnd {
 pub fn stream_end(end: StreamEnd) -> (Accounting, Option<FailKind>) {
     match end {
         StreamEnd::Complete => (Accounting::Success, None),
-        StreamEnd::BodyError | StreamEnd::Stalled => (Accounting::Failure, Some(FailKind::Stream)),
-        StreamEnd::TotalTimeout | StreamEnd::ClientGone | StreamEnd::Refused => {
-            (Accounting::Cancel, None)
+        StreamEnd::BodyError | StreamEnd::Stalled | StreamEnd::ErrorEvent(Blame::Engine) => {
+            (Accounting::Failure, Some(FailKind::Stream))
         }
+        StreamEnd::ErrorEvent(Blame::Overloaded) => (Accounting::Cancel, Some(FailKind::Status429)),
+        StreamEnd::TotalTimeout
+        | StreamEnd::ClientGone
+        | StreamEnd::Refused
+        | StreamEnd::ErrorEvent(Blame::Client) => (Accounting::Cancel, None),
     }
 }
 

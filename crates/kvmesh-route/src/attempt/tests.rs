@@ -252,6 +252,18 @@ fn stream_ends_account_as_expected() {
         (Accounting::Cancel, None)
     );
     assert_eq!(stream_end(StreamEnd::Refused), (Accounting::Cancel, None));
+    assert_eq!(
+        stream_end(StreamEnd::ErrorEvent(Blame::Engine)),
+        (Accounting::Failure, Some(FailKind::Stream))
+    );
+    assert_eq!(
+        stream_end(StreamEnd::ErrorEvent(Blame::Client)),
+        (Accounting::Cancel, None)
+    );
+    assert_eq!(
+        stream_end(StreamEnd::ErrorEvent(Blame::Overloaded)),
+        (Accounting::Cancel, Some(FailKind::Status429))
+    );
 }
 
 #[test]
