@@ -314,6 +314,11 @@ mod tests {
             let text = format!("[serve.routing.{table}]\n{key} = {max}\n");
             bad.push((text, key));
         }
+        // QA34: the replay's bound had no cap.
+        bad.push((
+            format!("[serve.prefix]\nreplay_timeout_ms = {max}\n"),
+            "replay_timeout_ms",
+        ));
         refused_and_accepted(
             &bad,
             &[

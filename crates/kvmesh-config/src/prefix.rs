@@ -132,9 +132,9 @@ impl PrefixConfig {
             "must be between 1 and 256",
         )?;
         check(
-            self.replay_timeout_ms >= 10,
+            (10..=86_400_000).contains(&self.replay_timeout_ms),
             &format!("{at}.replay_timeout_ms"),
-            "must be at least 10",
+            "must be between 10 and 86400000",
         )?;
         check(
             (1..=1_000_000).contains(&self.replay_max_batches),

@@ -35,7 +35,8 @@ pub struct ServeConfig {
     pub timeouts: TimeoutConfig,
     /// Retries on another engine.
     pub retry: RetryConfig,
-    /// Largest request body accepted, in bytes.
+    /// Largest request body accepted, in bytes (at least 1024); a larger one is refused
+    /// with a 413.
     pub max_body_bytes: usize,
     /// Bearer token protecting `/admin/engines` (the engines' list and changes to it;
     /// `/admin/cluster` and the other read-only pages need none); empty = `/admin/engines`

@@ -42,7 +42,7 @@ pub struct SimConfig {
     pub time_scale: f64,
     /// Seed of every random choice (generated tokens, fault dice, the engine's block-hash seed).
     pub seed: u64,
-    /// Largest request body accepted, in bytes. Above the router's own limit
+    /// Largest request body accepted, in bytes (at least 1024). Above the router's own limit
     /// (`serve.max_body_bytes`), as vLLM sets none: a body the router accepts is never
     /// refused by the engine half-way through its upload (which the router would see as a
     /// broken connection, retry, and hold against the engine).

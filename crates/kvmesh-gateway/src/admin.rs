@@ -101,6 +101,16 @@ fn list(gw: &Gateway) -> Response<Body> {
 async fn add(gw: &Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
     let body = admin_body(gw, req).await?;
     let entry: EngineEntry = parse_body(&body)?;
+    // Named as missing, as PATCH's weight is (QA35: told as an invalid URL "").
+    if entry.url.is_empty() {
+        return Err(ApiError {
+            param: Some("url".into()),
+            ..ApiError::bad_request(
+                "missing_required_parameter",
+                "missing required parameter `url` (the engine's base URL, e.g. http://127.0.0.1:8000)",
+            )
+        });
+    }
     entry.validate("engine").map_err(entry_error)?;
     // The same engine posted again with the same settings (a retry, or the same change made
     // through another router once it arrived) is done already: 200, nothing changes. With

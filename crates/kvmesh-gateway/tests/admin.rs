@@ -148,6 +148,15 @@ async fn admin_api_lists_adds_and_removes_engines() {
     // A refused field is named.
     let r = admin(&c, &base, "POST", json!({"url": "ftp://x:1"}).to_string()).await;
     assert_eq!(r.json()["error"]["param"], "url", "{}", r.body);
+    // A missing URL is said to be missing (QA35: told as the invalid URL "").
+    let r = admin(&c, &base, "POST", json!({"weight": 2}).to_string()).await;
+    assert_eq!(r.json()["error"]["param"], "url", "{}", r.body);
+    assert_eq!(
+        r.json()["error"]["code"],
+        "missing_required_parameter",
+        "{}",
+        r.body
+    );
     let body = json!({"url": "http://127.0.0.1:1", "models": [""]}).to_string();
     let r = admin(&c, &base, "POST", body).await;
     assert_eq!(r.json()["error"]["param"], "models", "{}", r.body);

@@ -278,3 +278,42 @@ async fn a_client_leaving_mid_stream_resets_its_stream_and_the_engine_aborts() {
     router.shutdown().await;
     stop_sims(sims).await;
 }
+
+/// An engine that speaks HTTP/1.1 only, as vLLM and SGLang do, behind a router told to speak
+/// h2c: the client's 502 says what is likely, not a bare "http2 error" (QA35).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_speaks_http1_only_is_said_to() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    let server = tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                // What an HTTP/1.1 server answers to the HTTP/2 preface, then it closes.
+                let mut buf = [0u8; 1024];
+                let _ = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    let mut cfg = h2_cfg(std::slice::from_ref(&url));
+    cfg.engines[0].models = vec![MODEL.into()];
+    cfg.routing.health.active.enabled = false;
+    let router = start_router_with(cfg, MODEL, 1).await;
+    let c = client();
+    let url = format!("{}/v1/chat/completions", router.base_url());
+    let r = post_json(&c, &url, &chat_body(MODEL, "hi", 4, false)).await;
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(
+        r.body.contains("h2c") && r.body.contains("--upstream-http2"),
+        "{}",
+        r.body
+    );
+    router.shutdown().await;
+    server.abort();
+}

@@ -43,7 +43,7 @@ pub enum SimError {
     #[error("{0}")]
     Config(String),
     /// The tokenizer could not be loaded.
-    #[error("tokenizer: {0}")]
+    #[error("sim.tokenizer (--tokenizer): {0}")]
     Tokenizer(String),
     /// A socket could not be bound.
     #[error("cannot listen on {addr}: {source}")]

@@ -109,8 +109,15 @@ impl Tokenizer {
             let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
             (path.to_path_buf(), dir)
         };
-        let bytes = std::fs::read(&file)
-            .map_err(|e| TokenizeError::load(&name, format!("{}: {e}", file.display())))?;
+        let bytes = std::fs::read(&file).map_err(|e| {
+            // The file read is named when it is not the path given (a directory's file).
+            let reason = if file == path {
+                e.to_string()
+            } else {
+                format!("{}: {e}", file.display())
+            };
+            TokenizeError::load(&name, reason)
+        })?;
         let json = if bytes.starts_with(&[0x1f, 0x8b]) {
             gunzip(&bytes).map_err(|e| TokenizeError::load(&name, e))?
         } else {

@@ -180,6 +180,11 @@ fn main() -> ExitCode {
         Cmd::Serve(args) => match args.resolve() {
             Ok(cfg) if args.check_config => cfg
                 .check_files()
+                .inspect(|()| {
+                    if let Some(note) = serve_cmd::attempts_note(&cfg) {
+                        eprintln!("note: {note}");
+                    }
+                })
                 .map_err(|e| e.to_string())
                 .and_then(|()| kvmesh_gateway::check_tokenizers(&cfg))
                 .and_then(|()| serve_cmd::check_mesh_certificates(&cfg))
@@ -199,7 +204,7 @@ fn main() -> ExitCode {
         Cmd::Cert { out, nodes } => kvmesh_mesh::certs::add_to_dir(&out, &nodes)
             .map(|existing| {
                 let ca = if existing {
-                    "signed by its CA (ca.pem, ca.key)"
+                    "signed by its CA (ca.pem, ca.key):"
                 } else {
                     "ca.pem, ca.key (keep it off the nodes), and"
                 };
@@ -255,7 +260,15 @@ fn config_check(file: &std::path::Path) -> Result<(), String> {
         checked.serve.mesh.node_id = "node".into();
     }
     checked.validate().map_err(|e| e.to_string())?;
-    if let Some(note) = serve_cmd::no_engines_note(&c.serve) {
+    // Only for a file that configures a router (QA35: said of a simulator's file).
+    let has_serve = std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .is_some_and(|t| t.contains_key("serve"));
+    if has_serve && let Some(note) = serve_cmd::no_engines_note(&c.serve) {
+        eprintln!("note: {note}");
+    }
+    if let Some(note) = serve_cmd::attempts_note(&c.serve) {
         eprintln!("note: {note}");
     }
     c.serve.check_files().map_err(|e| e.to_string())?;

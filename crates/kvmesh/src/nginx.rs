@@ -5,6 +5,7 @@
 //! removed on drop.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,11 +32,34 @@ pub struct Nginx {
 }
 
 impl Drop for Nginx {
+    /// SIGTERM, nginx's fast shutdown: its master stops its workers and exits (QA35: a
+    /// SIGKILL to the master alone left its workers serving, orphaned). Whatever of its
+    /// process group is left after 5 s is killed.
     fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = signal(&["-TERM", &pid]);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = signal(&["-KILL", "--", &format!("-{pid}")]);
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `kill ARGS` (a process, or with `-PGID` its group); whether it ran.
+fn signal(args: &[&str]) -> bool {
+    Command::new("kill")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
 }
 
 fn config(dir: &std::path::Path, port: u16, workers: &[String]) -> String {
@@ -113,7 +137,9 @@ pub async fn start(bin: &PathBuf, workers: &[String]) -> Result<Nginx, String> {
     }
     let conf = dir.join("nginx.conf");
     std::fs::write(&conf, config(&dir, port, workers)).map_err(|e| format!("nginx conf: {e}"))?;
+    // Its own process group: its workers are stopped with it (see `Drop`).
     let child = Command::new(bin)
+        .process_group(0)
         .arg("-p")
         .arg(&dir)
         .arg("-e")

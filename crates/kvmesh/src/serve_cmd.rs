@@ -233,6 +233,36 @@ impl ServeArgs {
 
 const NO_ENGINES: &str = "give --engine URL (repeatable), --dns HOST:PORT, or [serve] engines in --config (or start it empty with --admin-token, to add them through /admin/engines, or --node-id, to take a mesh's)";
 
+/// What the checks say of retry attempts the policies' `candidates` cap: each attempt goes
+/// to another engine of the decision's list, so a larger `max_attempts` is never reached
+/// (QA35: passed without a word).
+pub fn attempts_note(cfg: &ServeConfig) -> Option<String> {
+    let want = cfg.retry.max_attempts as usize;
+    let mut capped: Vec<String> = Vec::new();
+    if cfg.routing.policy.candidates < want {
+        capped.push(format!(
+            "serve.routing.policy.candidates = {}",
+            cfg.routing.policy.candidates
+        ));
+    }
+    for (name, m) in &cfg.models {
+        if let Some(p) = &m.policy
+            && p.candidates < want
+        {
+            capped.push(format!(
+                "serve.models.\"{name}\".policy.candidates = {}",
+                p.candidates
+            ));
+        }
+    }
+    (!capped.is_empty()).then(|| {
+        format!(
+            "serve.retry.max_attempts = {want}, but each attempt goes to another of the decision's candidates, so fewer are made where {}: raise both",
+            capped.join(", ")
+        )
+    })
+}
+
 /// What `kvmesh config check` says of a file whose `[serve]` gives the router no engines:
 /// `kvmesh serve` refuses it unless its flags or environment give some (a file for `sim`
 /// alone, or one completed by each router's flags, is not wrong).
@@ -276,6 +306,9 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
         cfg.routing.policy.policy.as_str(),
         server.gateway.registry.models()
     );
+    if let Some(note) = attempts_note(&cfg) {
+        eprintln!("kvmesh serve: note: {note}");
+    }
     stop.await;
     if cfg.shutdown_delay_ms > 0 {
         eprintln!(
@@ -408,6 +441,37 @@ mod tests {
             ..ServeConfig::default()
         };
         assert_eq!(no_engines_note(&with), None);
+    }
+
+    /// QA35: `--max-attempts` above the policy's `candidates` passed the checks silently.
+    #[test]
+    fn attempts_above_the_candidates_are_noted() {
+        let mut c = ServeConfig::default();
+        assert_eq!(attempts_note(&c), None, "3 and 3");
+        c.retry.max_attempts = 5;
+        let note = attempts_note(&c).expect("a note");
+        assert!(
+            note.contains("max_attempts = 5") && note.contains("policy.candidates = 3"),
+            "{note}"
+        );
+        c.routing.policy.candidates = 5;
+        assert_eq!(attempts_note(&c), None);
+        let own = kvmesh_policy::PolicyConfig {
+            candidates: 2,
+            ..Default::default()
+        };
+        c.models.insert(
+            "m".into(),
+            kvmesh_config::ModelConfig {
+                policy: Some(own),
+                ..Default::default()
+            },
+        );
+        let note = attempts_note(&c).expect("a note");
+        assert!(
+            note.contains("serve.models.\"m\".policy.candidates = 2"),
+            "{note}"
+        );
     }
 
     /// QA33: a file shared by `serve` and `sim` stopped the router over its `[sim]` section

@@ -99,9 +99,13 @@ pub fn format_legs(rr: &Leg, km: &Leg) -> String {
             "n/a".into()
         }
     };
-    // Round robin's time over kvmesh's: "N× lower" when kvmesh is faster, else "N× higher".
+    // Round robin's time over kvmesh's: "N× lower" when kvmesh is faster, else "N× higher";
+    // within 5% "about the same" (QA35: "1.0× lower, 1.0× higher").
     let lower = |rr_ms: f64, km_ms: f64| {
-        if rr_ms >= km_ms || rr_ms.is_nan() || rr_ms <= 0.0 {
+        let (lo, hi) = (rr_ms.min(km_ms), rr_ms.max(km_ms));
+        if lo > 0.0 && hi < lo * 1.05 {
+            "about the same".into()
+        } else if rr_ms >= km_ms || rr_ms.is_nan() || rr_ms <= 0.0 {
             format!("{} lower", times(rr_ms, km_ms))
         } else {
             format!("{} higher", times(km_ms, rr_ms))
@@ -319,5 +323,16 @@ mod tests {
         };
         let s = format_legs(&rr, &slow);
         assert!(s.contains("TTFT p50 1.1× higher, p99 3.0× lower"), "{s}");
+        // Level is said so (QA35: "1.0× lower, p99 1.0× higher").
+        let level = Leg {
+            ttft_p50_ms: 720.0,
+            ttft_p99_ms: 1_230.0,
+            ..km.clone()
+        };
+        let s = format_legs(&rr, &level);
+        assert!(
+            s.contains("TTFT p50 about the same, p99 about the same"),
+            "{s}"
+        );
     }
 }

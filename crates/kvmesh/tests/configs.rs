@@ -663,6 +663,11 @@ fn config_check_refuses_what_the_programs_refuse_and_accepts_the_configmap() {
     let (ok, err) = check("configmap.toml", toml);
     assert!(ok, "{err}");
     assert!(err.contains("serve.mesh.node_id is not set here"), "{err}");
+    // A simulator's file is no router's: nothing is said of a router's engines (QA35).
+    let (ok, err) = check("sim-only.toml", "[sim]\nseed = 3\n");
+    assert!(ok && !err.contains("no engines"), "{err}");
+    let (ok, err) = check("serve-empty.toml", "[serve]\nlisten = \"127.0.0.1:8080\"\n");
+    assert!(ok && err.contains("gives the router no engines"), "{err}");
     let (ok, err) = check("profile.toml", "[sim.engine]\nprofile = \"nosuch\"\n");
     assert!(!ok && err.contains("nosuch"), "{err}");
     let (ok, err) = check("tok.toml", "[sim]\ntokenizer = \"/nonexistent-kvmesh\"\n");

@@ -20,7 +20,7 @@ use http_body_util::Full;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,9 @@ struct Host {
     /// connection it concerns, not a newer one).
     id: u64,
     used: Instant,
+    /// The connection has carried an answer (an engine that never answers over it may not
+    /// speak HTTP/2 at all).
+    answered: Arc<AtomicBool>,
 }
 
 struct Hosts {
@@ -125,9 +128,12 @@ impl H2Pool {
         let key = authority.as_str();
         let mut stale = None;
         for _ in 0..SEND_ROUNDS {
-            let (mut tx, id) = self.sender(key, stale).await?;
+            let (mut tx, id, answered) = self.sender(key, stale).await?;
             let err = match tx.try_send_request(req).await {
-                Ok(r) => return Ok(r.map(UpstreamBody::Hyper)),
+                Ok(r) => {
+                    answered.store(true, Ordering::Relaxed);
+                    return Ok(r.map(UpstreamBody::Hyper));
+                }
                 Err(mut e) => match e.take_message() {
                     // Never written: the connection had closed (a GOAWAY, the engine gone).
                     Some(back) => {
@@ -144,7 +150,10 @@ impl H2Pool {
             let refused = reason(&err) == Some(h2::Reason::REFUSED_STREAM);
             return Err(UpstreamError {
                 connect: refused,
-                message: format!("{key}: {err}"),
+                message: format!(
+                    "{key}: {}",
+                    describe(&err, answered.load(Ordering::Relaxed))
+                ),
             });
         }
         Err(UpstreamError {
@@ -159,10 +168,10 @@ impl H2Pool {
         &self,
         authority: &str,
         stale: Option<u64>,
-    ) -> Result<(Sender, u64), UpstreamError> {
+    ) -> Result<(Sender, u64, Arc<AtomicBool>), UpstreamError> {
         let now = Instant::now();
         let mut dropped: Vec<Conn> = Vec::new();
-        let (connecting, id) = {
+        let (connecting, id, answered) = {
             let mut hosts = lock(&self.hosts);
             if now.duration_since(hosts.swept) >= self.cfg.idle_timeout / 2 {
                 hosts.swept = now;
@@ -182,31 +191,36 @@ impl H2Pool {
                     h.used = now;
                     match &h.conn {
                         Conn::Ready(tx) if !tx.is_closed() && stale != Some(h.id) => {
-                            return Ok((tx.clone(), h.id));
+                            return Ok((tx.clone(), h.id, h.answered.clone()));
                         }
-                        Conn::Connecting(c) if stale != Some(h.id) => (c.clone(), h.id),
+                        Conn::Connecting(c) if stale != Some(h.id) => {
+                            (c.clone(), h.id, h.answered.clone())
+                        }
                         _ => {
                             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                             let c = self.open(authority);
                             dropped
                                 .push(std::mem::replace(&mut h.conn, Conn::Connecting(c.clone())));
                             h.id = id;
-                            (c, id)
+                            h.answered = Arc::default();
+                            (c, id, h.answered.clone())
                         }
                     }
                 }
                 None => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     let c = self.open(authority);
+                    let answered = Arc::<AtomicBool>::default();
                     hosts.by_authority.insert(
                         authority.into(),
                         Host {
                             conn: Conn::Connecting(c.clone()),
                             id,
                             used: now,
+                            answered: answered.clone(),
                         },
                     );
-                    (c, id)
+                    (c, id, answered)
                 }
             }
         };
@@ -225,7 +239,7 @@ impl H2Pool {
                 }
             }
         }
-        r.map(|tx| (tx, id))
+        r.map(|tx| (tx, id, answered))
     }
 
     /// The connect to `authority`, shared by whoever waits for it.
@@ -273,6 +287,27 @@ async fn connect(
         }
     });
     Ok(tx)
+}
+
+/// A hyper error with its causes. A connection that never carried an answer, or a frame the
+/// engine's answer cannot be read as, says what is likely (QA35: the client was told "http2
+/// error"): an engine that speaks HTTP/1.1 answers the HTTP/2 preface with an HTTP/1.1 400,
+/// which reads as a frame far too large, and closes, which breaks the router's writes.
+fn describe(e: &hyper::Error, answered: bool) -> String {
+    let mut text = e.to_string();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    let unreadable = matches!(
+        reason(e),
+        Some(h2::Reason::FRAME_SIZE_ERROR | h2::Reason::PROTOCOL_ERROR)
+    );
+    if unreadable || !answered {
+        text.push_str(" (does the engine speak HTTP/2 without TLS, h2c? serve.upstream.protocol = \"http2\" (--upstream-http2) needs it; vLLM and SGLang serve HTTP/1.1)");
+    }
+    text
 }
 
 /// The HTTP/2 reason of a hyper error, if it carries one.
